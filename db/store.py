@@ -1,0 +1,549 @@
+"""The SQLite store: matrices and their features, devices, every trial, and the best config found.
+
+One file in WAL mode, shared by many tuning processes at once. Every write
+takes SQLite's write lock up front (``BEGIN IMMEDIATE``), so "is this trial
+faster than the stored best?" is decided without races, and a process killed
+mid-way leaves only whole transactions behind. The schema lives in
+``sqlite_utils`` migrations, applied when a store is opened.
+
+Example::
+
+    with Store(memory=True) as store:
+        store.add_matrix("ab12cd34ef", name="poisson2d", rows=4, cols=4, nnz=10)
+        store.add_device({"id": "cpu", "name": "cpu", "kind": "cpu-reference"})
+        store.add_trial({"fingerprint": "ab12cd34ef", "device": "cpu", "dtype": "float64",
+                         "kernel": "csr_scalar", "params": {"block": 128}, "state": "ok",
+                         "time_s": 1e-5, "verified": True})
+        store.best("ab12cd34ef", device="cpu", dtype="float64")["params"]  # {'block': 128}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import operator
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sqlite_utils import Database
+from sqlite_utils.db import NotFoundError
+from sqlite_utils.migrations import Migrations
+
+from tuner.errors import StoreError
+
+TRIAL_STATES = ("ok", "failed")
+ERROR_KINDS = ("compile_error", "launch_error", "wrong_answer", "out_of_memory", "timeout", "invalid_config")
+DEVICE_KINDS = ("gpu", "cpu-reference")
+
+_MIGRATION_SET = "spmv-tuner"
+_BUSY_TIMEOUT_MS = 60_000  # a tuning worker waits this long for another's write instead of failing
+_MIN_PREFIX = 6  # shortest fingerprint prefix find_matrix accepts
+_TRIAL_REQUIRED = ("fingerprint", "device", "dtype", "kernel", "params", "state")
+_BEST_PK = ("fingerprint", "device", "dtype")
+_BEST_FROM_TRIAL = ("fingerprint", "device", "dtype", "kernel", "params", "time_s", "gflops", "gbps")
+
+Migration = Callable[[Database], None]
+
+
+def default_path() -> Path:
+    """Where the store lives when no path is given: ``$SPMV_TUNER_DB``, else the per-user data dir."""
+    if env := os.environ.get("SPMV_TUNER_DB"):
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data) / "spmv-tuner" / "tuner.db"
+
+
+def _now() -> str:
+    """Current time as an ISO-8601 UTC timestamp (microseconds keep insertion order visible)."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _m001_initial(db: Database) -> None:
+    """Every table of the first release. Frozen: later schema changes go in new migrations."""
+    db["matrices"].create(
+        {"fingerprint": str, "name": str, "rows": int, "cols": int, "nnz": int, "created_at": str},
+        pk="fingerprint",
+        not_null=["name", "rows", "cols", "nnz", "created_at"],
+    )
+    # One REAL column per feature name, added as new names appear (add_matrix).
+    db["features"].create(
+        {"fingerprint": str}, pk="fingerprint", foreign_keys=[("fingerprint", "matrices", "fingerprint")]
+    )
+    db["devices"].create(
+        {
+            "id": str,
+            "name": str,
+            "kind": str,
+            "compute_capability": str,
+            "sms": int,
+            "memory_bytes": int,
+            "copy_bandwidth_gbs": float,
+            "driver": str,
+            "created_at": str,
+        },
+        pk="id",
+        not_null=["name", "kind", "created_at"],
+    )
+    db["trials"].create(
+        {
+            "id": int,
+            "fingerprint": str,
+            "device": str,
+            "dtype": str,
+            "kernel": str,
+            "params": str,
+            "study": str,
+            "trial_number": int,
+            "state": str,
+            "time_s": float,
+            "time_p10_s": float,
+            "time_p90_s": float,
+            "prepare_s": float,
+            "gflops": float,
+            "gbps": float,
+            "verified": int,
+            "rel_error": float,
+            "error_kind": str,
+            "error": str,
+            "created_at": str,
+        },
+        pk="id",
+        foreign_keys=[("fingerprint", "matrices", "fingerprint"), ("device", "devices", "id")],
+        not_null=["fingerprint", "device", "dtype", "kernel", "params", "state", "verified", "created_at"],
+    )
+    db["trials"].create_index(["fingerprint", "device", "dtype"])
+    db["trials"].create_index(["kernel"])
+    db["best"].create(
+        {
+            "fingerprint": str,
+            "device": str,
+            "dtype": str,
+            "kernel": str,
+            "params": str,
+            "time_s": float,
+            "gflops": float,
+            "gbps": float,
+            "trial_id": int,
+            "cusparse_time_s": float,
+            "updated_at": str,
+        },
+        pk=("fingerprint", "device", "dtype"),
+        foreign_keys=[
+            ("fingerprint", "matrices", "fingerprint"),
+            ("device", "devices", "id"),
+            ("trial_id", "trials", "id"),
+        ],
+        not_null=["kernel", "params", "time_s", "trial_id", "updated_at"],
+    )
+    db["models"].create(
+        {
+            "id": int,
+            "device": str,
+            "dtype": str,
+            "created_at": str,
+            "n_train": int,
+            "features": str,
+            "metrics": str,
+            "blob": bytes,
+        },
+        pk="id",
+        not_null=["device", "dtype", "created_at"],
+    )
+
+
+def _convert(kind: type, value: Any) -> Any:
+    """``value`` as the plain Python type of a column (NumPy scalars included), or TypeError/ValueError."""
+    if value is None:
+        return None
+    if kind is float and not isinstance(value, str | bytes):
+        return float(value)
+    if kind is int:
+        return operator.index(value)
+    if isinstance(value, kind):
+        return value
+    raise TypeError(value)
+
+
+def _positive_time(value: Any, what: str) -> float:
+    """A finite time in seconds > 0, or StoreError naming ``what``."""
+    try:
+        seconds = _convert(float, value)
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is None or not (math.isfinite(seconds) and seconds > 0):
+        raise StoreError(f"{what} must be a positive, finite time in seconds, got {value!r}")
+    return seconds
+
+
+def _dump_params(params: Any) -> str:
+    """Params as JSON with sorted keys, so equal configs compare equal as text."""
+    if not isinstance(params, Mapping):
+        raise StoreError(f"trial params must be a mapping, got {type(params).__name__}")
+    try:
+        return json.dumps(dict(params), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"trial params {params!r} are not JSON-serialisable: {exc}") from exc
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    """A trial or best row with ``params`` back as a dict."""
+    return {**row, "params": json.loads(row["params"])}
+
+
+def _feature_values(features: Mapping[str, float]) -> dict[str, float]:
+    """Feature names checked and values made plain floats (the columns are REAL)."""
+    values = {}
+    for name, value in features.items():
+        if not isinstance(name, str) or not name or name.lower() == "fingerprint":
+            raise StoreError(f"invalid feature name {name!r}")
+        try:
+            values[name] = _convert(float, value)
+        except (TypeError, ValueError):
+            raise StoreError(f"feature {name!r}: expected a number, got {value!r}") from None
+    return values
+
+
+class Store:
+    """The tuner's SQLite database. Open one Store per process or thread; many may share one file.
+
+    ``db`` is the underlying ``sqlite_utils.Database``, for read-only queries;
+    write through the methods, which validate records and keep ``best`` right.
+    """
+
+    #: The schema's migrations, in order. Append new ones; never edit, rename or reorder applied ones.
+    MIGRATIONS: ClassVar[tuple[Migration, ...]] = (_m001_initial,)
+    SCHEMA_VERSION: ClassVar[int] = len(MIGRATIONS)
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, memory: bool = False) -> None:
+        if memory and path is not None:
+            raise ValueError("pass either a path or memory=True, not both")
+        file = None if memory else Path(path if path is not None else default_path())
+        self.path: Path | str = ":memory:" if file is None else file
+        self._migrations = Migrations(_MIGRATION_SET)
+        for step in self.MIGRATIONS:
+            self._migrations(name=step.__name__)(step)
+        if file is not None:
+            try:
+                file.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the folder of the store {file}: {exc}") from exc
+        with self._errors("open"):
+            self.db = Database(memory=True) if file is None else Database(file)
+        try:
+            with self._errors("open"):
+                self._open(wal=not memory)
+        except BaseException:
+            self.db.close()
+            raise
+
+    def _open(self, *, wal: bool) -> None:
+        """Set the connection up and bring the schema up to date."""
+        self.db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        self.db.execute("PRAGMA foreign_keys = ON")
+        if wal:
+            self.db.enable_wal()
+        known = {step.__name__ for step in self.MIGRATIONS}
+        applied = self._migrations.applied(self.db)
+        if unknown := [m.name for m in applied if m.name not in known]:
+            raise StoreError(
+                f"the store {self.path} has schema version {len(applied)} (migrations {', '.join(unknown)}), "
+                f"newer than this spmv-tuner knows ({self.SCHEMA_VERSION}): upgrade spmv-tuner to open it"
+            )
+        if self._migrations.pending(self.db):
+            with self._write():  # apply() re-checks what is pending, now under the write lock
+                self._migrations.apply(self.db)
+        self._columns = {t: self.db[t].columns_dict for t in ("matrices", "devices", "trials")}
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; the store cannot be used afterwards."""
+        self.db.close()
+
+    def schema_version(self) -> int:
+        """How many of the schema's migrations this file has applied."""
+        return len(self._migrations.applied(self.db))
+
+    # -- transactions and validation -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """Turn SQLite's errors into StoreError naming the file."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot {doing} the store {self.path}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Database]:
+        """One transaction begun with ``BEGIN IMMEDIATE``, committed on success, rolled back on error.
+
+        ``db.atomic()`` begins DEFERRED: two processes could then both read the
+        old best before either writes. IMMEDIATE takes the write lock first
+        (waiting up to the busy timeout); sqlite-utils' own writes inside it
+        become savepoints.
+        """
+        with self._errors("write to"):
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+                self.db.conn.execute("COMMIT")
+            except BaseException:
+                self.db.rollback()
+                raise
+
+    def _get(self, table: str, pk: Any) -> dict[str, Any] | None:
+        """The row with primary key ``pk``, or None."""
+        try:
+            return self.db[table].get(pk)
+        except NotFoundError:
+            return None
+
+    def _row(self, table: str, record: Mapping[str, Any], required: Iterable[str]) -> dict[str, Any]:
+        """``record`` checked against the table's columns, with values converted to their column types."""
+        columns = self._columns[table]
+        if missing := [key for key in required if record.get(key) in (None, "")]:
+            raise StoreError(f"{table} record lacks {', '.join(missing)}")
+        if unknown := sorted(set(record) - set(columns)):
+            raise StoreError(
+                f"{table} record has unknown field(s) {', '.join(unknown)}; allowed: {', '.join(columns)}"
+            )
+        row = {}
+        for key, value in record.items():
+            try:
+                row[key] = _convert(columns[key], value)
+            except (TypeError, ValueError):
+                raise StoreError(f"{table}.{key}: expected {columns[key].__name__}, got {value!r}") from None
+        return row
+
+    def _trial_row(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """A trial record validated and ready to insert, or StoreError saying what is wrong."""
+        if not isinstance(record, Mapping):
+            raise StoreError(f"a trial record must be a mapping, got {type(record).__name__}")
+        if missing := [key for key in _TRIAL_REQUIRED if record.get(key) is None]:
+            raise StoreError(f"trial record lacks {', '.join(missing)}")
+        if record["state"] not in TRIAL_STATES:
+            raise StoreError(f"trial state {record['state']!r} is not one of {', '.join(TRIAL_STATES)}")
+        error_kind = record.get("error_kind")
+        if error_kind is not None and error_kind not in ERROR_KINDS:
+            raise StoreError(f"trial error_kind {error_kind!r} is not one of {', '.join(ERROR_KINDS)}")
+        if record["state"] == "failed" and error_kind is None:
+            raise StoreError("a failed trial needs an error_kind")
+        row = self._row(
+            "trials",
+            {
+                **record,
+                "params": _dump_params(record["params"]),
+                "verified": int(bool(record.get("verified"))),
+            },
+            _TRIAL_REQUIRED,
+        )
+        if row["state"] == "ok":
+            row["time_s"] = _positive_time(row.get("time_s"), "an ok trial's time_s")
+        row.setdefault("created_at", _now())
+        return row
+
+    def _insert_trial(self, row: dict[str, Any]) -> int:
+        """Insert a validated trial inside an open write transaction; make it the best if it is faster."""
+        if self._get("matrices", row["fingerprint"]) is None:
+            raise StoreError(f"trial for unknown matrix {row['fingerprint']!r}: add_matrix() it first")
+        if self._get("devices", row["device"]) is None:
+            raise StoreError(f"trial for unknown device {row['device']!r}: add_device() it first")
+        trial_id = self.db["trials"].insert(row).last_pk
+        if row["state"] != "ok" or not row["verified"]:
+            return trial_id
+        current = self._get("best", tuple(row[key] for key in _BEST_PK))
+        if current is None or row["time_s"] < current["time_s"]:
+            best = {key: row.get(key) for key in _BEST_FROM_TRIAL}
+            self.db["best"].upsert({**best, "trial_id": trial_id, "updated_at": _now()}, pk=_BEST_PK)
+        return trial_id
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    def add_matrix(
+        self,
+        fingerprint: str,
+        *,
+        name: str,
+        rows: int,
+        cols: int,
+        nnz: int,
+        features: Mapping[str, float] | None = None,
+    ) -> None:
+        """Record a matrix (keeping its first ``created_at``, and its first name unless that was empty)
+        and merge in its features, in one transaction."""
+        row = self._row(
+            "matrices",
+            {"fingerprint": fingerprint, "name": name, "rows": rows, "cols": cols, "nnz": nnz},
+            ("fingerprint", "rows", "cols", "nnz"),
+        )
+        if row["name"] is None or min(row["rows"], row["cols"], row["nnz"]) < 0:
+            raise StoreError(f"matrix {fingerprint!r}: needs a name (may be empty) and rows, cols, nnz >= 0")
+        values = _feature_values(features or {})
+        with self._write():
+            existing = self._get("matrices", fingerprint)
+            if existing is None:
+                self.db["matrices"].insert({**row, "created_at": _now()})
+            else:
+                if existing["name"]:
+                    del row["name"]
+                self.db["matrices"].update(fingerprint, row)
+            if values:
+                self.db["features"].upsert(
+                    {"fingerprint": fingerprint, **values}, pk="fingerprint", alter=True
+                )
+
+    def add_device(self, info: Mapping[str, Any]) -> str:
+        """Record a device (upsert by ``id``, keeping its first ``created_at``) and return its id."""
+        row = self._row("devices", info, ("id", "name", "kind"))
+        if row["kind"] not in DEVICE_KINDS:
+            raise StoreError(f"device kind {row['kind']!r} is not one of {', '.join(DEVICE_KINDS)}")
+        with self._write():
+            if self._get("devices", row["id"]) is None:
+                self.db["devices"].insert({**row, "created_at": row.get("created_at") or _now()})
+            else:
+                row.pop("created_at", None)
+                self.db["devices"].update(row["id"], row)
+        return row["id"]
+
+    def add_trial(self, record: Mapping[str, Any]) -> int:
+        """Record one trial and, if it is ok, verified and faster than the stored best, make it the best.
+
+        The record is validated before anything is written (StoreError says
+        what is wrong); the insert and the best update share one transaction.
+        Returns the trial's id.
+        """
+        return self.add_trials([record])[0]
+
+    def add_trials(self, records: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Record several trials in one transaction: all of them, or (on any error) none."""
+        rows = [self._trial_row(record) for record in records]
+        with self._write():
+            return [self._insert_trial(row) for row in rows]
+
+    def set_cusparse_time(self, fingerprint: str, *, device: str, dtype: str, time_s: float) -> bool:
+        """Record cuSPARSE's time for the matrix on its best row; False when there is no best row yet."""
+        seconds = _positive_time(time_s, "the cuSPARSE time_s")
+        with self._write():
+            if self._get("best", (fingerprint, device, dtype)) is None:
+                return False
+            self.db["best"].update((fingerprint, device, dtype), {"cusparse_time_s": seconds})
+        return True
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def best(self, fingerprint: str, *, device: str, dtype: str) -> dict[str, Any] | None:
+        """The best config for a matrix on a device in a dtype, or None when none was verified."""
+        row = self._get("best", (fingerprint, device, dtype))
+        return None if row is None else _decoded(row)
+
+    def bests(self, fingerprint: str) -> list[dict[str, Any]]:
+        """The best configs of a matrix on every device and dtype."""
+        rows = self.db["best"].rows_where("fingerprint = ?", [fingerprint], order_by="device, dtype")
+        return [_decoded(row) for row in rows]
+
+    def trials(
+        self,
+        fingerprint: str,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        kernel: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """A matrix's trials in the order they were recorded, optionally filtered."""
+        filters = {"fingerprint": fingerprint, "device": device, "dtype": dtype, "kernel": kernel}
+        used = {key: value for key, value in filters.items() if value is not None}
+        where = " and ".join(f"{key} = :{key}" for key in used)
+        rows = self.db["trials"].rows_where(where, used, order_by="id", limit=limit, offset=offset)
+        return [_decoded(row) for row in rows]
+
+    def best_per_kernel(self, fingerprint: str, *, device: str, dtype: str) -> list[dict[str, Any]]:
+        """For each kernel family, its fastest ok and verified trial; fastest family first."""
+        rows = self.db.query(
+            """
+            select * from (
+              select *, row_number() over (partition by kernel order by time_s, id) as rank_in_kernel
+              from trials
+              where fingerprint = ? and device = ? and dtype = ? and state = 'ok' and verified = 1
+            ) where rank_in_kernel = 1 order by time_s, id
+            """,
+            [fingerprint, device, dtype],
+        )
+        return [_decoded({k: v for k, v in row.items() if k != "rank_in_kernel"}) for row in rows]
+
+    def matrix(self, fingerprint: str) -> dict[str, Any] | None:
+        """A matrix with a ``features`` sub-dict (only the features recorded for it), or None."""
+        row = self._get("matrices", fingerprint)
+        if row is None:
+            return None
+        features = self._get("features", fingerprint) or {}
+        row["features"] = {k: v for k, v in features.items() if k != "fingerprint" and v is not None}
+        return row
+
+    def matrices(self, *, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        """One page of matrices, oldest first (so pages stay stable while new ones are added)."""
+        return list(
+            self.db["matrices"].rows_where(order_by="created_at, fingerprint", limit=limit, offset=offset)
+        )
+
+    def count_matrices(self) -> int:
+        """How many matrices the store knows."""
+        return self.db["matrices"].count
+
+    def find_matrix(self, name_or_prefix: str) -> dict[str, Any] | None:
+        """A matrix by exact fingerprint, unique fingerprint prefix (>= 6 chars) or exact name (newest).
+
+        A prefix shared by several matrices, none of them named so, raises
+        StoreError listing them rather than picking one.
+        """
+        if found := self.matrix(name_or_prefix):
+            return found
+        hits = []
+        if len(name_or_prefix) >= _MIN_PREFIX:
+            hits = [
+                row["fingerprint"]
+                for row in self.db["matrices"].rows_where(
+                    "substr(fingerprint, 1, ?) = ?",
+                    [len(name_or_prefix), name_or_prefix],
+                    select="fingerprint",
+                    order_by="fingerprint",
+                    limit=5,
+                )
+            ]
+        if len(hits) == 1:
+            return self.matrix(hits[0])
+        named = list(
+            self.db["matrices"].rows_where(
+                "name = ?", [name_or_prefix], select="fingerprint", order_by="created_at desc", limit=1
+            )
+        )
+        if named:
+            return self.matrix(named[0]["fingerprint"])
+        if hits:
+            raise StoreError(
+                f"fingerprint prefix {name_or_prefix!r} matches several matrices "
+                f"(such as {', '.join(hits)}): give more characters"
+            )
+        return None
+
+    def device(self, device_id: str) -> dict[str, Any] | None:
+        """A device by id, or None."""
+        return self._get("devices", device_id)
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Every device, by id."""
+        return list(self.db["devices"].rows_where(order_by="id"))

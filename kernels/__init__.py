@@ -1,0 +1,34 @@
+"""The kernel families and their one registry.
+
+>>> from kernels import REGISTRY, get_family
+>>> sorted(REGISTRY)
+['csr_scalar', 'csr_vector', 'cusparse']
+>>> get_family("csr_vector").space.defaults()
+{'threads_per_row': 8, 'block_size': 256}
+"""
+
+from __future__ import annotations
+
+from kernels._family import Family, Prepared
+from kernels._space import Param, Space
+from kernels.csr_scalar import CsrScalar
+from kernels.csr_vector import CsrVector
+from kernels.cusparse import CuSparse
+from tuner.errors import InvalidConfigError
+
+REGISTRY: dict[str, Family] = {f.name: f for f in (CuSparse(), CsrScalar(), CsrVector())}
+"""Every family by name. The tuner, the service and the docs read this and nothing else."""
+
+BASELINE = "cusparse"
+"""The family every result is compared against, and the safe default of plan()."""
+
+
+def get_family(name: str) -> Family:
+    """The registered family called ``name``; unknown names list the known ones."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InvalidConfigError(f"unknown kernel {name!r}; known kernels: {sorted(REGISTRY)}") from None
+
+
+__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "get_family"]

@@ -1,0 +1,84 @@
+"""CuPy access for the kernel families: lazy import, compilation, value types.
+
+CuPy is imported only when a GPU path is used, so the CPU references, the
+tests and the CLI work on a machine without a GPU; asking for a GPU path there
+raises :class:`~tuner.errors.NoDeviceError` that says what to install.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from tuner.errors import NoDeviceError
+
+KERNEL_DIR = Path(__file__).resolve().parent
+C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+@functools.cache
+def require_cupy() -> ModuleType:
+    """Return the ``cupy`` module, or raise NoDeviceError naming what is missing (cached once found)."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise NoDeviceError(
+            "CuPy is not installed: install the GPU extra, `pip install -e '.[gpu]'` for a CUDA 13 "
+            "driver or `.[gpu-cuda12]` for CUDA 12, or use --device cpu-reference"
+        ) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError without a driver
+        raise NoDeviceError(f"no usable CUDA device: {exc}") from exc
+    if count == 0:
+        raise NoDeviceError("no CUDA device found")
+    return cupy
+
+
+def gpu_available() -> bool:
+    try:
+        require_cupy()
+    except NoDeviceError:
+        return False
+    return True
+
+
+def c_type(dtype: Any) -> str:
+    """The CUDA C type for a value dtype (float32 → float, float64 → double)."""
+    return C_TYPES[np.dtype(dtype)]
+
+
+@functools.cache
+def _read(cu_file: str) -> str:
+    return (KERNEL_DIR / cu_file).read_text()
+
+
+@functools.cache
+def _compile(cu_file: str, name_expressions: tuple[str, ...], options: tuple[str, ...], device: int) -> Any:
+    cupy = require_cupy()
+    code = f'#line 1 "{cu_file}"\n' + _read(cu_file)
+    module = cupy.RawModule(code=code, options=("-std=c++17", *options), name_expressions=name_expressions)
+    module.compile()
+    return module
+
+
+def get_kernels(
+    cu_file: str, name_expressions: tuple[str, ...], *, options: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Compile ``cu_file`` once per (instantiations, options, device); return its kernels by name.
+
+    Templates take their tunables as template arguments (``csr_vector<double, 8>``),
+    so one compilation serves every config of a family and dtype.
+    """
+    cupy = require_cupy()
+    module = _compile(cu_file, name_expressions, options, cupy.cuda.Device().id)
+    return {name: module.get_function(name) for name in name_expressions}
+
+
+def grid(n_threads: int, block: int) -> int:
+    """Blocks needed for ``n_threads`` threads (at least one, so a launch is always valid)."""
+    return max(1, -(-n_threads // block))

@@ -1,0 +1,153 @@
+"""The kernel contract every family implements (see DESIGN.md, "The kernel contract").
+
+A family is a stateless object with a name, a declared parameter space and two
+paths that compute the same decomposition:
+
+- the GPU path: ``prepare(A, params)`` once (A a ``cupyx.scipy.sparse.csr_matrix``),
+  then ``run(prepared, x, out=None)`` per product;
+- the CPU reference: ``prepare_reference(A, params)`` (A a SciPy CSR) and
+  ``run_reference(prepared, x)``, in NumPy, reproducing the partitioning so it is
+  tested on any machine and the GPU result is checked against it.
+
+The base class does the checks common to every family (shapes, dtypes, the
+trivial cases) so that each family writes only its decomposition.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kernels._cuda import require_cupy
+from kernels._space import Space, Value
+
+
+@dataclass
+class Prepared:
+    """What ``prepare`` hands to ``run``: the matrix, the config, family-specific arrays.
+
+    ``extra`` holds the family's own arrays (device arrays on the GPU path, NumPy
+    arrays on the CPU path); ``extra_bytes`` is their memory beyond the CSR arrays.
+    """
+
+    family: str
+    params: dict[str, Value]
+    shape: tuple[int, int]
+    nnz: int
+    dtype: np.dtype
+    A: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def extra_bytes(self) -> int:
+        return int(sum(getattr(v, "nbytes", 0) for v in self.extra.values()))
+
+
+class Family(ABC):
+    """Base of every kernel family; subclasses set the class attributes and the four hooks."""
+
+    name: ClassVar[str]
+    space: ClassVar[Space]
+    summary: ClassVar[str]
+    source: ClassVar[str]
+    cu_file: ClassVar[str | None] = None
+
+    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
+        """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""
+        return ()
+
+    # -- GPU path ---------------------------------------------------------------
+    def prepare(self, A: Any, params: Mapping[str, Any] | None = None) -> Prepared:
+        """One-time setup on the GPU for a canonical ``cupyx`` CSR matrix."""
+        config = self.space.validate(params or {}, family=self.name)
+        prepared = Prepared(self.name, config, tuple(A.shape), int(A.nnz), np.dtype(A.dtype), A)
+        if prepared.nnz and prepared.shape[0]:
+            self._prepare(prepared)
+        return prepared
+
+    def run(self, prepared: Prepared, x: Any, out: Any = None) -> Any:
+        """y = A·x on the GPU; ``out`` (a CuPy array of the right shape and dtype) is reused."""
+        cupy = require_cupy()
+        x = _check_vector(prepared, x, cupy)
+        if out is None:
+            out = cupy.empty(prepared.shape[0], dtype=prepared.dtype)
+        else:
+            _check_out(prepared, out, cupy)
+        if prepared.nnz == 0:
+            out.fill(0)
+        elif prepared.shape[0]:
+            self._run(prepared, x, out)
+        return out
+
+    @abstractmethod
+    def _prepare(self, prepared: Prepared) -> None:
+        """Fill ``prepared.extra`` (called only for nnz > 0)."""
+
+    @abstractmethod
+    def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
+        """Launch the kernel(s) writing every element of ``out`` (nnz > 0)."""
+
+    # -- CPU reference ----------------------------------------------------------
+    def prepare_reference(self, A: Any, params: Mapping[str, Any] | None = None) -> Prepared:
+        """The same decomposition in NumPy, for a canonical SciPy CSR matrix."""
+        config = self.space.validate(params or {}, family=self.name)
+        prepared = Prepared(self.name, config, tuple(A.shape), int(A.nnz), np.dtype(A.dtype), A)
+        if prepared.nnz and prepared.shape[0]:
+            self._prepare_reference(prepared)
+        return prepared
+
+    def run_reference(self, prepared: Prepared, x: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """y = A·x through the family's decomposition, on the CPU."""
+        x = _check_vector(prepared, x, np)
+        y = self._run_reference(prepared, x) if prepared.nnz and prepared.shape[0] else None
+        if out is None:
+            out = np.empty(prepared.shape[0], dtype=prepared.dtype)
+        else:
+            _check_out(prepared, out, np)
+        out[...] = 0 if y is None else y
+        return out
+
+    @abstractmethod
+    def _prepare_reference(self, prepared: Prepared) -> None:
+        """Fill ``prepared.extra`` with the decomposition's NumPy arrays."""
+
+    @abstractmethod
+    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
+        """Return y (any float dtype; cast by the caller)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "source": self.source,
+            "params": self.space.to_dict(),
+        }
+
+    def __repr__(self) -> str:
+        return f"<kernel family {self.name!r}: {self.summary}>"
+
+
+def _check_vector(prepared: Prepared, x: Any, xp: Any) -> Any:
+    n = prepared.shape[1]
+    if getattr(x, "ndim", None) != 1 or x.shape[0] != n:
+        raise ValueError(f"x must be a vector of length {n} (A is {prepared.shape}), got shape {x.shape}")
+    if x.dtype != prepared.dtype:
+        raise ValueError(f"x has dtype {x.dtype}, the prepared matrix has {prepared.dtype}")
+    if not isinstance(x, xp.ndarray):
+        raise TypeError(f"x must be a {xp.__name__} array on this path, got {type(x).__name__}")
+    return xp.ascontiguousarray(x)
+
+
+def _check_out(prepared: Prepared, out: Any, xp: Any) -> None:
+    if not isinstance(out, xp.ndarray) or out.shape != (prepared.shape[0],) or out.dtype != prepared.dtype:
+        raise ValueError(
+            f"out must be a contiguous {xp.__name__} array of shape ({prepared.shape[0]},) and dtype "
+            f"{prepared.dtype}, got {type(out).__name__} {getattr(out, 'shape', None)} "
+            f"{getattr(out, 'dtype', None)}"
+        )
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")

@@ -1,0 +1,21 @@
+"""NumPy building blocks shared by the families' CPU references."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def row_ids(indptr: np.ndarray) -> np.ndarray:
+    """The row of every stored entry (int32), from a CSR row pointer."""
+    m = len(indptr) - 1
+    return np.repeat(np.arange(m, dtype=np.int32), np.diff(indptr))
+
+
+def products(A, x: np.ndarray) -> np.ndarray:
+    """a_ij · x_j for every stored entry, in float64 (the references accumulate in float64)."""
+    return A.data.astype(np.float64) * x.astype(np.float64)[A.indices]
+
+
+def segment_sums(segment: np.ndarray, values: np.ndarray, n_segments: int) -> np.ndarray:
+    """Sum ``values`` into ``n_segments`` bins by ``segment`` id, in entry order."""
+    return np.bincount(segment, weights=values, minlength=n_segments)

@@ -1,0 +1,47 @@
+"""Shared fixtures: the real matrices in ../shared/matrices and the GPU marker."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MATRICES = Path(
+    __import__("os").environ.get("SPMV_SHARED_MATRICES", REPO.parent / "shared" / "matrices")
+)
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def shared_manifest() -> list[dict[str, str]]:
+    """Rows of MANIFEST.tsv (empty when the shared matrices are not beside the checkout)."""
+    path = SHARED_MATRICES / "MANIFEST.tsv"
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not (SHARED_MATRICES / "MANIFEST.tsv").exists():
+        pytest.skip(f"shared matrices not found at {SHARED_MATRICES}")
+    return SHARED_MATRICES

@@ -1,0 +1,92 @@
+"""The ``tuner`` command line, end to end on the CPU references."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from db.store import Store
+from kernels import REGISTRY
+from kernels._cuda import gpu_available
+from tests.conftest import REPO
+from tuner.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "160"})
+
+
+@pytest.fixture
+def matrix(tmp_path):
+    path = tmp_path / "P.mtx"
+    result = invoke("generate", "powerlaw", "--rows", "3000", "--seed", "1", "-o", path)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_generate_writes_a_matrix_and_rejects_unknown_kinds(tmp_path, matrix):
+    assert matrix.read_text().startswith("%%MatrixMarket")
+    bad = invoke("generate", "nope", "-o", tmp_path / "x.mtx")
+    assert bad.exit_code == 1 and "poisson2d" in bad.output
+
+
+def test_tune_on_cpu_reference_then_resume_and_show(tmp_path, matrix):
+    db = tmp_path / "s.db"
+    first = invoke("tune", matrix, "--device", "cpu-reference", "--db", db, "--trials", "8")
+    assert first.exit_code == 0, first.output
+    assert "CPU reference" in first.output and "vs cuSPARSE" in first.output
+    for name in REGISTRY:
+        assert re.search(rf"^.*{name}.*\d+\.\d+x", first.output, re.M), name
+    store = Store(db)
+    (m,) = store.matrices()
+    n1 = len(store.trials(m["fingerprint"]))
+    again = invoke("tune", matrix, "--device", "cpu-reference", "--db", db, "--trials", "8")
+    assert again.exit_code == 0, again.output
+    assert len(store.trials(m["fingerprint"])) > n1
+    shown = invoke("show", matrix, "--db", db, "--trials")
+    assert shown.exit_code == 0 and m["fingerprint"] in shown.output and "trials stored" in shown.output
+    by_name = invoke("show", "P", "--db", db)
+    assert by_name.exit_code == 0 and m["fingerprint"] in by_name.output
+
+
+def test_errors_are_one_clear_line_and_exit_1(tmp_path, matrix):
+    bad = tmp_path / "bad.mtx"
+    bad.write_text("%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1.0\n2 x 2.0\n")
+    result = invoke("tune", bad, "--device", "cpu-reference", "--db", tmp_path / "s.db")
+    assert result.exit_code == 1 and "bad.mtx" in result.output and "line 4" in result.output
+    assert "Traceback" not in result.output
+    result = invoke("tune", matrix, "--device", "cpu-reference", "--dtype", "float16", "--db", tmp_path / "s.db")
+    assert result.exit_code == 1 and "float32" in result.output
+    result = invoke("tune", matrix, "--device", "cpu-reference", "--kernels", "nope", "--db", tmp_path / "s.db")
+    assert result.exit_code == 1 and "known kernels" in result.output
+    result = invoke("show", "0123456789abcdef", "--db", tmp_path / "s.db")
+    assert result.exit_code == 1 and "nothing stored" in result.output
+    result = invoke("tune", tmp_path / "missing.mtx", "--device", "cpu-reference", "--db", tmp_path / "s.db")
+    assert result.exit_code == 1 and "missing.mtx" in result.output
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the message on a machine without a GPU")
+def test_tune_without_gpu_exits_non_zero_and_names_the_way_out(matrix, tmp_path):
+    result = invoke("tune", matrix, "--db", tmp_path / "s.db")
+    assert result.exit_code == 1 and "cpu-reference" in result.output
+
+
+def test_kernels_lists_the_registry():
+    result = invoke("kernels", "--json")
+    assert result.exit_code == 0
+    assert {d["name"] for d in json.loads(result.output)} == set(REGISTRY)
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_command():
+    lines = (REPO / "README.md").read_text().splitlines()
+    fence = lines.index("```bash")
+    install, test = lines[fence + 1], lines[fence + 2]
+    assert "tuner tune" in install and "pip install" in install
+    assert "pytest" in test
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert test in ci

@@ -1,0 +1,161 @@
+"""Conformance suite every family must pass, parametrized over the registry.
+
+CPU part (any machine): each family's reference, for every config of its
+space, computes y = A·x within the verification bound on the hard cases and
+on the shared matrices, and rejects bad shapes. GPU part (marked ``gpu``): each
+family's GPU result matches its own CPU reference on the same cases and on every
+shared matrix, in float64 and float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from kernels import BASELINE, REGISTRY, get_family
+from kernels.csr_vector import CsrVector
+from tests.kernel_cases import CASES, load_shared, shared_cases
+from tuner.errors import InvalidConfigError
+from tuner.verify import Reference
+
+FAMILIES = sorted(REGISTRY)
+DTYPES = ("float64", "float32")
+
+
+@functools.cache
+def case(name: str, dtype: str):
+    A = CASES[name]() if name in CASES else load_shared(name)
+    return A.astype(dtype)
+
+
+def configs(family: str) -> list[dict]:
+    return REGISTRY[family].space.configs()
+
+
+# -- the registry and the spaces -------------------------------------------------
+def test_registry_names_and_baseline():
+    assert BASELINE in REGISTRY
+    for name, f in REGISTRY.items():
+        assert f.name == name
+        assert f.space.validate(f.space.defaults()) == f.space.defaults()
+        assert f.describe()["params"] == f.space.to_dict()
+
+
+def test_unknown_family_and_params_are_rejected_with_the_allowed_ones():
+    with pytest.raises(InvalidConfigError, match="known kernels"):
+        get_family("nope")
+    f = get_family("csr_vector")
+    with pytest.raises(InvalidConfigError, match="allowed"):
+        f.space.validate({"threads_per_row": 3})
+    with pytest.raises(InvalidConfigError, match="unknown parameter"):
+        f.space.validate({"warp": 32})
+
+
+# -- CPU references ---------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reference_every_config_on_hard_cases(family, name, dtype):
+    A = case(name, dtype)
+    ref = Reference.build(A, dtype, seed=1)
+    f = REGISTRY[family]
+    for params in configs(family):
+        y = f.run_reference(f.prepare_reference(A, params), ref.x)
+        assert y.dtype == np.dtype(dtype) and y.shape == (A.shape[0],)
+        ok, err, msg = ref.check(y)
+        assert ok, f"{family} {params}: {msg}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reference_on_shared_matrices(family, shared_dir):
+    f = REGISTRY[family]
+    for name in shared_cases():
+        A = case(name, "float64")
+        ref = Reference.build(A, "float64")
+        ok, _, msg = ref.check(f.run_reference(f.prepare_reference(A, f.space.defaults()), ref.x))
+        assert ok, f"{family} on {name}: {msg}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reference_rejects_bad_vectors(family):
+    f = REGISTRY[family]
+    A = case("rectangular_wide", "float64")
+    prepared = f.prepare_reference(A)
+    with pytest.raises(ValueError, match="length 700"):
+        f.run_reference(prepared, np.ones(40))
+    with pytest.raises(ValueError, match="dtype"):
+        f.run_reference(prepared, np.ones(700, dtype=np.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        f.run_reference(prepared, np.ones(700), out=np.empty(39))
+    out = np.full(40, np.nan)
+    assert f.run_reference(prepared, np.ones(700), out=out) is out and np.isfinite(out).all()
+
+
+def test_csr_vector_reference_reproduces_lane_partials_and_the_tree():
+    """Row of 5 entries with 4 lanes: lanes hold (a0+a4, a1, a2, a3); the tree adds (l0+l2)+(l1+l3)."""
+    import scipy.sparse as sp
+
+    vals = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    A = sp.csr_matrix((vals, np.arange(5, dtype=np.int32), np.array([0, 5], dtype=np.int32)), shape=(1, 5))
+    f = CsrVector()
+    prepared = f.prepare_reference(A, {"threads_per_row": 4})
+    np.testing.assert_array_equal(prepared.extra["slot"], [0, 1, 2, 3, 0])
+    assert f.run_reference(prepared, np.ones(5))[0] == 31.0
+    # Float32 rounding follows the same order: 2**24 + 1 + 1 is lost one way, kept the other.
+    vals32 = np.array([2.0**24, 1.0, 1.0], dtype=np.float32)
+    B = sp.csr_matrix((vals32, np.arange(3, dtype=np.int32), np.array([0, 3], dtype=np.int32)), shape=(1, 3))
+    assert f.run_reference(f.prepare_reference(B, {"threads_per_row": 2}), np.ones(3, np.float32))[0] == 2.0**24 + 2
+
+
+# -- GPU against the CPU references -------------------------------------------------
+def _gpu_check(family: str, A, dtype: str, params: dict) -> None:
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    f = REGISTRY[family]
+    ref = Reference.build(A, dtype, seed=2)
+    expected = f.run_reference(f.prepare_reference(A, params), ref.x)
+    prepared = f.prepare(cusp.csr_matrix(A), params)
+    out = cupy.full(A.shape[0], cupy.nan, dtype=dtype)
+    y = f.run(prepared, cupy.asarray(ref.x), out).get()
+    ok, err, msg = ref.check(y)
+    assert ok, f"{family} {params}: {msg}"
+    scale = np.maximum(ref.scale, np.finfo(np.float64).tiny)
+    assert np.all(np.abs(y - expected) / scale <= 2 * ref.rtol), f"{family} {params}: GPU differs from its reference"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_every_config_on_hard_cases(family, name, dtype):
+    for params in configs(family):
+        _gpu_check(family, case(name, dtype), dtype, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_on_every_shared_matrix(family, dtype, shared_dir):
+    f = REGISTRY[family]
+    for name in shared_cases():
+        for params in (f.space.defaults(), *configs(family)[:: max(1, len(configs(family)) // 4)]):
+            _gpu_check(family, case(name, dtype), dtype, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_rejects_bad_vectors(family):
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    f = REGISTRY[family]
+    prepared = f.prepare(cusp.csr_matrix(case("rectangular_wide", "float64")))
+    with pytest.raises(ValueError, match="length 700"):
+        f.run(prepared, cupy.ones(40))
+    with pytest.raises(ValueError, match="dtype"):
+        f.run(prepared, cupy.ones(700, dtype=cupy.float32))
+    with pytest.raises(TypeError, match="cupy"):
+        f.run(prepared, np.ones(700))

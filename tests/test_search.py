@@ -1,0 +1,165 @@
+"""The whole tuning loop on the CPU references: search, verification, failures, store, resume."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import optuna
+import pytest
+import scipy.sparse as sp
+
+from db.store import Store
+from kernels import REGISTRY
+from kernels.csr_scalar import CsrScalar
+from kernels.csr_vector import CsrVector
+from tests.conftest import REPO
+from tuner.backend import CpuReferenceBackend, get_backend
+from tuner.errors import InvalidConfigError, NoDeviceError
+from tuner.io import as_csr
+from tuner.search import study_name, tune
+from tuner.storage import open_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture
+def A():
+    return as_csr(sp.random(300, 250, density=0.03, format="csr", random_state=3))
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "t.db")
+
+
+def run(A, store, storage, **kw):
+    return tune(A, backend=CpuReferenceBackend(), store=store, storage=storage, name="m", **kw)
+
+
+def test_tune_records_trials_best_and_summary(A, store, tmp_path):
+    storage = open_storage(str(tmp_path / "j.log"))
+    result = run(A, store, storage, trials=12)
+    rows = store.trials(result.fingerprint)
+    assert len(rows) == len(result.trials) > 0
+    assert all(r["verified"] == 1 and r["state"] == "ok" and r["time_s"] > 0 for r in rows)
+    assert {r["kernel"] for r in rows} == set(REGISTRY)  # every family's default is measured first
+    best = store.best(result.fingerprint, device=result.device.id, dtype="float64")
+    assert best["time_s"] == min(r["time_s"] for r in rows)
+    assert {s.kernel for s in result.summary} == set(REGISTRY)
+    cusparse = next(s for s in result.summary if s.kernel == "cusparse")
+    assert cusparse.ratio_to_cusparse == pytest.approx(1.0)
+    assert all(s.gflops > 0 and s.bandwidth_fraction > 0 for s in result.summary)
+    assert store.device(result.device.id)["kind"] == "cpu-reference"
+
+
+def test_running_again_continues_the_study(A, store, tmp_path):
+    storage = open_storage(str(tmp_path / "j.log"))
+    first = run(A, store, storage, trials=6)
+    second = run(A, store, storage, trials=6)
+    study = optuna.load_study(study_name=first.study, storage=storage)
+    assert second.study == first.study
+    assert len(study.trials) == 12
+    numbers = [r["trial_number"] for r in store.trials(first.fingerprint)]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+
+
+def test_restricting_kernels_only_tries_those(A, store, tmp_path):
+    result = run(A, store, open_storage(str(tmp_path / "j.log")), trials=8, kernels=["csr_vector"])
+    assert {t.kernel for t in result.trials} == {"csr_vector"}
+    with pytest.raises(InvalidConfigError, match="known kernels"):
+        run(A, store, open_storage(str(tmp_path / "j.log")), trials=1, kernels=["nope"])
+
+
+class _Wrong(CsrScalar):
+    """A deliberately broken kernel: drops the last entry of every row for block_size 64."""
+
+    def _run_reference(self, prepared, x):
+        y = super()._run_reference(prepared, x)
+        if prepared.params["block_size"] == 64:
+            A = prepared.A
+            last = A.indptr[1:][np.diff(A.indptr) > 0] - 1
+            rows = np.flatnonzero(np.diff(A.indptr) > 0)
+            y[rows] -= A.data[last] * x[A.indices[last]]
+        return y
+
+
+class _Crash(CsrVector):
+    def _prepare_reference(self, prepared):
+        raise MemoryError("pretend the device ran out of memory")
+
+
+def test_wrong_answers_and_crashes_are_recorded_and_the_search_goes_on(A, store, tmp_path, monkeypatch):
+    monkeypatch.setitem(REGISTRY, "csr_scalar", _Wrong())
+    monkeypatch.setitem(REGISTRY, "csr_vector", _Crash())
+    storage = open_storage(str(tmp_path / "j.log"))
+    result = run(A, store, storage, trials=25, kernels=["csr_scalar", "csr_vector"])
+    rows = store.trials(result.fingerprint)
+    kinds = {r["error_kind"] for r in rows if r["state"] == "failed"}
+    assert "out_of_memory" in kinds
+    wrong = [r for r in rows if r["kernel"] == "csr_scalar" and r["params"]["block_size"] == 64]
+    assert wrong and all(r["error_kind"] == "wrong_answer" and r["verified"] == 0 for r in wrong)
+    assert "relative error" in wrong[0]["error"]
+    good = [r for r in rows if r["state"] == "ok"]
+    assert good and all(r["kernel"] == "csr_scalar" and r["params"]["block_size"] != 64 for r in good)
+    best = store.best(result.fingerprint, device=result.device.id, dtype="float64")
+    assert best["kernel"] == "csr_scalar" and best["params"]["block_size"] != 64
+    study = optuna.load_study(study_name=result.study, storage=storage)
+    assert any(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
+
+
+def test_float32_study_is_separate(A, store, tmp_path):
+    storage = open_storage(str(tmp_path / "j.log"))
+    r64 = run(A, store, storage, trials=3)
+    r32 = run(A, store, storage, trials=3, dtype="float32")
+    assert r64.study != r32.study == study_name(r64.fingerprint, r64.device, "float32")
+    assert store.best(r32.fingerprint, device=r32.device.id, dtype="float32") is not None
+
+
+def test_gpu_backend_without_gpu_says_so():
+    pytest.importorskip("numpy")
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(NoDeviceError, match="cpu-reference"):
+        get_backend("gpu")
+    with pytest.raises(InvalidConfigError, match="unknown device"):
+        get_backend("tpu")
+
+
+def test_two_processes_tune_at_once_without_database_is_locked(tmp_path):
+    """The default storage (a journal file) and the WAL store take two concurrent tuners."""
+    script = textwrap.dedent(
+        f"""
+        import sys, optuna, scipy.sparse as sp
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        from db.store import Store
+        from tuner.backend import CpuReferenceBackend
+        from tuner.io import as_csr
+        from tuner.search import tune
+        from tuner.storage import open_storage, default_storage
+        store = Store({str(tmp_path / 'shared.db')!r})
+        A = as_csr(sp.random(400, 400, density=0.02, format="csr", random_state=int(sys.argv[1])))
+        tune(A, backend=CpuReferenceBackend(), store=store, storage=open_storage(default_storage(store.path)),
+             trials=15, seed=int(sys.argv[1]))
+        print("done")
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(s)], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for s in (1, 2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and "done" in out, err
+        assert "locked" not in err
+    store = Store(tmp_path / "shared.db")
+    assert store.count_matrices() == 2
+    for m in store.matrices():
+        assert len(store.trials(m["fingerprint"])) > 0

@@ -1,0 +1,37 @@
+"""spmv-tuner: auto-tuned sparse matrix-vector products on NVIDIA GPUs.
+
+>>> from tuner import plan          # doctest: +SKIP
+>>> ex = plan("A.mtx"); y = ex(x)   # doctest: +SKIP
+
+``plan`` and ``Executor`` are imported on first use, so that importing a
+submodule (``tuner.errors`` from the kernels, say) stays light and acyclic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import InvalidConfigError, MatrixFormatError, NoDeviceError, StoreError, TunerError
+
+if TYPE_CHECKING:
+    from tuner.executor import Executor, plan
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("plan", "Executor"):
+        from tuner import executor
+
+        globals()[name] = value = getattr(executor, name)
+        return value
+    raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+
+
+__all__ = [
+    "Executor",
+    "InvalidConfigError",
+    "MatrixFormatError",
+    "NoDeviceError",
+    "StoreError",
+    "TunerError",
+    "plan",
+]

@@ -1,0 +1,253 @@
+"""Where kernels run and how they are timed: the GPU, or the CPU references.
+
+The search, the benchmark and ``plan()`` talk to a :class:`Backend` and never to
+CuPy directly, so the whole tuning loop runs on a machine without a GPU through
+:class:`CpuReferenceBackend` (its timings say nothing about any GPU, and every
+record carries the device kind ``cpu-reference`` to say so).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kernels import Family, Prepared
+from kernels._cuda import require_cupy
+from tuner.errors import InvalidConfigError
+
+DEVICE_KINDS = ("gpu", "cpu-reference")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A device as the store records it; tuned results apply to one ``id`` (model and capability)."""
+
+    id: str
+    name: str
+    kind: str
+    compute_capability: str
+    sms: int
+    memory_bytes: int
+    driver: str
+    l2_bytes: int = 0
+
+    def record(self, copy_bandwidth_gbs: float | None = None) -> dict[str, Any]:
+        row = asdict(self)
+        row.pop("l2_bytes")
+        return {**row, "copy_bandwidth_gbs": copy_bandwidth_gbs}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread of repeated runs, in seconds."""
+
+    median_s: float
+    p10_s: float
+    p90_s: float
+    repeats: int
+
+    @classmethod
+    def from_samples(cls, samples: np.ndarray) -> Timing:
+        p10, p50, p90 = np.percentile(samples, [10, 50, 90])
+        return cls(float(p50), float(p10), float(p90), int(samples.size))
+
+
+class Backend(ABC):
+    """Uploads, prepares, runs and times kernel families on one device."""
+
+    info: DeviceInfo
+
+    @abstractmethod
+    def matrix(self, A: Any) -> Any:
+        """The canonical host CSR matrix, moved to where the kernels read it."""
+
+    @abstractmethod
+    def vector(self, x: np.ndarray) -> Any: ...
+
+    @abstractmethod
+    def to_host(self, y: Any) -> np.ndarray: ...
+
+    @abstractmethod
+    def full(self, n: int, value: float, dtype: Any) -> Any: ...
+
+    @abstractmethod
+    def prepare(self, family: Family, A: Any, params: dict[str, Any]) -> Prepared: ...
+
+    @abstractmethod
+    def run(self, family: Family, prepared: Prepared, x: Any, out: Any) -> Any: ...
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def time(self, fn: Callable[[], object], *, repeats: int = 100, max_duration: float = 1.0,
+             flush_l2: bool = False) -> Timing:
+        """Median time of ``fn``; ``flush_l2`` evicts the cache between repeats (cold figures)."""
+
+    @abstractmethod
+    def copy_bandwidth_gbs(self) -> float:
+        """Measured copy bandwidth (bytes read + written per second / 1e9) of a buffer well above cache."""
+
+    def timed_prepare(self, family: Family, A: Any, params: dict[str, Any]) -> tuple[Prepared, float]:
+        """Prepare and return the wall time of the one-time setup (synchronized)."""
+        self.synchronize()
+        start = time.perf_counter()
+        prepared = self.prepare(family, A, params)
+        self.synchronize()
+        return prepared, time.perf_counter() - start
+
+
+class GpuBackend(Backend):
+    """The current CUDA device through CuPy; times are GPU times from CUDA events."""
+
+    def __init__(self) -> None:
+        self.cp = require_cupy()
+        dev = self.cp.cuda.Device()
+        props = self.cp.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"].decode()
+        cc = f"{props['major']}{props['minor']}"
+        self.info = DeviceInfo(
+            id=f"{name} (sm_{cc})",
+            name=name,
+            kind="gpu",
+            compute_capability=cc,
+            sms=int(props["multiProcessorCount"]),
+            memory_bytes=int(props["totalGlobalMem"]),
+            driver=str(self.cp.cuda.runtime.driverGetVersion()),
+            l2_bytes=int(props.get("l2CacheSize", 0)),
+        )
+        self._flush: Any = None
+        self._bandwidth: float | None = None
+
+    def matrix(self, A: Any) -> Any:
+        import cupyx.scipy.sparse as cusp
+
+        return cusp.csr_matrix(A)
+
+    def vector(self, x: np.ndarray) -> Any:
+        return self.cp.asarray(x)
+
+    def to_host(self, y: Any) -> np.ndarray:
+        return self.cp.asnumpy(y)
+
+    def full(self, n: int, value: float, dtype: Any) -> Any:
+        return self.cp.full(n, value, dtype=dtype)
+
+    def prepare(self, family: Family, A: Any, params: dict[str, Any]) -> Prepared:
+        return family.prepare(A, params)
+
+    def run(self, family: Family, prepared: Prepared, x: Any, out: Any) -> Any:
+        return family.run(prepared, x, out)
+
+    def synchronize(self) -> None:
+        self.cp.cuda.Device().synchronize()
+
+    def time(self, fn: Callable[[], object], *, repeats: int = 100, max_duration: float = 1.0,
+             flush_l2: bool = False) -> Timing:
+        if not flush_l2:
+            from cupyx.profiler import benchmark
+
+            result = benchmark(fn, n_repeat=repeats, n_warmup=max(3, repeats // 10), max_duration=max_duration)
+            return Timing.from_samples(np.asarray(result.gpu_times[0]))
+        return self._time_cold(fn, repeats=repeats, max_duration=max_duration)
+
+    def _time_cold(self, fn: Callable[[], object], *, repeats: int, max_duration: float) -> Timing:
+        cp = self.cp
+        if self._flush is None:  # twice the L2 size, so nothing of the matrix stays cached
+            self._flush = cp.empty(max(2 * self.info.l2_bytes, 64 << 20), dtype=cp.uint8)
+        fn()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        samples = []
+        deadline = time.perf_counter() + max_duration
+        for i in range(repeats):
+            self._flush.fill(i & 0xFF)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+            if time.perf_counter() > deadline and len(samples) >= 5:
+                break
+        return Timing.from_samples(np.asarray(samples))
+
+    def copy_bandwidth_gbs(self) -> float:
+        if self._bandwidth is None:
+            n = max(8 * self.info.l2_bytes, 512 << 20)
+            src = self.cp.ones(n, dtype=self.cp.uint8)
+            dst = self.cp.empty_like(src)
+            t = self.time(lambda: dst.__setitem__(Ellipsis, src), repeats=20, max_duration=2.0)
+            self._bandwidth = 2 * n / t.median_s / 1e9
+            del src, dst
+        return self._bandwidth
+
+
+class CpuReferenceBackend(Backend):
+    """The families' NumPy references timed on the CPU: exercises the tuning loop without a GPU.
+
+    Its figures are the speed of the references on this CPU and say nothing about any GPU.
+    """
+
+    def __init__(self) -> None:
+        cpu = platform.processor() or platform.machine() or "cpu"
+        self.info = DeviceInfo(
+            id=f"cpu-reference ({cpu})", name=cpu, kind="cpu-reference", compute_capability="cpu",
+            sms=0, memory_bytes=0, driver=f"numpy {np.__version__}",
+        )
+        self._bandwidth: float | None = None
+
+    def matrix(self, A: Any) -> Any:
+        return A
+
+    def vector(self, x: np.ndarray) -> Any:
+        return np.asarray(x)
+
+    def to_host(self, y: Any) -> np.ndarray:
+        return np.asarray(y)
+
+    def full(self, n: int, value: float, dtype: Any) -> Any:
+        return np.full(n, value, dtype=dtype)
+
+    def prepare(self, family: Family, A: Any, params: dict[str, Any]) -> Prepared:
+        return family.prepare_reference(A, params)
+
+    def run(self, family: Family, prepared: Prepared, x: Any, out: Any) -> Any:
+        return family.run_reference(prepared, x, out)
+
+    def synchronize(self) -> None:
+        pass
+
+    def time(self, fn: Callable[[], object], *, repeats: int = 100, max_duration: float = 1.0,
+             flush_l2: bool = False) -> Timing:
+        fn()
+        samples = []
+        deadline = time.perf_counter() + max_duration
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+            if time.perf_counter() > deadline and len(samples) >= 3:
+                break
+        return Timing.from_samples(np.asarray(samples))
+
+    def copy_bandwidth_gbs(self) -> float:
+        if self._bandwidth is None:
+            src = np.ones(64 << 20, dtype=np.uint8)
+            dst = np.empty_like(src)
+            t = self.time(lambda: np.copyto(dst, src), repeats=10, max_duration=1.0)
+            self._bandwidth = 2 * src.nbytes / t.median_s / 1e9
+        return self._bandwidth
+
+
+def get_backend(device: str = "gpu") -> Backend:
+    """``'gpu'`` (raises NoDeviceError without one) or ``'cpu-reference'``."""
+    if device == "gpu":
+        return GpuBackend()
+    if device == "cpu-reference":
+        return CpuReferenceBackend()
+    raise InvalidConfigError(f"unknown device {device!r}; choose one of {list(DEVICE_KINDS)}")

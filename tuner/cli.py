@@ -1,0 +1,207 @@
+"""The ``tuner`` command line (typer + rich).
+
+Every command turns the project's own errors (:class:`~tuner.errors.TunerError`)
+into one red line and exit code 1; anything else is a bug and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.errors import TunerError
+
+app = typer.Typer(
+    help="Auto-tuned SpMV on NVIDIA GPUs: generate or read a matrix, tune kernels on it, look up results.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+DbOption = Annotated[Path | None, typer.Option("--db", help="SQLite store (default: $SPMV_TUNER_DB or per-user)")]
+DtypeOption = Annotated[str, typer.Option("--dtype", help="value type: float64 or float32")]
+
+
+def _clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (TunerError, FileNotFoundError) as exc:
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _check_dtype(dtype: str) -> str:
+    from tuner.errors import InvalidConfigError
+
+    if dtype not in ("float64", "float32"):
+        raise InvalidConfigError(f"--dtype {dtype!r} is not supported; choose float64 or float32")
+    return dtype
+
+
+@app.command()
+@_clean_errors
+def generate(
+    kind: Annotated[str, typer.Argument(help="matrix kind (see `tuner generate --help` for the list)")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="where to write the .mtx (or .mtx.gz)")],
+    n: Annotated[int | None, typer.Option("--n", help="grid side, for the stencil kinds")] = None,
+    rows: Annotated[int | None, typer.Option("--rows", help="number of rows, for the other kinds")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="random seed (same seed, same matrix)")] = 0,
+) -> None:
+    """Write a synthetic matrix: stencils, banded, uniform, power-law, few huge rows, LP-like, empty rows."""
+    from tuner.generate import generate as make
+    from tuner.io import write_mtx
+
+    A = make(kind, n=n, rows=rows, seed=seed)
+    write_mtx(output, A, comment=f"tuner generate {kind} n={n} rows={rows} seed={seed}")
+    console.print(f"wrote {output}: {A.shape[0]} x {A.shape[1]}, {A.nnz} nonzeros")
+
+
+@app.command()
+@_clean_errors
+def tune(
+    matrix: Annotated[Path, typer.Argument(help="Matrix Market file (.mtx or .mtx.gz)")],
+    trials: Annotated[int, typer.Option(help="trials to run now (the study keeps earlier ones)")] = 40,
+    timeout: Annotated[float | None, typer.Option(help="stop starting new trials after this many seconds")] = None,
+    kernels: Annotated[str | None, typer.Option(help="comma-separated families (default: all)")] = None,
+    dtype: DtypeOption = "float64",
+    db: DbOption = None,
+    storage: Annotated[
+        str | None, typer.Option(help="optuna storage: URL, journal:PATH or PATH.log (default: journal beside --db)")
+    ] = None,
+    device: Annotated[str, typer.Option(help="gpu, or cpu-reference (CPU references; not GPU figures)")] = "gpu",
+    seed: Annotated[int, typer.Option(help="seed of the sampler and of the test vector")] = 0,
+) -> None:
+    """Tune SpMV kernels for MATRIX on this device; results go to the store (run again to continue)."""
+    import optuna
+
+    from db.store import Store
+    from tuner.backend import get_backend
+    from tuner.io import matrix_name, read_mtx
+    from tuner.search import tune as run_tune
+    from tuner.storage import default_storage, open_storage
+
+    _check_dtype(dtype)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend = get_backend(device)
+    A = read_mtx(matrix, dtype=dtype)
+    store = Store(db)
+    study_storage = open_storage(storage or default_storage(store.path))
+    label = "" if backend.info.kind == "gpu" else " [yellow](CPU references: not GPU figures)[/]"
+    console.print(f"tuning {matrix_name(matrix)} ({A.shape[0]} x {A.shape[1]}, {A.nnz} nnz, {dtype}) "
+                  f"on {backend.info.id}{label}")
+    failures = 0
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("trials", total=trials)
+
+        def on_trial(outcome: Any) -> None:
+            nonlocal failures
+            failures += outcome is not None and not outcome.ok
+            what = "cached" if outcome is None else f"{outcome.kernel}: {_outcome_text(outcome)}"
+            progress.update(task, advance=1, description=f"trials ({failures} failed) {what}")
+
+        result = run_tune(A, backend=backend, store=store, storage=study_storage, name=matrix_name(matrix),
+                          dtype=dtype, trials=trials, timeout=timeout,
+                          kernels=kernels.split(",") if kernels else None, seed=seed, on_trial=on_trial)
+    _print_summary(result)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "-"
+
+
+def _outcome_text(outcome: Any) -> str:
+    if outcome.ok:
+        return f"{outcome.timing.median_s * 1e6:.1f} µs"
+    return f"[red]{outcome.error_kind}[/]"
+
+
+def _print_summary(result: Any) -> None:
+    table = Table(title=f"best per family on {result.device.id} ({result.dtype}), re-timed in one run")
+    for col in ("kernel", "params", "time (µs)", "GFLOP/s", "GB/s", "of copy BW", "vs cuSPARSE"):
+        table.add_column(col, justify="left" if col in ("kernel", "params") else "right")
+    for s in result.summary:
+        ratio = f"{s.ratio_to_cusparse:.2f}x" if s.ratio_to_cusparse else "-"
+        table.add_row(s.kernel, _params(s.params), f"{s.timing.median_s * 1e6:.1f}", f"{s.gflops:.1f}",
+                      f"{s.gbps:.1f}", f"{s.bandwidth_fraction:.0%}", ratio)
+    console.print(table)
+    console.print(f"copy bandwidth measured in this run: {result.copy_bandwidth_gbs:.0f} GB/s; "
+                  f"fingerprint {result.fingerprint}; study {result.study}")
+    if result.device.kind != "gpu":
+        console.print("[yellow]these are CPU reference timings: they say nothing about any GPU[/]")
+
+
+@app.command()
+@_clean_errors
+def show(
+    matrix: Annotated[str, typer.Argument(help="a .mtx path, a fingerprint (or prefix) or a stored name")],
+    db: DbOption = None,
+    trials: Annotated[bool, typer.Option("--trials", help="list every trial too")] = False,
+) -> None:
+    """Print what the store knows about a matrix: best configs per device and dtype, trial counts."""
+    from db.store import Store
+    from tuner.errors import TunerError as _TunerError
+    from tuner.features import fingerprint
+    from tuner.io import read_mtx
+
+    store = Store(db)
+    key = fingerprint(read_mtx(matrix)) if Path(matrix).is_file() else matrix
+    row = store.find_matrix(key)
+    if row is None:
+        raise _TunerError(f"nothing stored for {matrix!r} in {store.path}; run `tuner tune` on it first")
+    fp = row["fingerprint"]
+    console.print(f"[bold]{row['name'] or '(unnamed)'}[/] {row['rows']} x {row['cols']}, {row['nnz']} nnz, "
+                  f"fingerprint {fp}")
+    table = Table(title="best configs")
+    for col in ("device", "dtype", "kernel", "params", "time (µs)", "GFLOP/s", "vs cuSPARSE"):
+        table.add_column(col)
+    for b in store.bests(fp):
+        ratio = f"{b['cusparse_time_s'] / b['time_s']:.2f}x" if b.get("cusparse_time_s") else "-"
+        table.add_row(b["device"], b["dtype"], b["kernel"], _params(b["params"]),
+                      f"{b['time_s'] * 1e6:.1f}", f"{b['gflops']:.1f}", ratio)
+    console.print(table)
+    rows = store.trials(fp)
+    failed = sum(r["state"] != "ok" for r in rows)
+    console.print(f"{len(rows)} trials stored, {failed} failed")
+    if trials:
+        t = Table()
+        for col in ("id", "device", "dtype", "kernel", "params", "state", "time (µs)", "error"):
+            t.add_column(col)
+        for r in rows:
+            time_us = f"{r['time_s'] * 1e6:.1f}" if r["time_s"] else "-"
+            t.add_row(str(r["id"]), r["device"], r["dtype"], r["kernel"], _params(r["params"]), r["state"],
+                      time_us, (r["error_kind"] or "") + (f": {r['error'][:60]}" if r["error"] else ""))
+        console.print(t)
+
+
+@app.command("kernels")
+def list_kernels(as_json: Annotated[bool, typer.Option("--json", help="print the registry as JSON")] = False) -> None:
+    """List the kernel families and their parameter spaces (from the registry)."""
+    from kernels import REGISTRY
+
+    described = [f.describe() for f in REGISTRY.values()]
+    if as_json:
+        console.print_json(json.dumps(described))
+        return
+    for d in described:
+        console.print(f"[bold]{d['name']}[/]: {d['summary']} ({d['source']})")
+        for p in d["params"]:
+            console.print(f"  {p['name']} in {p['values']} (default {p['default']}): {p['doc']}")
+
+
+if __name__ == "__main__":
+    app()

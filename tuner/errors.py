@@ -1,0 +1,28 @@
+"""The project's own exceptions: the only errors that reach a user.
+
+Everything the tuner raises on bad input or a missing device derives from
+:class:`TunerError`, so the CLI and the service can turn it into a clear
+message (and a non-zero exit or a 4xx) without catching unrelated bugs.
+"""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class MatrixFormatError(TunerError, ValueError):
+    """A matrix (file, SciPy/CuPy object or triple) that cannot be read or is not supported."""
+
+
+class NoDeviceError(TunerError, RuntimeError):
+    """A GPU path was asked for, but CuPy or a CUDA device is not available."""
+
+
+class InvalidConfigError(TunerError, ValueError):
+    """A kernel name or parameter value that the registry does not declare."""
+
+
+class StoreError(TunerError, RuntimeError):
+    """The SQLite store cannot be opened, migrated or written."""

@@ -1,0 +1,174 @@
+"""One config, measured honestly: prepare, check y against the reference, then time.
+
+A config that fails is an outcome, not a crash: its failure is classified
+(``compile_error``, ``launch_error``, ``wrong_answer``, ``out_of_memory``,
+``timeout``, ``invalid_config``) with the message, and the search goes on.
+Only a failure that leaves the CUDA context unusable stops the search.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernels import Family
+from tuner.backend import Backend, Timing
+from tuner.errors import InvalidConfigError, TunerError
+from tuner.metrics import gbps, gflops
+from tuner.verify import Reference
+
+# Exception class names (CuPy's are matched by name so CuPy stays an optional import).
+_KINDS = {
+    "CompileException": "compile_error",
+    "NVRTCError": "compile_error",
+    "OutOfMemoryError": "out_of_memory",
+    "MemoryError": "out_of_memory",
+    "CUDARuntimeError": "launch_error",
+    "CUDADriverError": "launch_error",
+    "CUSPARSEError": "launch_error",
+}
+# Errors after which every later launch in this process fails too.
+_STICKY = ("illegal address", "ILLEGAL_ADDRESS", "IllegalAddress", "misaligned", "MISALIGNED",
+           "launch failure", "LAUNCH_FAILED", "unspecified launch", "IllegalInstruction")
+
+
+class ContextLostError(TunerError):
+    """A kernel corrupted the CUDA context; the process must restart (the study resumes)."""
+
+    def __init__(self, message: str, result: TrialResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class TrialResult:
+    """The outcome of one config on one matrix."""
+
+    kernel: str
+    params: dict[str, Any]
+    state: str  # 'ok' | 'failed'
+    timing: Timing | None = None
+    prepare_s: float | None = None
+    rel_error: float | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+    def record(self, *, shape: tuple[int, int], nnz: int, dtype: str) -> dict[str, Any]:
+        """The store's trial columns that this result determines."""
+        t = self.timing
+        return {
+            "kernel": self.kernel,
+            "params": self.params,
+            "state": self.state,
+            "time_s": t.median_s if t else None,
+            "time_p10_s": t.p10_s if t else None,
+            "time_p90_s": t.p90_s if t else None,
+            "prepare_s": self.prepare_s,
+            "gflops": gflops(nnz, t.median_s) if t else None,
+            "gbps": gbps(*shape, nnz, dtype, t.median_s) if t else None,
+            "verified": int(self.ok),
+            "rel_error": self.rel_error,
+            "error_kind": self.error_kind,
+            "error": self.error,
+        }
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, InvalidConfigError):
+        return "invalid_config"
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _KINDS:
+            return _KINDS[cls.__name__]
+    return "launch_error"
+
+
+def evaluate(
+    backend: Backend,
+    family: Family,
+    A: Any,
+    params: dict[str, Any],
+    reference: Reference,
+    x: Any,
+    *,
+    max_run_s: float = 2.0,
+    repeats: int = 100,
+    max_duration: float = 0.5,
+) -> TrialResult:
+    """Prepare ``family`` with ``params`` on ``A``, verify one product, then time it.
+
+    ``x`` is ``reference.x`` already on the backend's device. A single product
+    slower than ``max_run_s`` is recorded as a ``timeout`` and not repeated.
+    """
+    result = TrialResult(family.name, dict(params), "failed")
+    try:
+        prepared, result.prepare_s = backend.timed_prepare(family, A, params)
+        out = backend.full(prepared.shape[0], float("nan"), prepared.dtype)
+        start = time.perf_counter()
+        backend.run(family, prepared, x, out)
+        backend.synchronize()
+        once = time.perf_counter() - start
+        passed, result.rel_error, message = reference.check(backend.to_host(out))
+        if not passed:
+            result.error_kind, result.error = "wrong_answer", message
+            return result
+        if once > max_run_s:
+            result.error_kind = "timeout"
+            result.error = f"one product took {once:.2f} s (limit {max_run_s} s)"
+            return result
+        result.timing = backend.time(
+            lambda: backend.run(family, prepared, x, out), repeats=repeats, max_duration=max_duration
+        )
+        result.state = "ok"
+        return result
+    except Exception as exc:  # every failure of a config is an outcome
+        result.error_kind, result.error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
+        if any(s in str(exc) or s in type(exc).__name__ for s in _STICKY):
+            raise ContextLostError(
+                f"{family.name} {params} broke the CUDA context ({result.error}); "
+                "run the command again: the study resumes where it stopped",
+                result,
+            ) from exc
+        return result
+
+
+def time_interleaved(
+    backend: Backend,
+    configs: list[tuple[Family, dict[str, Any]]],
+    A: Any,
+    x: Any,
+    *,
+    rounds: int = 3,
+    repeats: int = 100,
+    max_duration: float = 0.3,
+    flush_l2: bool = False,
+) -> list[Timing]:
+    """Time several configs in the same process, round-robin, so drift hits them alike.
+
+    Returns, per config, the median over rounds of each round's median (spread from
+    all rounds). Used for the comparison with cuSPARSE at the end of a tuning run and
+    by the benchmark.
+    """
+    prepared = [backend.prepare(f, A, p) for f, p in configs]
+    outs = [backend.full(pr.shape[0], 0.0, pr.dtype) for pr in prepared]
+    per_round: list[list[Timing]] = [[] for _ in configs]
+    for _ in range(rounds):
+        for i, ((family, _), pr) in enumerate(zip(configs, prepared, strict=True)):
+            per_round[i].append(
+                backend.time(lambda f=family, p=pr, o=outs[i]: backend.run(f, p, x, o),
+                             repeats=repeats, max_duration=max_duration, flush_l2=flush_l2)
+            )
+    return [
+        Timing(
+            median_s=float(sorted(t.median_s for t in ts)[len(ts) // 2]),
+            p10_s=min(t.p10_s for t in ts),
+            p90_s=max(t.p90_s for t in ts),
+            repeats=sum(t.repeats for t in ts),
+        )
+        for ts in per_round
+    ]

@@ -1,0 +1,113 @@
+"""``plan(A)``: a ready-to-call y = A·x with the best config known for this matrix and GPU.
+
+Where the config comes from is part of the answer (``ex.source``):
+``'tuned'`` when the store has a best config for this matrix's fingerprint on
+this device model and dtype, ``'default'`` otherwise (cuSPARSE, the safe
+choice), and ``'cpu'`` on a machine without a GPU, where SciPy computes y.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from db.store import Store
+from kernels import BASELINE, get_family
+from kernels._cuda import gpu_available
+from tuner.backend import GpuBackend
+from tuner.features import fingerprint
+from tuner.io import as_csr
+
+
+class Executor:
+    """y = ex(x): the prepared kernel for one matrix, with where its config came from.
+
+    Example (on a generated matrix)::
+
+        from tuner import plan
+        from tuner.generate import generate
+        A = generate("poisson2d", n=500)
+        ex = plan(A)
+        y = ex(np.ones(A.shape[1]))
+        print(ex.explain())
+    """
+
+    def __init__(self, *, A: Any, kernel: str, params: dict[str, Any], source: str,
+                 backend: GpuBackend | None, fingerprint: str, expected_gflops: float | None = None) -> None:
+        self.shape: tuple[int, int] = tuple(A.shape)
+        self.nnz = int(A.nnz)
+        self.dtype = np.dtype(A.dtype)
+        self.fingerprint = fingerprint
+        self.kernel, self.params, self.source = kernel, params, source
+        self.expected_gflops = expected_gflops
+        self.prepare_s: float | None = None
+        self._host = A if backend is None else None
+        self.device = "cpu (SciPy)" if backend is None else backend.info.id
+        if backend is not None:
+            self._backend = backend
+            self._family = get_family(kernel)
+            self._prepared, self.prepare_s = backend.timed_prepare(self._family, backend.matrix(A), params)
+
+    def __call__(self, x: Any, out: Any = None) -> Any:
+        """y = A·x. A NumPy x gives a NumPy y (copied through the GPU), a CuPy x a CuPy y."""
+        if getattr(x, "shape", None) != (self.shape[1],):
+            raise ValueError(f"x must have shape ({self.shape[1]},) for A of shape {self.shape}, "
+                             f"got {getattr(x, 'shape', type(x).__name__)}")
+        if self._host is not None:
+            y = self._host @ np.asarray(x, dtype=self.dtype)
+            if out is None:
+                return y
+            out[...] = y
+            return out
+        cp = self._backend.cp
+        on_gpu = isinstance(x, cp.ndarray)
+        x_dev = cp.asarray(x, dtype=self.dtype)
+        if on_gpu:
+            return self._family.run(self._prepared, x_dev, out)
+        y = self._family.run(self._prepared, x_dev).get()
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def explain(self) -> str:
+        """Why this kernel: the source of the config and what is known of its speed."""
+        why = {
+            "tuned": "the store holds a tuned best config for this matrix on this device and dtype",
+            "default": "nothing is stored for this matrix on this device and dtype: cuSPARSE, the safe default "
+                       "(run `tuner tune` to tune it)",
+            "cpu": "no CUDA GPU (or CuPy) here: SciPy computes y on the CPU",
+        }[self.source]
+        speed = f"{self.expected_gflops:.1f} GFLOP/s when tuned" if self.expected_gflops else "speed unknown"
+        return (f"{self.kernel} {self.params} for a {self.shape[0]}x{self.shape[1]} {self.dtype} matrix "
+                f"with {self.nnz} nonzeros on {self.device}: {why}; {speed}.")
+
+    def __repr__(self) -> str:
+        speed = f", ~{self.expected_gflops:.1f} GFLOP/s" if self.expected_gflops else ""
+        return f"<Executor {self.kernel} {self.params} source={self.source!r}{speed}>"
+
+
+def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None) -> Executor:
+    """Prepare y = A·x for ``A`` (a .mtx path, SciPy/CuPy sparse matrix or CSR triple).
+
+    Looks up the tuned best config for this matrix (by structural fingerprint)
+    on this GPU model and dtype in the store ``db`` (default: the per-user
+    store); without one it uses cuSPARSE. Preprocessing happens here, once.
+    """
+    A = as_csr(A, dtype=dtype)
+    fp = fingerprint(A)
+    if not gpu_available():
+        return Executor(A=A, kernel="scipy", params={}, source="cpu", backend=None, fingerprint=fp)
+    backend = GpuBackend()
+    store = db if isinstance(db, Store) else Store(db)
+    best = store.best(fp, device=backend.info.id, dtype=str(A.dtype))
+    if best is not None:
+        return Executor(A=A, kernel=best["kernel"], params=best["params"], source="tuned", backend=backend,
+                        fingerprint=fp, expected_gflops=best["gflops"])
+    return Executor(A=A, kernel=BASELINE, params=get_family(BASELINE).space.defaults(), source="default",
+                    backend=backend, fingerprint=fp)
+
+
+__all__ = ["Executor", "plan"]

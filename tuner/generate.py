@@ -1,0 +1,224 @@
+"""Synthetic test matrices: vectorized NumPy, deterministic for a seed.
+
+Each kind stands for a structure that favours a different SpMV kernel (regular
+stencils, a dense band, uniform rows, power-law rows, a few huge rows, wide LP
+rows, tall and skinny, mostly empty rows). :data:`KINDS` declares them in one
+place, which the CLI and the docs read; :func:`generate` builds one in the
+canonical CSR form of :mod:`tuner.io`. The same kind, size and seed always give
+bit-identical ``indptr``, ``indices`` and ``data``.
+
+>>> generate("poisson2d", n=3).nnz
+33
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from tuner.errors import InvalidConfigError
+from tuner.io import as_csr
+
+__all__ = ["KINDS", "Generator", "generate"]
+
+
+@dataclass(frozen=True)
+class Generator:
+    """One kind of synthetic matrix: its name, a one-line description, and how it is sized.
+
+    ``fn(size, rng)`` builds the matrix (float64 values) from the size named by
+    ``size_arg``: ``'n'``, the side of a stencil's grid, or ``'rows'``.
+    """
+
+    name: str
+    doc: str
+    size_arg: Literal["n", "rows"]
+    default_size: int
+    fn: Callable[[int, np.random.Generator], sp.csr_matrix]
+
+
+def generate(
+    kind: str,
+    *,
+    n: int | None = None,
+    rows: int | None = None,
+    seed: int = 0,
+    dtype: Any = "float64",
+) -> sp.csr_matrix:
+    """Build a synthetic matrix of ``kind`` in canonical CSR form, deterministic for ``seed``.
+
+    Stencils are sized by ``n`` (grid side), the other kinds by ``rows``; with
+    neither, the kind's default size is used. An unknown kind, the other kind's
+    size argument, or a size or seed that is not a positive (non-negative)
+    integer raises :class:`~tuner.errors.InvalidConfigError`.
+
+    >>> generate("banded", rows=100, seed=1).shape
+    (100, 100)
+    """
+    generator = KINDS.get(kind)
+    if generator is None:
+        raise InvalidConfigError(f"unknown matrix kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    size = _size(generator, n=n, rows=rows)
+    if not _is_int(seed) or seed < 0:
+        raise InvalidConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    return as_csr(generator.fn(size, np.random.default_rng(seed)), dtype=dtype)
+
+
+def _size(generator: Generator, **sizes: int | None) -> int:
+    """The size for ``generator`` from its own size argument (the other must be None), or its default."""
+    other = "rows" if generator.size_arg == "n" else "n"
+    if sizes[other] is not None:
+        raise InvalidConfigError(
+            f"{generator.name} is sized by {generator.size_arg}=, not {other}= (got {other}={sizes[other]!r})"
+        )
+    size = sizes[generator.size_arg]
+    if size is None:
+        return generator.default_size
+    if not _is_int(size) or size < 1:
+        raise InvalidConfigError(
+            f"{generator.name}: {generator.size_arg} must be a positive integer, got {size!r}"
+        )
+    return int(size)
+
+
+def _is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def _values(rng: np.random.Generator, count: int) -> np.ndarray:
+    """Random non-zero values: magnitude uniform in [0.1, 1], random sign."""
+    magnitude = rng.uniform(0.1, 1.0, count)
+    return np.where(rng.random(count) < 0.5, -magnitude, magnitude)
+
+
+def _from_rows(
+    shape: tuple[int, int], degrees: np.ndarray, cols: np.ndarray, rng: np.random.Generator
+) -> sp.csr_matrix:
+    """CSR whose row ``i`` holds the next ``degrees[i]`` entries of ``cols``, with random values.
+
+    Duplicate columns in a row merge (so a row may end up shorter), then each
+    stored entry gets a value drawn after the structure is final.
+    """
+    indptr = np.zeros(len(degrees) + 1, dtype=np.int64)
+    np.cumsum(degrees, out=indptr[1:])
+    A = sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=shape)
+    A.sum_duplicates()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def _uniform_cols(rng: np.random.Generator, degrees: np.ndarray, n_cols: int) -> np.ndarray:
+    """``degrees.sum()`` column indices drawn uniformly from ``[0, n_cols)``."""
+    return rng.integers(0, n_cols, int(degrees.sum()))
+
+
+def _random_rows(rows: int, cols: int, degrees: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
+    """A ``rows x cols`` matrix with rows of the given degrees and uniformly random columns."""
+    return _from_rows((rows, cols), degrees, _uniform_cols(rng, degrees, cols), rng)
+
+
+# --------------------------------------------------------------------------- the kinds
+
+
+def _laplacian(n: int, dims: int) -> sp.csr_matrix:
+    """The (2·dims+1)-point Laplacian on an n^dims grid: 2·dims on the diagonal, -1 to each neighbour.
+
+    It is the sum over the axes of Kronecker products that put the 1-D second
+    difference on that axis and the identity on the others.
+    """
+    second_difference = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n), format="csr")
+    identity = sp.identity(n, format="csr")
+    total = sp.csr_matrix((n**dims, n**dims))
+    for axis in range(dims):
+        factors = [second_difference if k == axis else identity for k in range(dims)]
+        total = total + functools.reduce(functools.partial(sp.kron, format="csr"), factors)
+    return total
+
+
+def _poisson2d(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """5-point stencil on an n x n grid (n² rows, 5n² - 4n nonzeros)."""
+    return _laplacian(n, 2)
+
+
+def _poisson3d(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """7-point stencil on an n x n x n grid (n³ rows, 7n³ - 6n² nonzeros)."""
+    return _laplacian(n, 3)
+
+
+def _banded(rows: int, rng: np.random.Generator, half_width: int = 8) -> sp.csr_matrix:
+    """Every entry within ``half_width`` of the diagonal (17 per interior row)."""
+    cols = np.arange(rows)[:, None] + np.arange(-half_width, half_width + 1)[None, :]
+    inside = (cols >= 0) & (cols < rows)
+    return _from_rows((rows, rows), inside.sum(axis=1), cols[inside], rng)
+
+
+def _uniform(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """16 uniformly random columns per row (fewer where two coincide)."""
+    return _random_rows(rows, rows, np.full(rows, 16), rng)
+
+
+def _powerlaw(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Pareto row degrees (shape 1.8, minimum 5: mean about 11, capped at the column count) and
+    columns skewed towards low indices (hub columns), like a scale-free graph."""
+    degrees = np.minimum(np.floor(5.0 * (1.0 + rng.pareto(1.8, rows))).astype(np.int64), rows)
+    cols = np.floor(rows * rng.random(int(degrees.sum())) ** 2).astype(np.int64)
+    return _from_rows((rows, rows), degrees, cols, rng)
+
+
+def _fewhuge(rows: int, rng: np.random.Generator, huge: int = 4, huge_len: int = 100_000) -> sp.csr_matrix:
+    """Rows of 4 random nonzeros, plus ``huge`` random rows of min(cols, huge_len) distinct ones."""
+    length = min(rows, huge_len)
+    huge_rows = rng.choice(rows, size=min(huge, rows), replace=False)
+    degrees = np.full(rows, 4)
+    degrees[huge_rows] = length
+    cols = _uniform_cols(rng, degrees, rows)
+    starts = np.concatenate(([0], np.cumsum(degrees)[:-1]))
+    spread = np.arange(length) * rows // length  # distinct, evenly spread over the columns
+    offsets = rng.integers(0, rows, len(huge_rows))
+    cols[starts[huge_rows][:, None] + np.arange(length)] = (offsets[:, None] + spread) % rows
+    return _from_rows((rows, rows), degrees, cols, rng)
+
+
+def _lp(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Wide LP-like constraints: rows x 8·rows, log-normal row lengths (median 12, a long tail)."""
+    cols = 8 * rows
+    degrees = np.clip(np.rint(rng.lognormal(np.log(12.0), 1.2, rows)), 1, cols).astype(np.int64)
+    return _random_rows(rows, cols, degrees, rng)
+
+
+def _tallskinny(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """rows x max(rows // 1000, 8), 1 to 4 random nonzeros per row."""
+    return _random_rows(rows, max(rows // 1000, 8), rng.integers(1, 5, rows), rng)
+
+
+def _emptyrows(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """70% of the rows empty, the others 8 to 32 random nonzeros."""
+    degrees = np.where(rng.random(rows) < 0.7, 0, rng.integers(8, 33, rows))
+    return _random_rows(rows, rows, degrees, rng)
+
+
+KINDS: dict[str, Generator] = {
+    g.name: g
+    for g in (
+        Generator("poisson2d", "5-point Poisson stencil on an n x n grid (4 / -1)", "n", 1024, _poisson2d),
+        Generator("poisson3d", "7-point Poisson stencil on an n x n x n grid (6 / -1)", "n", 100, _poisson3d),
+        Generator("banded", "dense band of half-width 8 (17 nonzeros per row)", "rows", 1 << 18, _banded),
+        Generator("uniform", "16 uniformly random columns per row", "rows", 1 << 18, _uniform),
+        Generator("powerlaw", "Pareto row degrees (mean ~11), skewed columns", "rows", 1 << 18, _powerlaw),
+        Generator("fewhuge", "4 nonzeros per row plus 4 rows of up to 100k", "rows", 1 << 18, _fewhuge),
+        Generator("lp", "wide LP-like rows x 8·rows, log-normal row lengths", "rows", 1 << 15, _lp),
+        Generator("tallskinny", "rows x max(rows//1000, 8), 1 to 4 per row", "rows", 1 << 20, _tallskinny),
+        Generator("emptyrows", "70% empty rows, the others 8-32 nonzeros", "rows", 1 << 18, _emptyrows),
+    )
+}
+"""Every synthetic kind, by name: the one place the CLI and the docs read."""

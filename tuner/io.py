@@ -1,0 +1,422 @@
+"""Matrix input and output in one canonical form.
+
+Every other module relies on :func:`as_csr`'s result: a ``scipy.sparse.csr_matrix``
+with int32 ``indptr`` and ``indices``, column indices sorted within each row,
+duplicates summed (``has_canonical_format``), and C-contiguous float64 or float32
+values. Explicitly stored zeros are kept: they are stored entries, and an SpMV
+kernel reads them like any other.
+
+Matrix Market files are parsed by ``fast_matrix_market`` (parallel C++); its
+errors are turned into :class:`~tuner.errors.MatrixFormatError` naming the file
+and, where it applies, the line. A missing or unreadable file is a
+``MatrixFormatError`` too (chained from the ``OSError``), so the CLI and the
+service only ever see the project's own errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import re
+import secrets
+import traceback
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import fast_matrix_market as fmm
+import numpy as np
+import scipy.sparse as sp
+
+from tuner.errors import MatrixFormatError
+
+__all__ = ["INDEX_MAX", "as_csr", "matrix_name", "read_mtx", "write_mtx"]
+
+INDEX_MAX = int(np.iinfo(np.int32).max)
+"""Largest row count, column count or nnz that int32 indices and indptr can hold."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FMM_LINE = re.compile(r"Line (\d+): (.*)", re.DOTALL)
+_FMM_TRUNCATED = re.compile(r"Truncated file\. Expected another (\d+) lines")
+_T = TypeVar("_T")
+
+
+# --------------------------------------------------------------------------- reading .mtx
+
+
+def read_mtx(path: str | os.PathLike[str], *, dtype: Any = None) -> sp.csr_matrix:
+    """Read a Matrix Market file (plain or gzip, told by its magic bytes) into canonical CSR.
+
+    Coordinate format only, fields real / integer / pattern (pattern gives ones),
+    symmetry general / symmetric / skew-symmetric, mirrored to the full matrix
+    like ``scipy.io.mmread``. The header is checked before any entry is read, so
+    a complex or too large (int32) matrix fails at once. NaN and Inf values are
+    rejected. Every failure, a missing file included, is a ``MatrixFormatError``
+    whose message names the file and, where it applies, the line.
+
+    >>> A = read_mtx("G3_circuit.mtx.gz")  # doctest: +SKIP
+    """
+    path = os.fspath(path)
+    header = _parse(path, fmm.read_header, lambda msg: _header_error(path, msg))
+    _check_header(path, header)
+    (data, (row, col)), shape = _parse(
+        path, lambda f: fmm.read_coo(f, generalize_symmetry=True), lambda msg: _body_error(path, header, msg)
+    )
+    _check_finite(path, data[: header.nnz], row, col)
+    return _from_scipy(sp.coo_matrix((data, (row, col)), shape=shape), dtype, None)
+
+
+def _is_gzip(path: str) -> bool:
+    """Whether the file starts with the gzip magic bytes (whatever its name says)."""
+    with open(path, "rb") as raw:
+        return raw.read(2) == _GZIP_MAGIC
+
+
+def _open(path: str) -> IO[bytes]:
+    """Open the file for binary reading, decompressing it when it is gzip data."""
+    return gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")
+
+
+@contextlib.contextmanager
+def _fmm_source(path: str) -> Iterator[str | IO[bytes]]:
+    """What fast_matrix_market reads: gzip data as a decompressing stream, any other file by its path.
+
+    fast_matrix_market 1.7.6 decompresses by the name's suffix only, hence the magic bytes here; and
+    on some errors it aborts the whole process when reading a plain Python file object, hence the
+    path, which its own C++ reader opens.
+    """
+    if not _is_gzip(path):
+        yield path
+        return
+    with gzip.open(path, "rb") as stream:
+        yield stream
+
+
+def _parse(
+    path: str, read: Callable[[str | IO[bytes]], _T], explain: Callable[[str], MatrixFormatError]
+) -> _T:
+    """Run a fast_matrix_market reader on the file; its errors become ``explain(message)``."""
+    try:
+        with _fmm_source(path) as source:
+            try:
+                return read(source)
+            except BaseException as e:
+                # fast_matrix_market's cursor, kept alive by the traceback, seeks a stream when it is
+                # destroyed: destroy it now, while the stream is open (else the process aborts).
+                traceback.clear_frames(e.__traceback__)
+                raise
+    except FileNotFoundError as e:
+        raise MatrixFormatError(f"{path}: file not found") from e
+    except (OSError, EOFError, zlib.error) as e:
+        raise MatrixFormatError(f"{path}: cannot read the file: {e}") from e
+    except (ValueError, OverflowError) as e:
+        raise explain(str(e)) from e
+
+
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+    """The file's lines numbered from 1: a light scan, used only to explain an error."""
+    with _open(path) as stream:
+        for number, line in enumerate(stream, 1):
+            yield number, line.decode("utf-8", errors="replace").strip()
+
+
+def _size_line(path: str) -> int:
+    """Number of the header's size line: the first line after the banner that is not a comment."""
+    number = 0
+    for number, text in _lines(path):
+        if number > 1 and text and not text.startswith("%"):
+            return number
+    return number + 1
+
+
+def _line_count(path: str) -> int:
+    """Number of lines in the file (a light scan, used only to explain an error)."""
+    return sum(1 for _ in _lines(path))
+
+
+def _header_error(path: str, message: str) -> MatrixFormatError:
+    """A header error, with the line fast_matrix_market named or else the size line."""
+    if next(_lines(path), None) is None:
+        return MatrixFormatError(f"{path}: the file is empty")
+    numbered = _FMM_LINE.fullmatch(message)
+    if numbered:
+        return MatrixFormatError(f"{path}, line {numbered[1]}: malformed header: {numbered[2]}")
+    return MatrixFormatError(f"{path}, line {_size_line(path)}: malformed size line: {message}")
+
+
+def _body_error(path: str, header: fmm.header, message: str) -> MatrixFormatError:
+    """An entry error, with its line; index errors also say which index, its value and the shape."""
+    truncated = _FMM_TRUNCATED.match(message)
+    if truncated:
+        found = header.nnz - int(truncated[1])
+        return MatrixFormatError(
+            f"{path}, line {_line_count(path)}: too few entries: the header announces {header.nnz}, "
+            f"the file ends after {found}"
+        )
+    numbered = _FMM_LINE.fullmatch(message)
+    if not numbered:
+        return MatrixFormatError(f"{path}: {message}")
+    number, detail = int(numbered[1]), numbered[2]
+    if "index out of bounds" in detail:
+        detail = _index_detail(path, header, number, detail)
+    return MatrixFormatError(f"{path}, line {number}: {detail}")
+
+
+def _index_detail(path: str, header: fmm.header, number: int, detail: str) -> str:
+    """Say which index of entry line ``number`` is out of range, its value, and the shape."""
+    which = "row" if detail.startswith("Row") else "column"
+    text = next((text for n, text in _lines(path) if n == number), "")
+    fields = text.split()
+    value = fields[0 if which == "row" else 1] if len(fields) > 1 else "?"
+    limit = header.nrows if which == "row" else header.ncols
+    return (
+        f"{which} index {value} is out of range 1..{limit} "
+        f"for a {header.nrows} x {header.ncols} matrix (line: {text!r})"
+    )
+
+
+def _check_header(path: str, header: fmm.header) -> None:
+    """Reject, before reading any entry, what the canonical form cannot hold."""
+    if header.field == "complex":
+        raise MatrixFormatError(f"{path}: complex values are not supported (field 'complex')")
+    if header.format != "coordinate":
+        raise MatrixFormatError(
+            f"{path}: the '{header.format}' (dense) format is not supported; store the matrix as 'coordinate'"
+        )
+    mirrored = header.symmetry != "general"
+    entries = 2 * header.nnz if mirrored else header.nnz
+    if max(header.nrows, header.ncols, entries) > INDEX_MAX:
+        expansion = f" (up to {entries} once the {header.symmetry} storage is mirrored)" if mirrored else ""
+        raise MatrixFormatError(
+            f"{path}, line {_size_line(path)}: a {header.nrows} x {header.ncols} matrix with "
+            f"{header.nnz} stored entries{expansion} does not fit 32-bit indices "
+            f"(at most {INDEX_MAX} rows, columns and entries)"
+        )
+
+
+def _check_finite(path: str, stored: np.ndarray, row: np.ndarray, col: np.ndarray) -> None:
+    """Reject NaN and Inf among the stored values (the file's own entries, in file order)."""
+    bad = np.flatnonzero(~np.isfinite(stored))
+    if bad.size:
+        k = bad[0]
+        raise MatrixFormatError(
+            f"{path}: {bad.size} NaN or Inf value(s); the first is {stored[k]} "
+            f"at row {row[k] + 1}, column {col[k] + 1} (1-based, as in the file)"
+        )
+
+
+# --------------------------------------------------------------------------- any input → CSR
+
+
+def as_csr(A: Any, *, dtype: Any = None, shape: tuple[int, int] | None = None) -> sp.csr_matrix:
+    """Turn any supported matrix into the canonical CSR form; the input is never modified.
+
+    Accepts a path (read with :func:`read_mtx`), a SciPy sparse matrix or array of
+    any format and index dtype, a CuPy sparse matrix (copied to the host), or an
+    ``(indptr, indices, data)`` triple (shape from ``shape=``, else
+    ``len(indptr) - 1`` rows and ``max(indices) + 1`` columns). For the other
+    inputs ``shape=``, when given, must match.
+
+    ``dtype``: None keeps float32 and turns every other real type (float64,
+    integer, bool) into float64; ``'float32'`` or ``'float64'`` converts.
+
+    >>> as_csr(([0, 1, 2], [1, 0], [3.0, 4.0])).toarray()
+    array([[0., 3.],
+           [4., 0.]])
+    """
+    if isinstance(A, str | os.PathLike):
+        return _check_shape(read_mtx(A, dtype=dtype), shape)
+    if type(A).__module__.startswith("cupy"):
+        return as_csr(_from_cupy(A), dtype=dtype, shape=shape)
+    if sp.issparse(A):
+        return _from_scipy(A, dtype, shape)
+    if isinstance(A, tuple) and len(A) == 3:
+        return _from_triple(*A, dtype=dtype, shape=shape)
+    if isinstance(A, np.ndarray) or hasattr(A, "__array__"):
+        raise MatrixFormatError(
+            f"dense {type(A).__name__} given: pass a sparse matrix (e.g. scipy.sparse.csr_matrix(A))"
+        )
+    raise MatrixFormatError(
+        f"unsupported matrix input of type {type(A).__module__}.{type(A).__qualname__}: pass a path, "
+        "a SciPy or CuPy sparse matrix, or an (indptr, indices, data) tuple"
+    )
+
+
+def _from_cupy(A: Any) -> Any:
+    """Copy a CuPy sparse matrix to the host (CuPy is imported only when one is given)."""
+    import cupyx.scipy.sparse
+
+    if not cupyx.scipy.sparse.issparse(A):
+        raise MatrixFormatError(f"dense {type(A).__name__} given: pass a sparse matrix (cupyx.scipy.sparse)")
+    return A.get()
+
+
+def _from_scipy(A: Any, dtype: Any, shape: tuple[int, int] | None) -> sp.csr_matrix:
+    """Canonical CSR from a SciPy sparse matrix or array of any format."""
+    _check_shape(A, shape)
+    value_dtype = _value_dtype(A.dtype, dtype)
+    _check_index_range(A.shape, 0)  # before tocsr, which would allocate shape[0] + 1 row pointers
+    B = A.tocsr(copy=True)
+    return _canonical(B.indptr, B.indices, B.data, B.shape, value_dtype)
+
+
+def _from_triple(
+    indptr: Any, indices: Any, data: Any, *, dtype: Any, shape: tuple[int, int] | None
+) -> sp.csr_matrix:
+    """Canonical CSR from validated ``(indptr, indices, data)`` array-likes (copied, never shared)."""
+    indptr = _index_array(indptr, "indptr")
+    indices = _index_array(indices, "indices")
+    data = np.asarray(data)
+    if data.ndim != 1 or len(data) != len(indices):
+        raise MatrixFormatError(
+            f"data must be 1-D with one value per index: shape {data.shape} for {len(indices)} indices"
+        )
+    value_dtype = _value_dtype(data.dtype, dtype)
+    shape = _triple_shape(indptr, indices, shape)
+    _validate_triple(indptr, indices, shape)
+    _check_index_range(shape, len(indices))
+    return _canonical(
+        indptr.astype(np.int32), indices.astype(np.int32), data.astype(value_dtype), shape, value_dtype
+    )
+
+
+def _index_array(values: Any, name: str) -> np.ndarray:
+    """A 1-D integer array (an empty array-like counts as integer)."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise MatrixFormatError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise MatrixFormatError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _triple_shape(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, int] | None) -> tuple[int, int]:
+    """The given shape, else ``len(indptr) - 1`` rows and ``max(indices) + 1`` columns."""
+    if shape is None:
+        return len(indptr) - 1, max(int(indices.max(initial=-1)) + 1, 0)
+    rows, cols = (int(size) for size in shape)
+    if rows < 0 or cols < 0:
+        raise MatrixFormatError(f"shape must not be negative, got {tuple(shape)}")
+    return rows, cols
+
+
+def _validate_triple(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, int]) -> None:
+    """Check that ``indptr`` and ``indices`` describe a valid CSR structure of ``shape``."""
+    rows, cols = shape
+    if len(indptr) == 0 or indptr[0] != 0:
+        raise MatrixFormatError(f"indptr must start at 0, got {indptr[:1].tolist() or 'an empty indptr'}")
+    if len(indptr) != rows + 1:
+        raise MatrixFormatError(f"shape {shape} needs an indptr of length {rows + 1}, got {len(indptr)}")
+    if indptr[-1] != len(indices):
+        raise MatrixFormatError(f"indptr ends at {indptr[-1]} but there are {len(indices)} indices")
+    drops = np.flatnonzero(np.diff(indptr) < 0)
+    if drops.size:
+        i = drops[0]
+        raise MatrixFormatError(
+            f"indptr must be non-decreasing: indptr[{i}] = {indptr[i]} > indptr[{i + 1}] = {indptr[i + 1]}"
+        )
+    outside = np.flatnonzero((indices < 0) | (indices >= cols))
+    if outside.size:
+        k = outside[0]
+        row = int(np.searchsorted(indptr, k, side="right")) - 1
+        raise MatrixFormatError(
+            f"column index {indices[k]} (indices[{k}], row {row}) is out of range 0..{cols - 1} "
+            f"for shape {shape}"
+        )
+
+
+def _value_dtype(current: np.dtype, requested: Any) -> np.dtype:
+    """The canonical value dtype for values of ``current`` dtype and the ``dtype=`` argument."""
+    if current.kind == "c":
+        raise MatrixFormatError("complex values are not supported")
+    if current.kind not in "biuf":
+        raise MatrixFormatError(f"values of dtype {current} are not supported: give real numbers")
+    if requested is None:
+        return np.dtype(np.float32) if current == np.float32 else np.dtype(np.float64)
+    try:
+        wanted = np.dtype(requested)
+    except TypeError as e:
+        raise MatrixFormatError(f"unknown dtype {requested!r}: use 'float32' or 'float64'") from e
+    if wanted not in _VALUE_DTYPES:
+        raise MatrixFormatError(f"dtype {wanted} is not supported: use 'float32' or 'float64'")
+    return wanted
+
+
+def _check_index_range(shape: tuple[int, int], nnz: int) -> None:
+    """Reject a shape or an nnz that int32 indices and indptr cannot hold."""
+    if max(*shape, nnz) > INDEX_MAX:
+        raise MatrixFormatError(
+            f"a {shape[0]} x {shape[1]} matrix with {nnz} stored entries does not fit 32-bit indices "
+            f"(at most {INDEX_MAX} rows, columns and entries)"
+        )
+
+
+def _check_shape(A: Any, shape: tuple[int, int] | None) -> Any:
+    """Return ``A`` when ``shape`` is None or matches its shape, else raise."""
+    if shape is not None and tuple(A.shape) != tuple(shape):
+        raise MatrixFormatError(f"shape={tuple(shape)} given, but the matrix is {A.shape[0]} x {A.shape[1]}")
+    return A
+
+
+def _canonical(
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape: tuple[int, int], dtype: np.dtype
+) -> sp.csr_matrix:
+    """Build the canonical CSR from arrays this module owns (they may be sorted in place)."""
+    _check_index_range(shape, len(indices))
+    A = sp.csr_matrix(
+        (
+            np.ascontiguousarray(data, dtype=dtype),
+            indices.astype(np.int32, copy=False),
+            indptr.astype(np.int32, copy=False),
+        ),
+        shape=shape,
+        copy=False,
+    )
+    A.sum_duplicates()  # sorts each row's indices too
+    return A
+
+
+# --------------------------------------------------------------------------- writing and naming
+
+
+def write_mtx(path: str | os.PathLike[str], A: Any, *, comment: str = "") -> None:
+    """Write ``A`` (anything :func:`as_csr` takes) as a general coordinate real Matrix Market file.
+
+    Gzip-compressed when the path ends with ``.gz``. The file is written to a
+    temporary name in the same directory and then renamed over ``path``, so a
+    crash never leaves a half-written file behind; an ``OSError`` while writing
+    propagates and leaves any earlier file at ``path`` as it was.
+    """
+    A = as_csr(A)
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(temporary, "xb") as raw:
+            with _compressing(raw, target.name) as stream:
+                fmm.mmwrite(stream, A, comment=comment, field="real", symmetry="general")
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _compressing(raw: IO[bytes], name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """The stream to write through: gzip when the target's name ends with ``.gz``, else ``raw``."""
+    if name.endswith(".gz"):
+        return gzip.GzipFile(name, "wb", fileobj=raw)
+    return contextlib.nullcontext(raw)
+
+
+def matrix_name(source: Any) -> str:
+    """A human name: the file name without ``.mtx`` / ``.mtx.gz`` for a path, else the class name."""
+    if isinstance(source, str | os.PathLike):
+        name = Path(source).name
+        for suffix in (".mtx.gz", ".mtx"):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)]
+        return name
+    return type(source).__name__
