@@ -147,6 +147,68 @@ def _print_summary(result: Any) -> None:
 
 @app.command()
 @_clean_errors
+def bench(
+    matrices: Annotated[list[Path] | None, typer.Argument(help=".mtx files or folders of them")] = None,
+    suite: Annotated[str | None, typer.Option(help="a named generated suite: small or large")] = None,
+    trials: Annotated[int, typer.Option(help="trials per matrix (0: reuse what the store holds)")] = 40,
+    dtype: DtypeOption = "float64",
+    out: Annotated[Path, typer.Option(help="folder for the result CSV and JSON")] = Path("bench/results"),
+    db: DbOption = None,
+    storage: Annotated[str | None, typer.Option(help="optuna storage (default: journal beside --db)")] = None,
+    device: Annotated[str, typer.Option(help="gpu, or cpu-reference (CPU references; not GPU figures)")] = "gpu",
+) -> None:
+    """Tune, then time cuSPARSE, each family's best and plan()'s untuned pick, in one run, per matrix."""
+    import optuna
+
+    from db.store import Store
+    from tuner.backend import get_backend
+    from tuner.bench import run_bench, sources
+    from tuner.errors import InvalidConfigError
+    from tuner.storage import default_storage, open_storage
+
+    _check_dtype(dtype)
+    srcs = sources(matrices or [], suite)
+    if not srcs:
+        raise InvalidConfigError("nothing to benchmark: give .mtx files, folders, or --suite small|large")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend = get_backend(device)
+    store = Store(db)
+    study_storage = open_storage(storage or default_storage(store.path))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("matrices", total=len(srcs))
+
+        def on_matrix(src: Any, status: str) -> None:
+            if status != "ok":
+                progress.console.print(f"[red]{escape(src.name)} failed:[/] {escape(status)}")
+            progress.update(task, advance=1, description=f"matrices (last: {src.name})")
+
+        csv_path, json_path = run_bench(srcs, backend=backend, store=store, storage=study_storage, dtype=dtype,
+                                        trials=trials, out_dir=out, label=suite or "matrices",
+                                        on_matrix=on_matrix)
+    console.print(f"wrote {csv_path} and {json_path}; `tuner report {json_path}` draws the plots")
+
+
+@app.command()
+@_clean_errors
+def report(
+    results: Annotated[list[Path], typer.Argument(help="result JSON files (or folders) from `tuner bench`")],
+    out: Annotated[Path | None, typer.Option(help="folder for the PNGs and pages (default: beside the results)")]
+    = None,
+) -> None:
+    """Draw the benchmark plots and write report.md / report.html."""
+    from tuner.report import render
+
+    target = out or (results[0] if results[0].is_dir() else results[0].parent) / "report"
+    made = render(results, target)
+    s = made.summary
+    ratio = f"{s['geomean_ratio_best']:.2f}x" if s["geomean_ratio_best"] else "-"
+    console.print(f"wrote {made.markdown}, {made.html} and {len(made.figures)} plots; tuned best vs cuSPARSE "
+                  f"(geometric mean): {ratio}, {s['wins']} faster, {s['losses']} slower")
+
+
+@app.command()
+@_clean_errors
 def show(
     matrix: Annotated[str, typer.Argument(help="a .mtx path, a fingerprint (or prefix) or a stored name")],
     db: DbOption = None,

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kernels import Family
 from tuner.backend import Backend, Timing
 from tuner.errors import InvalidConfigError, TunerError
@@ -147,28 +149,31 @@ def time_interleaved(
     repeats: int = 100,
     max_duration: float = 0.3,
     flush_l2: bool = False,
-) -> list[Timing]:
+) -> list[tuple[Timing, float]]:
     """Time several configs in the same process, round-robin, so drift hits them alike.
 
-    Returns, per config, the median over rounds of each round's median (spread from
-    all rounds). Used for the comparison with cuSPARSE at the end of a tuning run and
-    by the benchmark.
+    Returns, per config, its Timing (the median over rounds of each round's median,
+    the spread from all rounds) and its one-time ``prepare`` seconds. Used for the
+    comparison with cuSPARSE at the end of a tuning run and by the benchmark.
     """
-    prepared = [backend.prepare(f, A, p) for f, p in configs]
-    outs = [backend.full(pr.shape[0], 0.0, pr.dtype) for pr in prepared]
+    prepared = [backend.timed_prepare(f, A, p) for f, p in configs]
+    outs = [backend.full(pr.shape[0], 0.0, pr.dtype) for pr, _ in prepared]
     per_round: list[list[Timing]] = [[] for _ in configs]
     for _ in range(rounds):
-        for i, ((family, _), pr) in enumerate(zip(configs, prepared, strict=True)):
+        for i, ((family, _), (pr, _)) in enumerate(zip(configs, prepared, strict=True)):
             per_round[i].append(
                 backend.time(lambda f=family, p=pr, o=outs[i]: backend.run(f, p, x, o),
                              repeats=repeats, max_duration=max_duration, flush_l2=flush_l2)
             )
     return [
-        Timing(
-            median_s=float(sorted(t.median_s for t in ts)[len(ts) // 2]),
-            p10_s=min(t.p10_s for t in ts),
-            p90_s=max(t.p90_s for t in ts),
-            repeats=sum(t.repeats for t in ts),
+        (
+            Timing(
+                median_s=float(np.median([t.median_s for t in ts])),
+                p10_s=min(t.p10_s for t in ts),
+                p90_s=max(t.p90_s for t in ts),
+                repeats=sum(t.repeats for t in ts),
+            ),
+            prepare_s,
         )
-        for ts in per_round
+        for ts, (_, prepare_s) in zip(per_round, prepared, strict=True)
     ]

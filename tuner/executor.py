@@ -9,6 +9,7 @@ choice), and ``'cpu'`` on a machine without a GPU, where SciPy computes y.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,21 +35,20 @@ class Executor:
         print(ex.explain())
     """
 
-    def __init__(self, *, A: Any, kernel: str, params: dict[str, Any], source: str,
-                 backend: GpuBackend | None, fingerprint: str, expected_gflops: float | None = None) -> None:
+    def __init__(self, *, A: Any, choice: Choice, backend: GpuBackend | None, fingerprint: str) -> None:
         self.shape: tuple[int, int] = tuple(A.shape)
         self.nnz = int(A.nnz)
         self.dtype = np.dtype(A.dtype)
         self.fingerprint = fingerprint
-        self.kernel, self.params, self.source = kernel, params, source
-        self.expected_gflops = expected_gflops
+        self.kernel, self.params, self.source = choice.kernel, choice.params, choice.source
+        self.expected_gflops = choice.expected_gflops
         self.prepare_s: float | None = None
         self._host = A if backend is None else None
         self.device = "cpu (SciPy)" if backend is None else backend.info.id
         if backend is not None:
             self._backend = backend
-            self._family = get_family(kernel)
-            self._prepared, self.prepare_s = backend.timed_prepare(self._family, backend.matrix(A), params)
+            self._family = get_family(self.kernel)
+            self._prepared, self.prepare_s = backend.timed_prepare(self._family, backend.matrix(A), self.params)
 
     def __call__(self, x: Any, out: Any = None) -> Any:
         """y = A·x. A NumPy x gives a NumPy y (copied through the GPU), a CuPy x a CuPy y."""
@@ -89,6 +89,28 @@ class Executor:
         return f"<Executor {self.kernel} {self.params} source={self.source!r}{speed}>"
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A kernel config and where it came from ('tuned' or 'default')."""
+
+    kernel: str
+    params: dict[str, Any]
+    source: str
+    expected_gflops: float | None = None
+
+
+def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True) -> Choice:
+    """The config plan() runs: the stored best for (fingerprint, device, dtype), else the default.
+
+    ``use_tuned=False`` gives what plan() would pick for a matrix it has never
+    tuned (the benchmark compares that with the tuned best).
+    """
+    best = store.best(fp, device=device, dtype=dtype) if (use_tuned and store is not None) else None
+    if best is not None:
+        return Choice(best["kernel"], best["params"], "tuned", best["gflops"])
+    return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
+
+
 def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None) -> Executor:
     """Prepare y = A·x for ``A`` (a .mtx path, SciPy/CuPy sparse matrix or CSR triple).
 
@@ -99,15 +121,11 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     A = as_csr(A, dtype=dtype)
     fp = fingerprint(A)
     if not gpu_available():
-        return Executor(A=A, kernel="scipy", params={}, source="cpu", backend=None, fingerprint=fp)
+        return Executor(A=A, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fp)
     backend = GpuBackend()
     store = db if isinstance(db, Store) else Store(db)
-    best = store.best(fp, device=backend.info.id, dtype=str(A.dtype))
-    if best is not None:
-        return Executor(A=A, kernel=best["kernel"], params=best["params"], source="tuned", backend=backend,
-                        fingerprint=fp, expected_gflops=best["gflops"])
-    return Executor(A=A, kernel=BASELINE, params=get_family(BASELINE).space.defaults(), source="default",
-                    backend=backend, fingerprint=fp)
+    choice = choose(fp, store=store, device=backend.info.id, dtype=str(A.dtype))
+    return Executor(A=A, choice=choice, backend=backend, fingerprint=fp)
 
 
-__all__ = ["Executor", "plan"]
+__all__ = ["Choice", "Executor", "choose", "plan"]

@@ -176,13 +176,13 @@ def summarize(
         return []
     configs = [(get_family(b["kernel"]), b["params"]) for b in bests]
     timings = time_interleaved(backend, configs, A_dev, x_dev)
-    base = {b["kernel"]: t for b, t in zip(bests, timings, strict=True)}.get(BASELINE)
+    base = {b["kernel"]: t for b, (t, _) in zip(bests, timings, strict=True)}.get(BASELINE)
     if base is not None:
         store.set_cusparse_time(fp, device=device.id, dtype=dtype, time_s=base.median_s)
     bandwidth = backend.copy_bandwidth_gbs()
     rows, cols = A.shape
     out = []
-    for b, t in zip(bests, timings, strict=True):
+    for b, (t, prepare_s) in zip(bests, timings, strict=True):
         rate = gbps(rows, cols, A.nnz, dtype, t.median_s)
         out.append(
             FamilySummary(
@@ -193,7 +193,7 @@ def summarize(
                 gbps=rate,
                 bandwidth_fraction=rate / bandwidth if bandwidth else 0.0,
                 ratio_to_cusparse=base.median_s / t.median_s if base else None,
-                prepare_s=b.get("prepare_s"),
+                prepare_s=prepare_s,
             )
         )
     return sorted(out, key=lambda s: s.timing.median_s)

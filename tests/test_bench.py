@@ -1,0 +1,100 @@
+"""The benchmark harness and its report, end to end on the CPU references (the plumbing, not the numbers)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kernels import BASELINE, REGISTRY
+from tuner.bench import COLUMNS, PLAN_LABEL
+from tuner.cli import app
+from tuner.errors import TunerError
+from tuner.report import render
+from tuner.suites import SUITES
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    bad = out / "broken.mtx"
+    bad.write_text("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 9 1.0\n")
+    result = runner.invoke(app, ["bench", str(bad), "--suite", "small", "--device", "cpu-reference",
+                                 "--out", str(out), "--db", str(out / "s.db"), "--trials", "4"],
+                           env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    (json_path,) = out.glob("*.json")
+    (csv_path,) = out.glob("*.csv")
+    return out, json_path, csv_path
+
+
+def test_bench_writes_one_row_per_kernel_and_matrix_and_records_failures(results):
+    out, json_path, csv_path = results
+    assert "cpu-reference" in json_path.name and "small" in json_path.name
+    data = json.loads(json_path.read_text())
+    env = data["environment"]
+    assert env["device_kind"] == "cpu-reference" and env["copy_bandwidth_gbs"] > 0 and env["git_commit"]
+    rows = data["rows"]
+    failed = [r for r in rows if r["error"]]
+    assert [r["matrix"] for r in failed] == ["broken"] and "line 3" in failed[0]["error"]
+    names = {m.name for m in SUITES["small"]}
+    ok = [r for r in rows if not r["error"]]
+    assert {r["matrix"] for r in ok} == names
+    for name in names:
+        kernels = {r["kernel"] for r in ok if r["matrix"] == name}
+        assert kernels == set(REGISTRY) | {PLAN_LABEL}
+        base = next(r for r in ok if r["matrix"] == name and r["kernel"] == BASELINE)
+        assert base["ratio_to_cusparse"] == pytest.approx(1.0)
+    for r in ok:
+        assert r["time_s"] > 0 and r["gflops"] == pytest.approx(2 * r["nnz"] / r["time_s"] / 1e9)
+        assert 0 < r["bandwidth_fraction"] and r["prepare_spmvs"] >= 0
+        assert r["time_p10_s"] <= r["time_s"] <= r["time_p90_s"]
+    with csv_path.open() as f:
+        table = list(csv.DictReader(f))
+    assert tuple(table[0]) == COLUMNS and len(table) == len(rows)
+
+
+def test_report_renders_plots_with_one_series_per_kernel(results, tmp_path):
+    out, json_path, _ = results
+    report = render([json_path], tmp_path / "report")
+    assert set(report.figures) == {"throughput", "ratio_vs_cv", "ratio_vs_nnz", "roofline"}
+    n_kernels = len(REGISTRY) + 1
+    for name, path in report.figures.items():
+        img = mpimg.imread(path)
+        assert img.shape[0] > 300 and img.shape[1] > 500, name
+        assert np.std(img[..., :3]) > 0.05, f"{name} looks blank"
+        assert report.series[name] == n_kernels, name
+    md = report.markdown.read_text()
+    assert "geometric mean" in md and "CPU reference" in md and "broken" in md
+    assert all(f"({p.name})" in md for p in report.figures.values())
+    assert "<table" in report.html.read_text()
+    assert report.summary["matrices"] == len(SUITES["small"]) + 1
+    rows = [r for r in json.loads(json_path.read_text())["rows"] if not r["error"] and r["kernel"] != PLAN_LABEL]
+    best = {}
+    for r in rows:
+        if r["matrix"] not in best or r["time_s"] < best[r["matrix"]]["time_s"]:
+            best[r["matrix"]] = r
+    expected = np.exp(np.mean([np.log(r["ratio_to_cusparse"]) for r in best.values()]))
+    assert report.summary["geomean_ratio_best"] == pytest.approx(expected)
+
+
+def test_report_cli_and_bad_input(results, tmp_path):
+    out, json_path, _ = results
+    result = runner.invoke(app, ["report", str(json_path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0 and (tmp_path / "r" / "throughput.png").exists()
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    with pytest.raises(TunerError, match="not a benchmark result file"):
+        render([junk], tmp_path / "x")
+    result = runner.invoke(app, ["report", str(junk)])
+    assert result.exit_code == 1 and "junk.json" in result.output
+    result = runner.invoke(app, ["bench", "--device", "cpu-reference"])
+    assert result.exit_code == 1 and "nothing to benchmark" in result.output
+    result = runner.invoke(app, ["bench", "--suite", "huge", "--device", "cpu-reference"])
+    assert result.exit_code == 1 and "known suites" in result.output

@@ -1,0 +1,167 @@
+"""The benchmark harness: tuned kernels against cuSPARSE on a matrix suite, in one process.
+
+For each matrix: tune (or reuse what the store holds), then time in the same
+run, interleaved, cuSPARSE's best config, every family's best config, and the
+config ``plan()`` would pick without tuning; cold (L2 flushed between repeats)
+and warm. Every figure is a ratio to cuSPARSE measured in that same run, and the
+bandwidth is a fraction of the copy bandwidth measured in that same run. A
+matrix that fails is recorded with its error and the run goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import platform
+import re
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+from db.store import Store
+from kernels import BASELINE, REGISTRY, get_family
+from tuner.backend import Backend
+from tuner.evaluate import time_interleaved
+from tuner.executor import choose
+from tuner.features import extract_features, fingerprint
+from tuner.io import matrix_name, read_mtx
+from tuner.metrics import gbps, gflops
+from tuner.search import tune
+from tuner.suites import suite
+from tuner.verify import Reference
+
+COLUMNS = (
+    "suite", "matrix", "fingerprint", "rows", "cols", "nnz", "dtype", "npr_cv", "npr_max", "empty_row_frac",
+    "kernel", "family", "params", "time_s", "time_p10_s", "time_p90_s", "warm_time_s", "gflops", "gbps",
+    "bandwidth_fraction", "ratio_to_cusparse", "warm_ratio_to_cusparse", "prepare_s", "prepare_spmvs",
+    "error",
+)
+PLAN_LABEL = "plan-untuned"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One matrix to benchmark: a name, the suite it belongs to, and how to load it."""
+
+    name: str
+    suite: str
+    load: Callable[[str], Any]
+
+
+def sources(matrices: Sequence[str | Path], suite_name: str | None = None) -> list[Source]:
+    """Files, folders of .mtx/.mtx.gz files, and the matrices of a named suite."""
+    out: list[Source] = []
+    for item in map(Path, matrices):
+        files = sorted([*item.glob("*.mtx"), *item.glob("*.mtx.gz")]) if item.is_dir() else [item]
+        label = item.name if item.is_dir() else "files"
+        out += [Source(matrix_name(f), label, lambda dtype, f=f: read_mtx(f, dtype=dtype)) for f in files]
+    if suite_name:
+        out += [Source(m.name, suite_name, m.build) for m in suite(suite_name)]
+    return out
+
+
+def environment(backend: Backend) -> dict[str, Any]:
+    """Device, driver, library versions and git commit: enough to reproduce a result file."""
+    env: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "device": backend.info.id,
+        "device_kind": backend.info.kind,
+        "driver": backend.info.driver,
+        "copy_bandwidth_gbs": backend.copy_bandwidth_gbs(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "optuna": optuna.__version__,
+        "git_commit": _git_commit(),
+    }
+    if backend.info.kind == "gpu":
+        cp = backend.cp  # type: ignore[attr-defined]
+        env.update(cupy=cp.__version__, cuda_runtime=cp.cuda.runtime.runtimeGetVersion())
+    return env
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, dtype: str,
+                 trials: int) -> list[dict[str, Any]]:
+    """Rows (one per timed config) for one matrix; raises on failure (the caller records it)."""
+    A = src.load(dtype)
+    fp = fingerprint(A)
+    device = backend.info.id
+    stored = store.best_per_kernel(fp, device=device, dtype=dtype)
+    if trials > 0 or not stored:  # with nothing stored, at least every family's default is measured
+        tune(A, backend=backend, store=store, storage=storage, name=src.name, dtype=dtype,
+             trials=max(trials, len(REGISTRY)))
+    bests = store.best_per_kernel(fp, device=device, dtype=dtype)
+    untuned = choose(fp, store=store, device=device, dtype=dtype, use_tuned=False)
+    labelled = [(b["kernel"], b["kernel"], b["params"]) for b in bests]
+    labelled.append((PLAN_LABEL, untuned.kernel, untuned.params))
+    configs = [(get_family(family), params) for _, family, params in labelled]
+
+    reference = Reference.build(A, dtype)
+    A_dev, x_dev = backend.matrix(A), backend.vector(reference.x)
+    cold = time_interleaved(backend, configs, A_dev, x_dev, flush_l2=True)
+    warm = time_interleaved(backend, configs, A_dev, x_dev)
+    base = dict(zip([lab for lab, _, _ in labelled], zip(cold, warm, strict=True), strict=True)).get(BASELINE)
+    feats = extract_features(A)
+    bandwidth = backend.copy_bandwidth_gbs()
+    rows = []
+    for (label, family, params), (t, prepare_s), (w, _) in zip(labelled, cold, warm, strict=True):
+        rate = gbps(A.shape[0], A.shape[1], A.nnz, dtype, t.median_s)
+        rows.append({
+            "suite": src.suite, "matrix": src.name, "fingerprint": fp, "rows": A.shape[0], "cols": A.shape[1],
+            "nnz": A.nnz, "dtype": dtype, "npr_cv": feats["npr_cv"], "npr_max": feats["npr_max"],
+            "empty_row_frac": feats["empty_row_frac"], "kernel": label, "family": family,
+            "params": json.dumps(params, sort_keys=True), "time_s": t.median_s, "time_p10_s": t.p10_s,
+            "time_p90_s": t.p90_s, "warm_time_s": w.median_s, "gflops": gflops(A.nnz, t.median_s),
+            "gbps": rate, "bandwidth_fraction": rate / bandwidth if bandwidth else None,
+            "ratio_to_cusparse": base[0][0].median_s / t.median_s if base else None,
+            "warm_ratio_to_cusparse": base[1][0].median_s / w.median_s if base else None,
+            "prepare_s": prepare_s, "prepare_spmvs": prepare_s / t.median_s if t.median_s else None,
+            "error": "",
+        })
+    return rows
+
+
+def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage: Any, dtype: str = "float64",
+              trials: int = 40, out_dir: str | Path = "bench/results", label: str = "matrices",
+              on_matrix: Callable[[Source, str], None] | None = None) -> tuple[Path, Path]:
+    """Benchmark every source; write ``<date>_<device>_<label>_<dtype>.csv`` and ``.json`` into ``out_dir``."""
+    env = environment(backend)
+    rows: list[dict[str, Any]] = []
+    for src in srcs:
+        try:
+            rows += bench_matrix(src, backend=backend, store=store, storage=storage, dtype=dtype, trials=trials)
+            status = "ok"
+        except Exception as exc:  # one matrix failing must not end the run: record it
+            status = f"{type(exc).__name__}: {exc}"
+            rows.append({c: None for c in COLUMNS} | {"suite": src.suite, "matrix": src.name, "dtype": dtype,
+                                                       "error": status[:1000]})
+        if on_matrix:
+            on_matrix(src, status)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{env['date'][:10]}_{_slug(env['device'])}_{_slug(label)}_{dtype}"
+    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path.write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    return csv_path, json_path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
