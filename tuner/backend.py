@@ -22,6 +22,13 @@ from kernels._cuda import require_cupy
 from tuner.errors import InvalidConfigError
 
 DEVICE_KINDS = ("gpu", "cpu-reference")
+SPIN_CYCLES = 100_000  # about 50 µs at Hopper clocks: longer than a Python launch
+_SPIN = r"""
+extern "C" __global__ void spin_cycles(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ class GpuBackend(Backend):
             l2_bytes=int(props.get("l2CacheSize", 0)),
         )
         self._flush: Any = None
+        self._spinner: Any = None
         self._bandwidth: float | None = None
 
     def matrix(self, A: Any) -> Any:
@@ -150,23 +158,23 @@ class GpuBackend(Backend):
 
     def time(self, fn: Callable[[], object], *, repeats: int = 100, max_duration: float = 1.0,
              flush_l2: bool = False) -> Timing:
-        if not flush_l2:
-            from cupyx.profiler import benchmark
+        """GPU time of ``fn`` between two CUDA events, the queue kept busy before the first.
 
-            result = benchmark(fn, n_repeat=repeats, n_warmup=max(3, repeats // 10), max_duration=max_duration)
-            return Timing.from_samples(np.asarray(result.gpu_times[0]))
-        return self._time_cold(fn, repeats=repeats, max_duration=max_duration)
-
-    def _time_cold(self, fn: Callable[[], object], *, repeats: int, max_duration: float) -> Timing:
+        Before each repeat the stream gets work that outlasts the host's launch
+        overhead: a 2x-L2 memset when ``flush_l2`` (cold figures), else a short spin
+        kernel (warm figures). So the events bracket the kernel's execution alone,
+        not the Python that launches it, which ``cupyx.profiler.benchmark`` counts
+        for kernels of a few microseconds.
+        """
         cp = self.cp
-        if self._flush is None:  # twice the L2 size, so nothing of the matrix stays cached
-            self._flush = cp.empty(max(2 * self.info.l2_bytes, 64 << 20), dtype=cp.uint8)
-        fn()
+        before = self._flush_l2 if flush_l2 else self._spin
+        for _ in range(3):
+            fn()
         start, end = cp.cuda.Event(), cp.cuda.Event()
         samples = []
         deadline = time.perf_counter() + max_duration
         for i in range(repeats):
-            self._flush.fill(i & 0xFF)
+            before(i)
             start.record()
             fn()
             end.record()
@@ -175,6 +183,16 @@ class GpuBackend(Backend):
             if time.perf_counter() > deadline and len(samples) >= 5:
                 break
         return Timing.from_samples(np.asarray(samples))
+
+    def _flush_l2(self, i: int) -> None:
+        if self._flush is None:  # twice the L2 size, so nothing of the matrix stays cached
+            self._flush = self.cp.empty(max(2 * self.info.l2_bytes, 64 << 20), dtype=self.cp.uint8)
+        self._flush.fill(i & 0xFF)
+
+    def _spin(self, i: int) -> None:
+        if self._spinner is None:
+            self._spinner = self.cp.RawKernel(_SPIN, "spin_cycles")
+        self._spinner((1,), (1,), (np.int64(SPIN_CYCLES),))
 
     def copy_bandwidth_gbs(self) -> float:
         if self._bandwidth is None:

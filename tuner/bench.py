@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import os
 import platform
 import re
 import subprocess
@@ -86,12 +87,13 @@ def environment(backend: Backend) -> dict[str, Any]:
 
 
 def _git_commit() -> str:
+    """The checkout's commit, or ``$SPMV_GIT_COMMIT`` where the tree was copied without its history."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
+                             cwd=Path(__file__).resolve().parent).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        out = ""
+    return out if re.fullmatch(r"[0-9a-f]{40}", out) else os.environ.get("SPMV_GIT_COMMIT", "unknown")
 
 
 def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, dtype: str,
