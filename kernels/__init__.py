@@ -2,7 +2,7 @@
 
 >>> from kernels import REGISTRY, get_family
 >>> sorted(REGISTRY)
-['csr_scalar', 'csr_vector', 'cusparse']
+['csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'nut', 'suraa']
 >>> get_family("csr_vector").space.defaults()
 {'threads_per_row': 8, 'block_size': 256}
 """
@@ -14,9 +14,12 @@ from kernels._space import Param, Space
 from kernels.csr_scalar import CsrScalar
 from kernels.csr_vector import CsrVector
 from kernels.cusparse import CuSparse
+from kernels.ipcsr import Ipcsr
+from kernels.nut import Nut
+from kernels.suraa import Suraa
 from tuner.errors import InvalidConfigError
 
-REGISTRY: dict[str, Family] = {f.name: f for f in (CuSparse(), CsrScalar(), CsrVector())}
+REGISTRY: dict[str, Family] = {f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), Nut(), Suraa())}
 """Every family by name. The tuner, the service and the docs read this and nothing else."""
 
 BASELINE = "cusparse"

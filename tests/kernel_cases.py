@@ -5,14 +5,11 @@ Shared by the CPU conformance suite and the GPU tests, so both check the same ca
 
 from __future__ import annotations
 
-import gzip
-
 import numpy as np
-import scipy.io
 import scipy.sparse as sp
 
 from tests.conftest import SHARED_MATRICES, shared_manifest
-from tuner.io import as_csr
+from tuner.io import as_csr, read_mtx
 
 
 def _random(rows: int, cols: int, density: float, seed: int) -> sp.csr_matrix:
@@ -51,5 +48,4 @@ def shared_cases() -> list[str]:
 
 
 def load_shared(name: str) -> sp.csr_matrix:
-    with gzip.open(SHARED_MATRICES / f"{name}.mtx.gz") as f:
-        return as_csr(scipy.io.mmread(f))
+    return read_mtx(SHARED_MATRICES / f"{name}.mtx.gz")

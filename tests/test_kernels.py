@@ -30,8 +30,14 @@ def case(name: str, dtype: str):
     return A.astype(dtype)
 
 
-def configs(family: str) -> list[dict]:
-    return REGISTRY[family].space.configs()
+def configs(family: str, limit: int = 40) -> list[dict]:
+    """Every config of a small space; an even, deterministic sample of a large one (plus the default)."""
+    space = REGISTRY[family].space
+    every = space.configs()
+    if len(every) <= limit:
+        return every
+    sample = every[:: -(-len(every) // limit)]
+    return sample if space.defaults() in sample else [space.defaults(), *sample]
 
 
 # -- the registry and the spaces -------------------------------------------------

@@ -1,0 +1,360 @@
+"""``nut``: non-uniform tiling (Hong et al., 2018), one thread block per row panel.
+
+The rows are cut into row panels; inside a panel the *active* columns (those
+with a nonzero in that panel) are cut into tiles of ``cols_per_tile`` active
+columns each (the panel's last tile may hold fewer). A block takes one panel:
+for each tile it gathers the tile's x values into shared memory through the
+tile's indirection array (its active column ids), its threads sum the tile's
+entries into a shared-memory copy of the panel's y, and at the end the block
+writes the panel's y. So x is read once per tile from global memory, however
+many rows use it, and y is written once.
+
+Panels. ``rows_per_panel`` rows each, unless that gives fewer than 2 x SMs
+panels (a small matrix would leave the GPU idle): then the rows are cut into
+2 x SMs panels of about equal nonzeros, and any panel longer than
+``rows_per_panel`` rows is cut again, so a panel always fits the shared y.
+``panel_ptr`` holds the panel starts (rows), ``panel_tile_ptr`` each panel's first tile.
+
+Tiles. ``tile_cols[tile_col_ptr[t]:tile_col_ptr[t+1]]`` are tile t's active
+columns, ascending (the indirection array: x slot i of the tile is
+``x[tile_cols[tile_col_ptr[t] + i]]``).
+
+Encoding of a tile (the index matrix ``enc_idx`` and value matrix ``enc_val``).
+The tile's ``e = tile_nnz[t]`` entries, in (row, column) order, are cut into
+``w = ceil(e / s)`` stretches of ``s = ceil(e / threads)`` entries (the last may
+be shorter); thread k of the block takes stretch k. Entry j of stretch k is stored
+at ``tile_ptr[t] + j*w + k`` (column-major: a warp's j-th reads are consecutive
+words); the ``s*w - e`` slots past the last stretch are padding (0) and never read.
+An index word ``>= 0`` is the x slot of an entry in the same row as the previous
+entry of the stretch. A negative word starts an output row: ``~word ==
+(local_row << 16) | slot``, with ``local_row`` the row's offset in its panel.
+The first entry of every row in the tile and the first entry of every stretch are
+negative, so a thread knows each row from its own words. The 16-bit fields limit
+slots to 65536 and panel rows to 32768 (the space stays well below).
+
+The default config is the paper's rule for 48 KB of shared memory and float64
+(see :func:`paper_defaults`): 2048 rows per panel, 4096 active columns per tile,
+1024 threads. The same arrays are built by :func:`build` on the GPU (CuPy) and
+on the CPU (NumPy), under the same keys of ``prepared.extra``;
+:func:`decode` reads them back exactly as the kernel does.
+
+>>> import scipy.sparse as sp
+>>> from tuner.io import as_csr
+>>> A = as_csr(sp.random(50, 40, density=0.1, random_state=0))
+>>> f = Nut(num_sms=1)
+>>> p = f.prepare_reference(A, {"rows_per_panel": 256, "cols_per_tile": 1024})
+>>> bool(abs(f.run_reference(p, np.ones(40)) - A @ np.ones(40)).max() < 1e-12)
+True
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from kernels._cuda import c_type, get_kernels, require_cupy
+from kernels._family import Family, Prepared
+from kernels._space import Param, Space
+from tuner.errors import InvalidConfigError, NoDeviceError
+
+ROWS_PER_PANEL = (256, 512, 1024, 2048, 4096, 8192)
+COLS_PER_TILE = (1024, 2048, 4096, 8192, 16384)
+THREADS = (128, 256, 512, 1024)
+DEFAULT_SMS = 132
+"""SMs assumed when no GPU is visible (H100 SXM and H200)."""
+
+STRUCTURE = (
+    "panel_ptr",
+    "panel_tile_ptr",
+    "tile_col_ptr",
+    "tile_cols",
+    "tile_nnz",
+    "tile_ptr",
+    "enc_idx",
+    "enc_val",
+)
+"""The arrays of the NuT structure in ``prepared.extra`` (self-contained: the CSR is not needed)."""
+
+_SLOT_BITS = 16
+_MAX_ROWS = 1 << (31 - _SLOT_BITS)
+_MAX_SLOTS = 1 << _SLOT_BITS
+
+
+def paper_defaults(dtype: Any, shared_bytes: int = 48 * 1024) -> tuple[int, int]:
+    """(rows per panel, active columns per tile) by the paper's rule for ``shared_bytes`` per block.
+
+    A third of the shared memory holds the panel's y, two thirds the tile's x:
+    ``paper_defaults("float64") == (2048, 4096)``, ``paper_defaults("float32") == (4096, 8192)``.
+    """
+    words = shared_bytes // np.dtype(dtype).itemsize
+    return words // 3, words * 2 // 3
+
+
+class Nut(Family):
+    name = "nut"
+    summary = "non-uniform 2-D tiles: row panels x equal counts of active columns, x and y in shared memory"
+    source = "Hong et al., 2018 (Hy-SpMSpV: non-uniform tiling)"
+    cu_file = "nut.cu"
+    space = Space(
+        (
+            Param("rows_per_panel", ROWS_PER_PANEL, 2048, "rows of a panel at most (its y lives in shared memory)"),
+            Param("cols_per_tile", COLS_PER_TILE, 4096, "active columns of a tile (its x lives in shared memory)"),
+            Param("threads", THREADS, 1024, "threads per block; each takes one stretch of a tile's entries"),
+        )
+    )
+
+    def __init__(self, *, num_sms: int | None = None) -> None:
+        """``num_sms`` fixes the SM count of the small-matrix rule (default: the current GPU's, else 132)."""
+        self.num_sms = num_sms
+
+    def sm_count(self) -> int:
+        if self.num_sms is not None:
+            return self.num_sms
+        try:
+            return _device_attribute("MultiProcessorCount")
+        except NoDeviceError:
+            return DEFAULT_SMS
+
+    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
+        return (f"nut_spmv<{c_type(dtype)}>",)
+
+    def memory_ratio(self, prepared: Prepared) -> float:
+        """Bytes of the NuT structure over the bytes of the CSR arrays (indptr + indices + data)."""
+        A = prepared.A
+        csr = A.indptr.nbytes + A.indices.nbytes + A.data.nbytes
+        return sum(prepared.extra[k].nbytes for k in STRUCTURE if k in prepared.extra) / csr
+
+    # -- GPU path ---------------------------------------------------------------
+    def _prepare(self, prepared: Prepared) -> None:
+        cupy = require_cupy()
+        A, p = prepared.A, prepared.params
+        ex = prepared.extra
+        ex.update(build(A.indptr, A.indices, A.data, prepared.shape, **p, num_sms=self.sm_count(), xp=cupy))
+        (name,) = self.name_expressions(prepared.dtype)
+        kernel = get_kernels(self.cu_file, (name,))[name]
+        shared = (ex["max_panel_rows"] + ex["max_tile_cols"]) * prepared.dtype.itemsize
+        limit = _device_attribute("MaxSharedMemoryPerBlockOptin")
+        if shared > limit:
+            raise InvalidConfigError(
+                f"nut {p} needs {shared} bytes of shared memory per block; this GPU allows {limit}"
+            )
+        if shared > kernel.max_dynamic_shared_size_bytes:
+            kernel.max_dynamic_shared_size_bytes = shared
+        ex["kernel"], ex["shared_bytes"] = kernel, shared
+
+    def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
+        ex = prepared.extra
+        n_panels = len(ex["panel_ptr"]) - 1
+        ex["kernel"](
+            (n_panels,),
+            (prepared.params["threads"],),
+            (
+                np.int32(n_panels), np.int32(ex["max_panel_rows"]), ex["panel_ptr"], ex["panel_tile_ptr"],
+                ex["tile_col_ptr"], ex["tile_cols"], ex["tile_nnz"], ex["tile_ptr"], ex["enc_idx"],
+                ex["enc_val"], x, out,
+            ),
+            shared_mem=ex["shared_bytes"],
+        )
+
+    # -- CPU reference ----------------------------------------------------------
+    def _prepare_reference(self, prepared: Prepared) -> None:
+        A = prepared.A
+        prepared.extra.update(
+            build(A.indptr, A.indices, A.data, prepared.shape, **prepared.params, num_sms=self.sm_count())
+        )
+
+    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
+        rows, cols, vals = decode(prepared.extra, threads=prepared.params["threads"])
+        products = vals.astype(np.float64) * x.astype(np.float64)[cols]
+        return np.bincount(rows, weights=products, minlength=prepared.shape[0])
+
+
+def _device_attribute(name: str) -> int:
+    cupy = require_cupy()
+    return _attributes(cupy.cuda.Device().id)[name]
+
+
+@functools.cache
+def _attributes(device: int) -> dict[str, int]:
+    return dict(require_cupy().cuda.Device(device).attributes)
+
+
+# -- the decomposition, for NumPy and CuPy alike ------------------------------------
+def build(
+    indptr: Any,
+    indices: Any,
+    data: Any,
+    shape: tuple[int, int],
+    *,
+    rows_per_panel: int,
+    cols_per_tile: int,
+    threads: int,
+    num_sms: int,
+    xp: Any = np,
+) -> dict[str, Any]:
+    """The NuT structure of a CSR matrix (nnz > 0, rows > 0) as ``xp`` arrays (``numpy`` or ``cupy``).
+
+    Only functions that NumPy and CuPy share are used, with unique or stably
+    sorted keys, so both give identical arrays. Returns the :data:`STRUCTURE`
+    arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
+    a block needs).
+    """
+    if not (0 < rows_per_panel <= _MAX_ROWS and 0 < cols_per_tile <= _MAX_SLOTS and threads > 0):
+        raise InvalidConfigError(
+            f"nut needs 0 < rows_per_panel <= {_MAX_ROWS}, 0 < cols_per_tile <= {_MAX_SLOTS}, threads > 0"
+        )
+    m, n = shape
+    nnz = int(indices.shape[0])
+    i64 = xp.int64
+    indptr = indptr.astype(i64)
+
+    # Panels: row starts, then each entry's panel and its row inside the panel.
+    panel_ptr = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
+    n_panels = int(panel_ptr.shape[0]) - 1
+    entry_row = _owner(xp, xp.diff(indptr))
+    entry_panel = _owner(xp, xp.diff(indptr[panel_ptr]))
+    local_row = entry_row - panel_ptr[entry_panel]
+
+    # Active columns: the distinct (panel, column) pairs, numbered in order.
+    key = entry_panel * n + indices.astype(i64)
+    order = _stable_argsort(xp, key)
+    key_sorted = key[order]
+    new = xp.ones(nnz, dtype=bool)
+    new[1:] = key_sorted[1:] != key_sorted[:-1]
+    uid_sorted = xp.cumsum(new, dtype=i64) - 1
+    entry_uid = xp.empty(nnz, dtype=i64)
+    entry_uid[order] = uid_sorted
+    active = key_sorted[new]
+    active_panel = active // n
+    panel_active_ptr = xp.searchsorted(active_panel, xp.arange(n_panels + 1, dtype=i64), side="left")
+
+    # Tiles: cols_per_tile active columns each, the panel's last one possibly fewer.
+    tiles_per_panel = (xp.diff(panel_active_ptr) + cols_per_tile - 1) // cols_per_tile
+    panel_tile_ptr = _exclusive_cumsum(xp, tiles_per_panel)
+    n_tiles = int(panel_tile_ptr[-1])
+    rank = xp.arange(active.shape[0], dtype=i64) - panel_active_ptr[active_panel]
+    active_tile = panel_tile_ptr[active_panel] + rank // cols_per_tile
+    active_slot = rank % cols_per_tile
+    tile_col_ptr = xp.searchsorted(active_tile, xp.arange(n_tiles + 1, dtype=i64), side="left")
+    tile_cols = (active % n).astype(xp.int32)
+
+    # Entries grouped by tile, in CSR order (row, column) inside each tile.
+    entry_tile = active_tile[entry_uid]
+    order = _stable_argsort(xp, entry_tile)
+    tile_sorted = entry_tile[order]
+    row_sorted = local_row[order]
+    tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=i64), side="left")
+    tile_nnz = xp.diff(tile_entry_ptr)
+
+    # Stretches: s entries per thread, w threads; entry (k, j) at tile_ptr + j*w + k.
+    s = (tile_nnz + threads - 1) // threads
+    w = (tile_nnz + s - 1) // s
+    tile_ptr = _exclusive_cumsum(xp, s * w)
+    q = xp.arange(nnz, dtype=i64) - tile_entry_ptr[tile_sorted]
+    s_e, w_e = s[tile_sorted], w[tile_sorted]
+    j = q % s_e
+    pos = tile_ptr[tile_sorted] + j * w_e + q // s_e
+    starts_row = j == 0
+    starts_row[1:] |= row_sorted[1:] != row_sorted[:-1]
+    slot = active_slot[entry_uid[order]]
+    word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
+
+    storage = int(tile_ptr[-1])
+    enc_idx = xp.zeros(storage, dtype=xp.int32)
+    enc_idx[pos] = word.astype(xp.int32)
+    enc_val = xp.zeros(storage, dtype=data.dtype)
+    enc_val[pos] = data[order]
+    return {
+        "panel_ptr": panel_ptr.astype(xp.int32),
+        "panel_tile_ptr": panel_tile_ptr.astype(xp.int32),
+        "tile_col_ptr": tile_col_ptr.astype(xp.int32),
+        "tile_cols": tile_cols,
+        "tile_nnz": tile_nnz.astype(xp.int32),
+        "tile_ptr": tile_ptr,
+        "enc_idx": enc_idx,
+        "enc_val": enc_val,
+        "max_panel_rows": int(xp.diff(panel_ptr).max()),
+        "max_tile_cols": int(xp.diff(tile_col_ptr).max()),
+    }
+
+
+def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int) -> Any:
+    """Row starts of the panels (int64, ends with m): uniform, or ``small`` panels balanced by nonzeros.
+
+    Balanced when ``rows``-row panels would number fewer than ``small``; every
+    panel is then cut again into pieces of at most ``rows`` rows.
+    """
+    ends = [xp.asarray([m], dtype=xp.int64)]
+    if -(-m // rows) < small:
+        targets = xp.arange(1, small, dtype=xp.int64) * nnz // small
+        ends.insert(0, xp.searchsorted(indptr, targets, side="left"))
+    bounds = xp.concatenate([xp.zeros(1, dtype=xp.int64), *ends])
+    keep = xp.ones(bounds.shape[0], dtype=bool)
+    keep[1:] = bounds[1:] != bounds[:-1]
+    bounds = bounds[keep]  # nondecreasing, so this leaves distinct, increasing starts
+    pieces = (xp.diff(bounds) + rows - 1) // rows
+    owner = _owner(xp, pieces)
+    piece = xp.arange(owner.shape[0], dtype=xp.int64) - _exclusive_cumsum(xp, pieces)[owner]
+    return xp.concatenate([bounds[owner] + piece * rows, bounds[-1:]])
+
+
+def _owner(xp: Any, counts: Any) -> Any:
+    """For counts c_0, c_1, ...: c_0 zeros, c_1 ones, ... (int64), i.e. ``repeat(arange, counts)``."""
+    if xp is np:
+        return np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+    ends = xp.cumsum(counts)
+    total = int(ends[-1]) if ends.shape[0] else 0
+    return xp.searchsorted(ends, xp.arange(total, dtype=xp.int64), side="right")
+
+
+def _exclusive_cumsum(xp: Any, counts: Any) -> Any:
+    out = xp.zeros(counts.shape[0] + 1, dtype=xp.int64)
+    out[1:] = xp.cumsum(counts)
+    return out
+
+
+def _stable_argsort(xp: Any, key: Any) -> Any:
+    # cupy.argsort is always stable and takes no ``kind``.
+    return np.argsort(key, kind="stable") if xp is np else key.argsort()
+
+
+# -- reading the structure back as the kernel does ------------------------------------
+def decode(extra: dict[str, Any], *, threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, column, value) of every entry, read from the NuT arrays exactly as the kernel reads them.
+
+    Walks each tile's stretches (thread k reads ``tile_ptr + j*w + k`` for
+    ``j < min(s, e - k*s)``), takes the row from the last negative word of the
+    stretch and the column through the tile's indirection array. Raises
+    ``ValueError`` where the kernel would go wrong: a stretch that does not start
+    with a negative word, a slot outside the tile, a row outside the panel.
+    Entries come out in tile order, then thread, then position in the stretch.
+    """
+    ex = {k: np.asarray(v) for k, v in extra.items() if k in STRUCTURE}
+    e = ex["tile_nnz"].astype(np.int64)
+    n_tiles = e.shape[0]
+    s = (e + threads - 1) // threads
+    w = (e + s - 1) // s
+    tile = np.repeat(np.arange(n_tiles, dtype=np.int64), e)
+    q = np.arange(tile.shape[0], dtype=np.int64) - np.repeat(np.cumsum(e) - e, e)
+    j, k = q % s[tile], q // s[tile]
+    pos = ex["tile_ptr"][tile] + j * w[tile] + k
+    word = ex["enc_idx"][pos].astype(np.int64)
+    vals = ex["enc_val"][pos]
+    if np.any(word[j == 0] >= 0):
+        raise ValueError("a stretch does not start with a negative (row) word")
+    named = word < 0
+    code = np.where(named, ~word, 0)
+    slot = np.where(named, code & (_MAX_SLOTS - 1), word)
+    last_named = np.maximum.accumulate(np.where(named, np.arange(word.shape[0]), 0))
+    local_row = (code >> _SLOT_BITS)[last_named]
+    panel_ptr, tile_col_ptr = ex["panel_ptr"].astype(np.int64), ex["tile_col_ptr"].astype(np.int64)
+    panel = np.searchsorted(ex["panel_tile_ptr"], np.arange(n_tiles), side="right") - 1
+    if np.any(slot >= np.diff(tile_col_ptr)[tile]):
+        raise ValueError("an index word points past its tile's active columns")
+    if np.any(local_row >= np.diff(panel_ptr)[panel][tile]):
+        raise ValueError("a row word points past its panel's rows")
+    cols = ex["tile_cols"][tile_col_ptr[tile] + slot]
+    rows = panel_ptr[panel][tile] + local_row
+    return rows, cols, vals
