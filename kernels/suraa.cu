@@ -1,5 +1,7 @@
 // suraa: SURAA (Muhammed et al., 2019). Rows are visited in the order `perm`
-// (npr descending) and split into three groups, each with its own kernel:
+// (sorted by length) and y is written in the original row order: y[perm[pos]].
+//
+// grouping "segment" (the paper), three groups, each with its own kernel:
 //   G3 (short rows)  suraa_scalar  one thread per row;
 //   G2 (long rows)   suraa_vector  a group of `group` threads per row (a multiple
 //                                  of 32), one launch per run of segments, on streams;
@@ -7,10 +9,25 @@
 //                                  one-block child grid (dynamic parallelism) that
 //                                  reduces the row and writes its own y element;
 //                    or suraa_vector with one block per row (g1_mode "block").
-// y is written in the original row order: y[perm[pos]].
-// Tunables are kernel arguments, so one compilation per value type serves every
-// config; instantiated as suraa_scalar<T>, suraa_vector<T>, suraa_parent<T>.
-// Build with -rdc=true (relocatable device code, linked with cudadevrt).
+//
+// grouping "row": every row in ONE launch of suraa_rows<T, PARENT>, driven by a
+// small table of bins (int4: first position, end position, threads per row,
+// first block). The bins are contiguous runs of the sorted order whose rows get
+// the same power-of-two count of threads `t`; with `width` = blockDim.x:
+//   t <= 32        width / t rows per block, a sub-warp shuffle reduction;
+//   32 < t <= width width / t rows per block, warp sums in shared memory;
+//   t > width      t / width blocks per row ("pieces"), each summing a contiguous
+//                  chunk of the row; the last piece to finish (atomicInc ticket)
+//                  adds the pieces' partials in a fixed order and writes y, so
+//                  the result is deterministic and needs no zeroed y.
+// suraa_rows<T, true> (g1_mode "dynamic") starts with `parent_blocks` blocks of
+// parent threads, one per G1 row (the positions below `first_pos`), each
+// launching that row's blocks as a child grid suraa_row_child into the
+// fire-and-forget stream; the host grid then skips the G1 rows' blocks.
+//
+// Tunables are kernel arguments (and the PARENT switch a template argument), so
+// one compilation per value type serves every config. Build with -rdc=true
+// (relocatable device code, linked with cudadevrt).
 
 #ifndef cudaStreamFireAndForget
 #define cudaStreamFireAndForget ((cudaStream_t)0x4)
@@ -35,6 +52,7 @@ __device__ __forceinline__ T suraa_row_partial(const int begin, const int end, c
                                                const T* __restrict__ x)
 {
     T sum = 0;
+#pragma unroll 4
     for (int j = begin + t; j < end; j += group) {
         sum += data[j] * __ldg(&x[indices[j]]);
     }
@@ -152,4 +170,175 @@ __global__ void suraa_parent(const int end, const int cap,
         y[row] = suraa_row_partial(begin, stop, 0, 1, indices, data, x);
         atomicAdd(fallbacks, 1u);
     }
+}
+
+// ---------------------------------------------------------------------------------
+// grouping "row"
+
+// Sum of v over each run of `width` consecutive lanes (a power of two <= 32), valid
+// in the run's first lane. Every lane of the warp must call it (full-mask shuffles).
+template <typename T>
+__device__ __forceinline__ T suraa_subwarp_sum(T v, const int width)
+{
+    for (int offset = width >> 1; offset > 0; offset >>= 1) {
+        v += __shfl_down_sync(0xffffffffu, v, offset, width);
+    }
+    return v;
+}
+
+// The whole block (blockDim.x a multiple of 32) sums piece `piece` of `pieces`
+// contiguous chunks of the row at sorted position `pos`. One piece: writes y. More:
+// stores its partial in partials[slot + piece]; the piece that draws the last ticket
+// of counters[pos] (atomicInc wraps it back to 0 for the next run) adds the partials
+// in order 0..pieces-1 and writes y. Every thread of the block must call it.
+template <typename T>
+__device__ __forceinline__ void suraa_row_piece(const int pos, const int row, const int begin, const int end,
+                                                const int piece, const int pieces, const int slot,
+                                                unsigned int* __restrict__ counters,
+                                                T* __restrict__ partials,
+                                                const int* __restrict__ indices,
+                                                const T* __restrict__ data,
+                                                const T* __restrict__ x,
+                                                T* __restrict__ y)
+{
+    __shared__ unsigned int ticket;
+    // In unsigned 32-bit: npr < 2^31 and piece * chunk < npr + chunk < 2^32.
+    const unsigned int npr = (unsigned int)(end - begin);
+    const unsigned int chunk = (npr + (unsigned int)pieces - 1u) / (unsigned int)pieces;
+    const unsigned int skip = (unsigned int)piece * chunk;
+    const int lo = begin + (int)(skip < npr ? skip : npr);
+    const int hi = begin + (int)(skip + chunk < npr ? skip + chunk : npr);
+    T sum = suraa_row_partial(lo, hi, (int)threadIdx.x, (int)blockDim.x, indices, data, x);
+    sum = suraa_group_sum(sum, (int)blockDim.x);
+    if (pieces == 1) {
+        if (threadIdx.x == 0) y[row] = sum;
+        return;
+    }
+    if (threadIdx.x == 0) {
+        partials[slot + piece] = sum;
+        __threadfence();  // the partial is visible device-wide before the ticket is drawn
+        ticket = atomicInc(&counters[pos], (unsigned int)(pieces - 1));
+    }
+    __syncthreads();  // also orders the first suraa_group_sum's shared reads before the second's writes
+    if (ticket != (unsigned int)(pieces - 1)) return;  // uniform over the block
+    __threadfence();
+    T total = 0;
+    for (int k = threadIdx.x; k < pieces; k += blockDim.x) {
+        total += __ldcg(&partials[slot + k]);  // L2, never a stale L1 line
+    }
+    total = suraa_group_sum(total, (int)blockDim.x);
+    if (threadIdx.x == 0) y[row] = total;
+}
+
+// G1 child ("row", g1_mode "dynamic"): the row's pieces, one block each.
+template <typename T>
+__global__ void suraa_row_child(const int pos, const int row, const int begin, const int end,
+                                const int pieces, const int slot,
+                                unsigned int* __restrict__ counters,
+                                T* __restrict__ partials,
+                                const int* __restrict__ indices,
+                                const T* __restrict__ data,
+                                const T* __restrict__ x,
+                                T* __restrict__ y)
+{
+    suraa_row_piece(pos, row, begin, end, (int)blockIdx.x, pieces, slot, counters, partials, indices, data, x, y);
+}
+
+// G1 parent thread for sorted position blockIdx.x * blockDim.x + threadIdx.x < g1_end:
+// launches the row's blocks (the same geometry as in the host grid: `pieces` blocks of
+// blockDim.x threads for t > blockDim.x, else one block of t threads) into the
+// fire-and-forget stream. A refused launch is summed by the thread itself (counted
+// in *fallbacks, never reset here).
+template <typename T>
+__device__ __forceinline__ void suraa_rows_parent(const int4* __restrict__ bins, const int n_bins,
+                                                  const int g1_end,
+                                                  unsigned int* __restrict__ counters,
+                                                  T* __restrict__ partials,
+                                                  unsigned int* __restrict__ fallbacks,
+                                                  const int* __restrict__ perm,
+                                                  const int* __restrict__ indptr,
+                                                  const int* __restrict__ indices,
+                                                  const T* __restrict__ data,
+                                                  const T* __restrict__ x,
+                                                  T* __restrict__ y)
+{
+    const long long pos_ll = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (pos_ll >= g1_end) return;
+    const int pos = (int)pos_ll;
+    int k = 0;
+    while (k + 1 < n_bins && __ldg(&bins[k]).y <= pos) ++k;  // G1 lies in the leading bins
+    const int4 bin = __ldg(&bins[k]);
+    const int width = (int)blockDim.x;
+    const int pieces = bin.z > width ? bin.z / width : 1;
+    const int child_width = bin.z > width ? width : bin.z;
+    const int slot = bin.w + (pos - bin.x) * pieces;
+    const int row = perm[pos];
+    const int begin = indptr[row];
+    const int end = indptr[row + 1];
+    suraa_row_child<T><<<pieces, child_width, 0, cudaStreamFireAndForget>>>(
+        pos, row, begin, end, pieces, slot, counters, partials, indices, data, x, y);
+    if (cudaGetLastError() != cudaSuccess) {
+        y[row] = suraa_row_partial(begin, end, 0, 1, indices, data, x);
+        atomicAdd(fallbacks, 1u);
+    }
+}
+
+// Every row of grouping "row" in one launch (see the top of the file). Block
+// blockIdx.x >= parent_blocks is block b = blockIdx.x - parent_blocks + skip_blocks
+// of the bins' block layout; rows at positions below first_pos are left to the
+// children (g1_mode "dynamic"; first_pos = skip_blocks = parent_blocks = 0 otherwise).
+template <typename T, bool PARENT>
+__global__ void __launch_bounds__(512, 4) suraa_rows(const int4* __restrict__ bins, const int n_bins,
+                           const int parent_blocks, const int first_pos, const int skip_blocks,
+                           unsigned int* __restrict__ counters,
+                           T* __restrict__ partials,
+                           unsigned int* __restrict__ fallbacks,
+                           const int* __restrict__ perm,
+                           const int* __restrict__ indptr,
+                           const int* __restrict__ indices,
+                           const T* __restrict__ data,
+                           const T* __restrict__ x,
+                           T* __restrict__ y)
+{
+    if constexpr (PARENT) {
+        if ((int)blockIdx.x < parent_blocks) {
+            suraa_rows_parent(bins, n_bins, first_pos, counters, partials, fallbacks,
+                              perm, indptr, indices, data, x, y);
+            return;
+        }
+    }
+    const int width = (int)blockDim.x;
+    const int b = (int)blockIdx.x - parent_blocks + skip_blocks;
+    int k = n_bins - 1;  // most blocks belong to the last (short-row) bins: search from the end
+    while (k > 0 && __ldg(&bins[k]).w > b) --k;
+    const int4 bin = __ldg(&bins[k]);
+    const int threads = bin.z;
+    if (threads > width) {  // several blocks per row
+        const int pieces = threads / width;
+        const int rel = b - bin.w;
+        const int pos = bin.x + rel / pieces;
+        if (pos >= bin.y || pos < first_pos) return;  // uniform over the block
+        const int piece = rel - (pos - bin.x) * pieces;
+        const int row = perm[pos];
+        suraa_row_piece(pos, row, indptr[row], indptr[row + 1], piece, pieces, b - piece,
+                        counters, partials, indices, data, x, y);
+        return;
+    }
+    const int rows_per_block = width / threads;
+    const int g = (int)threadIdx.x / threads;
+    const int t = (int)threadIdx.x - g * threads;
+    const long long pos = (long long)bin.x + (long long)(b - bin.w) * rows_per_block + g;
+    const bool active = pos < bin.y && pos >= first_pos;
+    int row = 0;
+    T sum = 0;
+    if (active) {
+        row = perm[pos];
+        sum = suraa_row_partial(indptr[row], indptr[row + 1], t, threads, indices, data, x);
+    }
+    if (threads <= 32) {  // uniform over the block: one bin per block
+        sum = suraa_subwarp_sum(sum, threads);
+    } else {
+        sum = suraa_group_sum(sum, threads);
+    }
+    if (active && t == 0) y[row] = sum;
 }
