@@ -37,7 +37,8 @@ from sqlite_utils.migrations import Migrations
 from tuner.errors import StoreError
 
 TRIAL_STATES = ("ok", "failed")
-ERROR_KINDS = ("compile_error", "launch_error", "wrong_answer", "out_of_memory", "timeout", "invalid_config")
+ERROR_KINDS = ("compile_error", "launch_error", "wrong_answer", "out_of_memory", "timeout", "invalid_config",
+               "worker_lost")  # worker_lost: its worker died mid-trial (tuner sync); says nothing of the config
 DEVICE_KINDS = ("gpu", "cpu-reference")
 
 _MIGRATION_SET = "spmv-tuner"
@@ -156,6 +157,17 @@ def _m001_initial(db: Database) -> None:
     )
 
 
+def _m002_trial_uid(db: Database) -> None:
+    """``trials.trial_uid``: the optuna trial's unique id, so ``tuner sync`` copies each trial once.
+
+    Trial numbers repeat across storages (the local journal and a cluster's
+    database may hold studies of the same name), so the key is a uuid the tuner
+    gives every trial it asks. Rows from before have none (NULLs never collide).
+    """
+    db["trials"].add_column("trial_uid", str)
+    db["trials"].create_index(["trial_uid"], unique=True)
+
+
 def _convert(kind: type, value: Any) -> Any:
     """``value`` as the plain Python type of a column (NumPy scalars included), or TypeError/ValueError."""
     if value is None:
@@ -216,7 +228,7 @@ class Store:
     """
 
     #: The schema's migrations, in order. Append new ones; never edit, rename or reorder applied ones.
-    MIGRATIONS: ClassVar[tuple[Migration, ...]] = (_m001_initial,)
+    MIGRATIONS: ClassVar[tuple[Migration, ...]] = (_m001_initial, _m002_trial_uid)
     SCHEMA_VERSION: ClassVar[int] = len(MIGRATIONS)
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, memory: bool = False) -> None:
@@ -432,6 +444,27 @@ class Store:
         rows = [self._trial_row(record) for record in records]
         with self._write():
             return [self._insert_trial(row) for row in rows]
+
+    def import_trials(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Record the trials whose ``trial_uid`` the store does not hold yet, in one transaction; how many.
+
+        What ``tuner sync`` writes with: running it again, or two at once, adds nothing twice.
+        Every record needs a ``trial_uid``.
+        """
+        rows = [self._trial_row(record) for record in records]
+        if missing := [row for row in rows if not row.get("trial_uid")]:
+            raise StoreError(f"{len(missing)} imported trial record(s) lack a trial_uid")
+        added = 0
+        with self._write():
+            for row in rows:
+                if not self.db.execute("select 1 from trials where trial_uid = ?", [row["trial_uid"]]).fetchone():
+                    self._insert_trial(row)
+                    added += 1
+        return added
+
+    def trial_uids(self) -> set[str]:
+        """The ``trial_uid`` of every trial that has one."""
+        return {row[0] for row in self.db.execute("select trial_uid from trials where trial_uid is not null")}
 
     def set_cusparse_time(self, fingerprint: str, *, device: str, dtype: str, time_s: float) -> bool:
         """Record cuSPARSE's time for the matrix on its best row; False when there is no best row yet."""

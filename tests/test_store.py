@@ -34,7 +34,7 @@ COLUMNS = {
     "trials": [
         "id", "fingerprint", "device", "dtype", "kernel", "params", "study", "trial_number", "state",
         "time_s", "time_p10_s", "time_p90_s", "prepare_s", "gflops", "gbps", "verified", "rel_error",
-        "error_kind", "error", "created_at",
+        "error_kind", "error", "created_at", "trial_uid",
     ],
     "best": [
         "fingerprint", "device", "dtype", "kernel", "params", "time_s", "gflops", "gbps", "trial_id",
@@ -106,7 +106,7 @@ def test_schema_has_every_table_and_column(tmp_path: Path) -> None:
         assert db.journal_mode == "wal"
         assert db.execute("PRAGMA busy_timeout").fetchone()[0] == 60000
         assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert store.schema_version() == Store.SCHEMA_VERSION == len(Store.MIGRATIONS) == 1
+        assert store.schema_version() == Store.SCHEMA_VERSION == len(Store.MIGRATIONS) == 2
 
 
 def test_memory_store_skips_wal() -> None:
@@ -123,18 +123,18 @@ def test_reopening_applies_nothing_twice(tmp_path: Path) -> None:
         applied = list(store.db["_sqlite_migrations"].rows)
     with Store(path) as store:
         assert list(store.db["_sqlite_migrations"].rows) == applied
-        assert store.schema_version() == 1
+        assert store.schema_version() == Store.SCHEMA_VERSION
         assert counts(store) == (1, 1)
 
 
-def _m002_add_note(db: Database) -> None:
+def _m999_add_note(db: Database) -> None:
     db["matrices"].add_column("note", str)
 
 
 class StoreV2(Store):
     """A future release: the shipped migrations plus one more."""
 
-    MIGRATIONS = (*Store.MIGRATIONS, _m002_add_note)
+    MIGRATIONS = (*Store.MIGRATIONS, _m999_add_note)
     SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -144,15 +144,45 @@ def test_pending_migration_is_applied_on_open_and_old_code_refuses_newer_schema(
         seed(store)
         assert "note" not in store.db["matrices"].columns_dict
     with StoreV2(path) as store:
-        assert store.schema_version() == 2
+        assert store.schema_version() == Store.SCHEMA_VERSION + 1
         assert "note" in store.db["matrices"].columns_dict
         assert store.matrix(FP)["name"] == "poisson2d"  # data survived the migration
-        assert [m["name"] for m in store.db["_sqlite_migrations"].rows] == ["_m001_initial", "_m002_add_note"]
+        names = [m["name"] for m in store.db["_sqlite_migrations"].rows]
+        assert names == [m.__name__ for m in Store.MIGRATIONS] + ["_m999_add_note"]
     with StoreV2(path) as store:  # nothing applied twice
-        assert store.db["_sqlite_migrations"].count == 2
+        assert store.db["_sqlite_migrations"].count == Store.SCHEMA_VERSION + 1
     with pytest.raises(StoreError, match="newer") as info:
         Store(path)
     assert str(path) in str(info.value)
+
+
+def test_first_release_store_gets_trial_uid_and_keeps_its_rows(tmp_path: Path) -> None:
+    class StoreV1(Store):
+        MIGRATIONS = Store.MIGRATIONS[:1]
+        SCHEMA_VERSION = 1
+
+    path = tmp_path / "v1.db"
+    with StoreV1(path) as store:
+        seed(store)
+        store.add_trial(trial())
+        assert "trial_uid" not in store.db["trials"].columns_dict
+    with Store(path) as store:
+        assert store.schema_version() == Store.SCHEMA_VERSION
+        assert store.trials(FP)[0]["trial_uid"] is None and counts(store) == (1, 1)
+        assert any(index.unique and index.columns == ["trial_uid"] for index in store.db["trials"].indexes)
+
+
+def test_import_trials_skips_known_uids_and_uids_are_unique(store: Store) -> None:
+    records = [trial(trial_uid=f"u{i}", time_s=1e-4 * (i + 1)) for i in range(3)]
+    assert store.import_trials(records[:2]) == 2
+    assert store.import_trials(records) == 1  # only u2 is new
+    assert store.import_trials(records) == 0
+    assert store.trial_uids() == {"u0", "u1", "u2"} and counts(store) == (3, 1)
+    with pytest.raises(StoreError, match="trial_uid"):
+        store.import_trials([trial()])
+    with pytest.raises(StoreError, match="UNIQUE"):
+        store.add_trial(trial(trial_uid="u0"))
+    assert counts(store) == (3, 1)
 
 
 def test_not_sqlite_file_raises_store_error_naming_it(tmp_path: Path) -> None:

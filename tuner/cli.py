@@ -265,5 +265,17 @@ def list_kernels(as_json: Annotated[bool, typer.Option("--json", help="print the
             console.print(f"  {p['name']} in {p['values']} (default {p['default']}): {p['doc']}")
 
 
+def _register_commands_of_other_modules() -> None:
+    """Commands written beside the code they drive; they print their own errors."""
+    from service.cli import serve
+    from tuner.distributed import sync, tune_many
+
+    app.command("tune-many")(tune_many)
+    app.command("sync")(sync)
+    app.command("serve")(serve)
+
+
+_register_commands_of_other_modules()
+
 if __name__ == "__main__":
     app()

@@ -6,28 +6,58 @@ config is measured by :func:`tuner.evaluate.evaluate` on a
 :class:`~tuner.backend.Backend`. One study per (matrix fingerprint, device,
 dtype, registry version) lives in optuna's storage, so running ``tuner tune``
 again continues it; every measurement also goes into the SQLite store.
+
+Many workers share a study through one storage (``tuner tune-many``): with
+``total=N`` each worker stops once the study holds N *finished* trials (COMPLETE
+or FAIL) across all of them, exactly N (see :class:`tuner.distributed.Budget`);
+every trial's full record is kept in its user attrs (``record``) so ``tuner
+sync`` can rebuild the store's rows from optuna alone; and, when the storage has
+heartbeats, every asked trial beats while it runs and stale trials are failed
+before each ask.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import time
+import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import optuna
+from optuna.storages._heartbeat import get_heartbeat_thread
+from optuna.trial import TrialState
 
 from db.store import Store
 from kernels import BASELINE, REGISTRY, Family, get_family
 from tuner.backend import Backend, DeviceInfo, Timing
+from tuner.distributed import (
+    DEFAULT_ATTR,
+    SURPLUS_ATTR,
+    Budget,
+    fail_stale_trials,
+    keeps_place,
+    repeats_queued,
+    settle,
+    study_budget,
+)
 from tuner.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
 from tuner.features import extract_features, fingerprint
 from tuner.io import as_csr
 from tuner.metrics import gbps, gflops
 from tuner.verify import Reference
+
+RECORD_ATTR = "record"  # a trial's user attr holding its full store row (tune() sets it for every measurement)
+UID_ATTR = "uid"  # a trial's user attr: a unique id, set right after ask(); the store's trial_uid
+CACHED_ATTR = "cached"  # a trial told the value an earlier trial of the study measured for the same config
+_log = logging.getLogger(__name__)
 
 
 def registry_version() -> str:
@@ -71,6 +101,7 @@ class TuneResult:
     copy_bandwidth_gbs: float
     trials: list[TrialResult] = field(default_factory=list)
     summary: list[FamilySummary] = field(default_factory=list)
+    budget: Budget | None = None  # with total=N: where the study stood when this call returned
 
     @property
     def best(self) -> FamilySummary | None:
@@ -81,7 +112,7 @@ def tune(
     A: Any,
     *,
     backend: Backend,
-    store: Store,
+    store: Store | None,
     storage: str | optuna.storages.BaseStorage,
     name: str = "",
     dtype: str = "float64",
@@ -90,20 +121,31 @@ def tune(
     kernels: Sequence[str] | None = None,
     seed: int = 0,
     on_trial: Callable[[TrialResult | None], None] | None = None,
+    total: int | None = None,
+    summary: bool = True,
 ) -> TuneResult:
     """Tune SpMV for ``A`` on ``backend``: ``trials`` more trials (or until ``timeout`` seconds).
 
     Every family tried gets its default config measured first, so the summary
     always has one row per family. Configs already measured in this study are
     not measured again (optuna is told the stored value; ``on_trial`` gets None).
+
+    ``total=N`` (for many workers on one study): stop as soon as the study
+    holds N finished (COMPLETE or FAIL) trials across every worker, or its
+    last trials are running elsewhere (``result.budget`` says which); ``trials``
+    still caps this call. ``store=None`` writes no SQLite row (the trials'
+    ``record`` user attrs keep everything; ``tuner sync`` copies them), and
+    ``summary=False`` skips the final re-timing.
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]
     A = as_csr(A, dtype=dtype)
     fp = fingerprint(A)
-    store.add_matrix(fp, name=name, rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=extract_features(A))
+    features = extract_features(A)
     device = backend.info
     bandwidth = backend.copy_bandwidth_gbs()
-    store.add_device(device.record(bandwidth))
+    if store is not None:
+        store.add_matrix(fp, name=name, rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
+        store.add_device(device.record(bandwidth))
 
     reference = Reference.build(A, dtype, seed=seed)
     A_dev, x_dev = backend.matrix(A), backend.vector(reference.x)
@@ -114,46 +156,83 @@ def tune(
         direction="minimize",
         load_if_exists=True,
     )
-    for key, value in {"fingerprint": fp, "device": device.id, "dtype": dtype}.items():
-        study.set_user_attr(key, value)
+    attrs = {
+        "fingerprint": fp, "device": device.id, "dtype": dtype,
+        # what `tuner sync` needs to add the matrix and the device to a store that has never seen them
+        "matrix": _jsonable({"name": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
+                             "features": features}),
+        "device_record": _jsonable(device.record(bandwidth)),
+    }
+    for key, value in attrs.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
     result = TuneResult(fp, name, A.shape, A.nnz, dtype, device, study.study_name, bandwidth)
     seen = _measured(study)
-    tried = {t.params.get("kernel") for t in study.get_trials(deepcopy=False)}
-    for f in families:
-        if f.name not in tried:
-            study.enqueue_trial({"kernel": f.name, **_prefixed(f, f.space.defaults())})
+    current = study.get_trials(deepcopy=False)
+    if total is None or study_budget(study, total, current).open:
+        tried = {t.params.get("kernel") for t in current}
+        untried = [f for f in families if f.name not in tried]
+        if total is not None:  # no more defaults than the budget has places left
+            untried = untried[: max(0, total - sum(t.state != TrialState.PRUNED for t in current))]
+        for f in untried:
+            study.enqueue_trial({"kernel": f.name, **_prefixed(f, f.space.defaults())},
+                                user_attrs={DEFAULT_ATTR: True} if total is not None else None,
+                                skip_if_exists=total is not None)
     restricted = {f.name for f in families} != set(REGISTRY)
     rng = np.random.default_rng(seed + len(seen))
     deadline = time.monotonic() + timeout if timeout else float("inf")
     record = {"fingerprint": fp, "device": device.id, "dtype": dtype, "study": study.study_name}
 
-    for _ in range(trials):
+    ran = 0
+    while ran < trials:
         if time.monotonic() > deadline:
             break
+        if total is None:
+            fail_stale_trials(study)
+        else:
+            if not settle(study, total).open:
+                break
+            for key, value in _measured(study).items():  # what the other workers measured meanwhile
+                seen.setdefault(key, value)
         if restricted and not _waiting(study):
             study.enqueue_trial({"kernel": str(rng.choice([f.name for f in families]))})
-        trial = study.ask()
-        family = get_family(trial.suggest_categorical("kernel", sorted(REGISTRY)))
-        params = family.space.suggest(trial, prefix=family.name)
-        key = config_key(family.name, params)
-        if key in seen:
-            study.tell(trial, seen[key])
-            if on_trial:
-                on_trial(None)
+        with warnings.catch_warnings():  # heartbeats with ask/tell are what this loop is built for
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            trial = study.ask()
+        if total is not None and (not keeps_place(study, trial, total) or repeats_queued(study, trial)):
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # or pruned by settle()
+                trial.set_user_attr(SURPLUS_ATTR, True)
+                study.tell(trial, state=TrialState.PRUNED)
             continue
-        try:
-            outcome = evaluate(backend, family, A_dev, params, reference, x_dev)
-        except ContextLostError as exc:
-            _finish(store, study, trial, exc.result, record, A)
-            raise
-        _finish(store, study, trial, outcome, record, A)
+        ran += 1
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            uid = uuid.uuid4().hex
+            trial.set_user_attr(UID_ATTR, uid)
+            family = get_family(trial.suggest_categorical("kernel", sorted(REGISTRY)))
+            params = family.space.suggest(trial, prefix=family.name)
+            key = config_key(family.name, params)
+            if key in seen:
+                trial.set_user_attr(CACHED_ATTR, True)
+                _tell(study, trial, seen[key])
+                if on_trial:
+                    on_trial(None)
+                continue
+            try:
+                outcome = evaluate(backend, family, A_dev, params, reference, x_dev)
+            except ContextLostError as exc:
+                _finish(store, study, trial, exc.result, {**record, "trial_uid": uid}, A)
+                raise
+            _finish(store, study, trial, outcome, {**record, "trial_uid": uid}, A)
         if outcome.ok:
             seen[key] = outcome.timing.median_s
         result.trials.append(outcome)
         if on_trial:
             on_trial(outcome)
 
-    result.summary = summarize(backend, store, A, A_dev, x_dev, fp=fp, dtype=dtype, families=families)
+    if total is not None:
+        result.budget = study_budget(study, total)
+    if summary and store is not None:
+        result.summary = summarize(backend, store, A, A_dev, x_dev, fp=fp, dtype=dtype, families=families)
     return result
 
 
@@ -219,15 +298,46 @@ def _waiting(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
 
 
-def _finish(store: Store, study: optuna.Study, trial: optuna.Trial, outcome: TrialResult,
+def _finish(store: Store | None, study: optuna.Study, trial: optuna.Trial, outcome: TrialResult,
             record: dict[str, Any], A: Any) -> None:
-    """Store the measurement, then tell optuna: a crash between the two loses no measurement."""
-    row = {**record, "trial_number": trial.number,
+    """Store the measurement, keep it in the trial's user attrs, then tell optuna.
+
+    A crash between any two steps loses no measurement: the store row and the
+    ``record`` attr are written before the trial is told (``tuner sync`` copies a
+    record even from a trial that was failed after its worker died).
+    """
+    row = {**record, "trial_number": trial.number, "created_at": datetime.now(UTC).isoformat(timespec="microseconds"),
            **outcome.record(shape=A.shape, nnz=A.nnz, dtype=record["dtype"])}
-    store.add_trial(row)
-    if outcome.ok:
-        study.tell(trial, outcome.timing.median_s)
-    else:
-        trial.set_user_attr("error_kind", outcome.error_kind)
-        trial.set_user_attr("error", (outcome.error or "")[:500])
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    if store is not None:
+        store.add_trial(row)
+    try:
+        trial.set_user_attr(RECORD_ATTR, _jsonable(row))
+        if outcome.ok:
+            study.tell(trial, outcome.timing.median_s)
+        else:
+            trial.set_user_attr("error_kind", outcome.error_kind)
+            trial.set_user_attr("error", (outcome.error or "")[:500])
+            study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        _log.warning("trial %d of %s was failed by another worker (no heartbeat for its grace period) before "
+                     "its result came in; the result is kept only in this process's store", trial.number,
+                     study.study_name)
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float) -> None:
+    try:
+        study.tell(trial, value)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        _log.warning("trial %d of %s was failed by another worker before it was told", trial.number,
+                     study.study_name)
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with NumPy scalars made plain Python numbers, for optuna's JSON user attrs."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,129 @@
+"""Dependencies as ``Annotated`` aliases: the store, the settings, the jobs, the token check.
+
+How the store is shared: an SQLite connection belongs to the thread that
+opened it, so there is one :class:`~db.store.Store` per thread that asks
+(:class:`ThreadStores`). The lifespan opens the event loop's, and every
+handler and dependency here is ``async def``, so requests read the store on
+the loop's thread: a lookup there takes tens of microseconds, less than the
+hop to the threadpool that a plain ``def`` handler pays (and far less than
+opening a Store per request). Slow work that needs no store (reading an
+upload) goes to worker threads; the tuning worker thread has its own Store;
+any other thread that asks gets its own. SQLite's WAL mode lets these
+connections read while a job writes.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from db.store import Store
+from service.jobs import JobQueue
+from service.metrics import Metrics
+from service.settings import Settings
+from tuner.backend import DeviceInfo
+
+
+class ThreadStores:
+    """One Store per thread, opened on first use; ``close()`` closes the calling thread's."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def get(self) -> Store:
+        store = getattr(self._local, "store", None)
+        if store is None:
+            store = self._local.store = Store(self.path)
+        return store
+
+    def close(self) -> None:
+        store = getattr(self._local, "store", None)
+        if store is not None:
+            self._local.store = None
+            store.close()
+
+
+@dataclass
+class ServiceState:
+    """What the lifespan opens and the handlers share (``app.state.service``)."""
+
+    settings: Settings
+    device: DeviceInfo
+    gpu_present: bool
+    metrics: Metrics
+    stores: ThreadStores | None = None
+    jobs: JobQueue | None = None
+    parse_limiter: anyio.CapacityLimiter | None = None
+
+
+def _state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+async def get_state(request: Request) -> ServiceState:
+    """(Every dependency here is ``async def``: a plain ``def`` one would run in the threadpool.)"""
+    return _state(request)
+
+
+StateDep = Annotated[ServiceState, Depends(get_state)]
+
+
+async def get_store(request: Request) -> Store:
+    """The calling thread's Store (the event loop's, for ``async def`` handlers)."""
+    stores = _state(request).stores
+    if stores is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the store is not open (the app is not started)")
+    return stores.get()
+
+
+StoreDep = Annotated[Store, Depends(get_store)]
+
+
+async def get_settings(request: Request) -> Settings:
+    return _state(request).settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+async def get_jobs(request: Request) -> JobQueue:
+    jobs = _state(request).jobs
+    if jobs is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the job queue is not running")
+    return jobs
+
+
+JobsDep = Annotated[JobQueue, Depends(get_jobs)]
+
+_bearer = HTTPBearer(auto_error=False, description="the token the server was started with (--token)")
+
+
+async def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """The state-changing endpoints need ``Authorization: Bearer <token>``, compared in constant time."""
+    expected = _state(request).settings.token
+    if expected is None:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "no token is configured on this server, so it accepts no tuning jobs: "
+            "start it with --token or SPMV_TUNER_TOKEN",
+        )
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "this endpoint needs 'Authorization: Bearer <token>'", headers=challenge
+        )
+    if not hmac.compare_digest(credentials.credentials.encode(), expected.get_secret_value().encode()):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong token", headers=challenge)
+
+
+TokenDep = Depends(require_token)
