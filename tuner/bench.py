@@ -142,6 +142,10 @@ def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage
               on_matrix: Callable[[Source, str], None] | None = None) -> tuple[Path, Path]:
     """Benchmark every source; write ``<date>_<device>_<label>_<dtype>.csv`` and ``.json`` into ``out_dir``."""
     env = environment(backend)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{env['date'][:10]}_{_slug(env['device'])}_{_slug(label)}_{dtype}"
+    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
     rows: list[dict[str, Any]] = []
     for src in srcs:
         try:
@@ -151,18 +155,24 @@ def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage
             status = f"{type(exc).__name__}: {exc}"
             rows.append({c: None for c in COLUMNS} | {"suite": src.suite, "matrix": src.name, "dtype": dtype,
                                                        "error": status[:1000]})
+        _write(csv_path, json_path, env, rows)  # after every matrix: an interrupted run keeps what it measured
         if on_matrix:
             on_matrix(src, status)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{env['date'][:10]}_{_slug(env['device'])}_{_slug(label)}_{dtype}"
-    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
-    with csv_path.open("w", newline="") as f:
+    _write(csv_path, json_path, env, rows)
+    return csv_path, json_path
+
+
+def _write(csv_path: Path, json_path: Path, env: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Replace both result files atomically (a temporary file, then a rename)."""
+    tmp = csv_path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    json_path.write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
-    return csv_path, json_path
+    tmp.replace(csv_path)
+    tmp = json_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    tmp.replace(json_path)
 
 
 def _slug(text: str) -> str:
