@@ -132,7 +132,7 @@ def test_a_corrupt_encoding_is_caught_by_decode():
         decode(bad, threads=2)
 
 
-def test_the_cupy_code_path_builds_the_same_arrays(monkeypatch):
+def test_the_cupy_code_path_builds_the_same_arrays(monkeypatch, shared_dir):
     """``build`` with a stand-in for CuPy (NumPy functions, but not ``numpy`` itself) takes the
     searchsorted expansion and the array-method argsort of the GPU path; it must agree."""
     fake = types.SimpleNamespace(
