@@ -2,37 +2,48 @@
 //
 // The nonzeros are cut into tiles of W*T consecutive entries; a bunch of T
 // threads (a warp, or half of one) walks S consecutive tiles, B bunches share a
-// thread block. Stage 1 (specsum_tiles) is the speculative pass; stage 2
-// (specsum_fixup) adds the synchronizer and repairs the dirty tiles.
+// thread block. Stage 1 (specsum_tiles) is the speculative pass; stage 2 adds
+// the synchronizer (specsum_sync) and, in the paper's mode, repairs the dirty
+// tiles (specsum_fixup).
 //
 // Stage 1, per bunch:
-//   1. binary search of the row pointer for the row of the first entry of each of
-//      its S tiles and of the entry just past them (S+1 searches, in this kernel);
-//   2. per tile: products a_e * x[col_e] loaded coalesced and transposed through
-//      shared memory so lane l holds entries l*W .. l*W+W-1; the segment
-//      descriptor (one bit per entry that starts a row) built in shared memory
-//      from the row pointer; the tile is dirty when its row range holds an empty
-//      row (for tile 0 also when rows before its first row exist: all empty);
+//   1. the row of the bunch's first entry, by one search of the row pointer made
+//      by the T lanes together (a T-ary search: about log_T(m) dependent rounds);
+//      every further tile boundary is found by walking the row pointer (step 2),
+//      which the descriptor reads anyway;
+//   2. per tile: the values and columns (loaded one tile ahead, 16-byte vectors
+//      where W allows) times x, transposed through shared memory so lane l holds
+//      entries l*W .. l*W+W-1 (no transposition when W is the vector width);
+//      the walk over the rows after the tile's first row r0: a bit of the segment
+//      descriptor for every row starting inside the tile, r1 (the row of the
+//      next tile's first entry: the last row whose start is <= the tile's end),
+//      and the dirty flag (an empty row in r0..r1; for tile 0 also rows before
+//      its first row, all empty);
 //   3. segmented sum: each lane sums its W entries sequentially, a segmented
 //      suffix scan of warp shuffles completes the segments that cross lanes;
-//   4. speculative compacted writes: segment g of a tile whose first entry lies
-//      in row r0 goes to y[r0 + g] (right when no row of the tile is empty);
-//      the last segment, when its row goes on into the next tile, is carried to
-//      the next tile of the bunch instead, or, at the bunch's last tile, written
-//      to y[r1] (r1: the row of the next tile's first entry, known from the search);
+//   4. the writes. dirty = "fixup" (the paper's speculation): segment g of a tile
+//      goes to y[r0 + g], right unless the tile is dirty. dirty = "search": in a
+//      dirty tile segment g goes to its true row, which the walk recorded in
+//      shared memory at the offset where that row starts (one entry a row, so no
+//      search of the row pointer per segment), and the walk writes 0 to every
+//      empty row it meets: stage 1 then writes every row of y and only the
+//      synchronizer is left to add. In both modes the last segment, when its row
+//      goes on into the next tile, is carried to the next tile of the bunch, or,
+//      at the bunch's last tile, written to y[r1];
 //   5. when the bunch starts inside a row, its partial sum of that row (carried
 //      over its tiles) goes to the synchronizer (sync_row, sync_val), not to y.
 //   The decomposition is recorded on the way: tile_row (n_tiles + 1 entries),
 //   dirty (n_tiles bytes), sync_row (-1: the bunch starts at a row's first entry).
 //
-// Stage 2 (GPU fix-up): y[sync_row[b]] += sync_val[b] (atomic: a long row can
-// span several bunches), and for each dirty tile every row strictly between its
-// first row and the next tile's first row (those rows lie wholly inside the
-// tile; for tile 0 also the rows before its first row) is recomputed by a
-// per-row pass. The two touch disjoint rows, so one launch does both.
+// Stage 2: specsum_sync adds y[sync_row[b]] += sync_val[b] (atomic: a long row can
+// span several bunches). specsum_fixup does that and re-scatters the dirty tiles
+// of the paper's mode, one warp a dirty tile with its rows over the lanes: the
+// k-th non-empty row strictly between r0 and r1 takes y[r0 + k], empty rows 0
+// (for tile 0 also the rows before r0). The synchronizer's rows are tile_row
+// values, never strictly inside a tile's row range, so one launch does both.
 //
-// Instantiated per value type, W and T (B and S are runtime arguments):
-// specsum_tiles<double, 4, 32>, specsum_fixup<double>.
+// Instantiated per value type, W and T (B, S and the mode are runtime arguments):
+// specsum_tiles<double, 4, 32>, specsum_sync<double>, specsum_fixup<double>.
 
 #ifndef SPECSUM_MAX_THREADS
 #define SPECSUM_MAX_THREADS 256
@@ -52,7 +63,64 @@ template <typename V, int W, int T>
 struct Layout {
     static constexpr int tile = W * T;
     static constexpr int prods = tile + tile / (128 / (int)sizeof(V)) + 1;  // padded values per bunch
+    // Entries a lane loads at once: 16 bytes of values where W allows, else 8, else 1.
+    static constexpr int vec = (16 / (int)sizeof(V) >= 4 && W % 4 == 0) ? 4 : (W % 2 == 0 ? 2 : 1);
+    static constexpr bool direct = vec == W;  // the loads already give lane l its W consecutive entries
+    // Tile position of a lane's k-th loaded entry (k < W).
+    static __device__ __forceinline__ int pos(int k, int lane) { return ((k / vec) * T + lane) * vec + k % vec; }
 };
+
+template <typename V, int N> struct Vec;
+template <> struct Vec<double, 2> { using type = double2; };
+template <> struct Vec<float, 2> { using type = float2; };
+template <> struct Vec<float, 4> { using type = float4; };
+template <int N> struct IVec;
+template <> struct IVec<2> { using type = int2; };
+template <> struct IVec<4> { using type = int4; };
+
+template <int N, typename S, typename D>
+__device__ __forceinline__ void unpack(const S& s, D* d)
+{
+    d[0] = s.x;
+    d[1] = s.y;
+    if constexpr (N == 4) {
+        d[2] = s.z;
+        d[3] = s.w;
+    }
+}
+
+// Values and columns of the tile starting at entry ts (len entries): lane's k-th at Layout::pos(k, lane).
+// Entries past the tile's end are 0 (value) and 0 (column), never read from memory.
+template <typename V, int W, int T>
+__device__ __forceinline__ void load_tile(const V* __restrict__ val, const int* __restrict__ colidx,
+                                          int ts, int len, int lane, V (&v)[W], int (&c)[W])
+{
+    constexpr int N = Layout<V, W, T>::vec;
+#pragma unroll
+    for (int j = 0; j < W / N; ++j) {
+        const int p0 = (j * T + lane) * N;
+        if constexpr (N > 1) {
+            if (p0 + N <= len) {
+                unpack<N>(__ldg(reinterpret_cast<const typename Vec<V, N>::type*>(val + ts + p0)), v + j * N);
+                unpack<N>(__ldg(reinterpret_cast<const typename IVec<N>::type*>(colidx + ts + p0)), c + j * N);
+                continue;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const bool in = p0 + u < len;
+            v[j * N + u] = in ? __ldg(&val[ts + p0 + u]) : V(0);
+            c[j * N + u] = in ? __ldg(&colidx[ts + p0 + u]) : 0;
+        }
+    }
+}
+
+// rowptr[r] and rowptr[r + 1] where they exist (r <= m, r < m), else INT_MAX (past every entry).
+__device__ __forceinline__ void load_rows(const int* __restrict__ rowptr, int m, int r, int& a, int& a_next)
+{
+    a = r <= m ? __ldg(&rowptr[r]) : 0x7fffffff;
+    a_next = r < m ? __ldg(&rowptr[r + 1]) : 0x7fffffff;
+}
 
 // Lanes of the calling thread's bunch inside its warp (T = 32: the warp, T < 32: a slice).
 template <int T>
@@ -66,13 +134,20 @@ __device__ __forceinline__ unsigned bunch_mask()
     }
 }
 
-// Largest r in [0, m] with rowptr[r] <= e: the row holding entry e (e < nnz), or m for e = nnz.
-__device__ __forceinline__ int row_of(const int* __restrict__ rowptr, int m, int e)
+// Largest r in [0, m] with rowptr[r] <= e (the row holding entry e < nnz; m for e = nnz), found by
+// the T lanes of a bunch together: each round the lanes probe T evenly spaced rows of [lo, hi] and
+// keep the gap after the last probe that is <= e. Every lane returns the same row.
+template <int T>
+__device__ __forceinline__ int row_search(const int* __restrict__ rowptr, int m, int e, int lane, unsigned mask)
 {
-    int lo = 0, hi = m;  // rowptr[0] = 0 <= e
+    int lo = 0, hi = m;  // rowptr[lo] <= e; the answer lies in [lo, hi]
     while (lo < hi) {
-        const int mid = lo + (int)(((unsigned)(hi - lo) + 1u) >> 1);
-        if (__ldg(&rowptr[mid]) <= e) lo = mid; else hi = mid - 1;
+        const int step = (hi - lo + T - 1) / T;  // >= 1; the probes lo + step, ..., lo + T*step cover (lo, hi]
+        const int q = lo + step * (lane + 1);
+        const bool le = q <= hi && __ldg(&rowptr[q]) <= e;  // true on a prefix of the lanes
+        const int below = __popc(__ballot_sync(mask, le) & mask);
+        lo += step * below;
+        hi = min(hi, lo + step - 1);  // the next probe was > e, or past hi
     }
     return lo;
 }
@@ -86,6 +161,7 @@ specsum_tiles(const int m,
               const int n_tiles,
               const int n_bunches,
               const int S,
+              const int search,
               const int* __restrict__ rowptr,
               const int* __restrict__ colidx,
               const V* __restrict__ val,
@@ -97,20 +173,22 @@ specsum_tiles(const int m,
               V* __restrict__ sync_val)
 {
     using namespace specsum_detail;
+    using L = Layout<V, W, T>;
     static_assert(T >= 2 && T <= 32 && (T & (T - 1)) == 0, "T must be a power of two <= 32");
     static_assert(W >= 1 && W <= 32, "W must be in 1..32 (one 32-bit descriptor word per lane)");
-    constexpr int TILE = Layout<V, W, T>::tile;
-    constexpr int PRODS = Layout<V, W, T>::prods;
+    static_assert(L::prods * sizeof(V) >= L::tile * sizeof(int), "the row table reuses the products' buffer");
+    constexpr int TILE = L::tile;
+    constexpr int PRODS = L::prods;
 
-    // Dynamic shared memory: [B][PRODS] values, [B][T] descriptor words, [B][S+1] rows.
+    // Dynamic shared memory: [B][PRODS] values (in search mode, once the lanes hold their products,
+    // also the tile's row table: s_tab[off] = the non-empty row starting at tile offset off), [B][T] words.
     extern __shared__ __align__(16) unsigned char specsum_smem[];
     const int B = blockDim.x / T;
     const int lane = threadIdx.x % T;
     const int local = threadIdx.x / T;
     V* s_prod = reinterpret_cast<V*>(specsum_smem) + local * PRODS;
+    int* s_tab = reinterpret_cast<int*>(s_prod);
     unsigned* s_flag = reinterpret_cast<unsigned*>(reinterpret_cast<V*>(specsum_smem) + B * PRODS) + local * T;
-    int* s_row = reinterpret_cast<int*>(reinterpret_cast<unsigned*>(reinterpret_cast<V*>(specsum_smem) + B * PRODS)
-                                        + B * T) + local * (S + 1);
 
     const long long bunch = (long long)blockIdx.x * B + local;
     if (bunch >= n_bunches) return;  // the whole bunch leaves together
@@ -118,18 +196,22 @@ specsum_tiles(const int m,
 
     const int first = (int)(bunch * S);  // first tile of the bunch
     const int count = min(S, n_tiles - first);
+    const int b0 = (int)((long long)first * TILE);  // the bunch's first entry (< nnz)
 
-    // 1. tile boundaries: rows of the first entries of the bunch's tiles and of the next tile.
-    for (int j = lane; j <= count; j += T) {
-        const long long e = (long long)(first + j) * TILE;
-        s_row[j] = row_of(rowptr, m, e < nnz ? (int)e : nnz);
-    }
-    __syncwarp(mask);
-    for (int j = lane; j < count; j += T) tile_row[first + j] = s_row[j];
-    if (first + count == n_tiles && lane == 0) tile_row[n_tiles] = s_row[count];
+    s_flag[lane] = 0u;  // made visible to the bunch by the first __syncwarp of the tile loop
 
-    const int head_row = s_row[0];
-    const bool head_open = __ldg(&rowptr[head_row]) < first * TILE;  // the bunch starts inside a row
+    // 1. the row of the bunch's first entry.
+    int r0 = row_search<T>(rowptr, m, b0, lane, mask);
+    const int head_row = r0;
+    const bool head_open = __ldg(&rowptr[head_row]) < b0;  // the bunch starts inside a row
+
+    // One tile ahead: the first tile's values and columns, the first rows of its walk.
+    V nv[W];
+    int nc[W];
+    load_tile<V, W, T>(val, colidx, b0, min(TILE, nnz - b0), lane, nv, nc);
+    int na, na_next;
+    load_rows(rowptr, m, r0 + 1 + lane, na, na_next);
+
     V carry = 0;         // partial sum of the row going on from the previous tile (same in every lane)
     V head_partial = 0;  // the bunch's partial sum of head_row when head_open (lane 0)
 
@@ -138,38 +220,65 @@ specsum_tiles(const int m,
         const int ts = tile * TILE;  // < nnz
         const int len = min(TILE, nnz - ts);
         const int te = ts + len;
-        const int r0 = s_row[t];
-        const int r1 = s_row[t + 1];
 
-        // 2a. products, loaded coalesced, stored so that lane l reads its W consecutive ones.
+        // 2a. gather x for this tile, then issue the next tile's loads before using anything.
+        V xv[W], cv[W];
 #pragma unroll
-        for (int j = 0; j < W; ++j) {
-            const int p = j * T + lane;
-            V prod = 0;
-            if (p < len) prod = __ldg(&val[ts + p]) * __ldg(&x[__ldg(&colidx[ts + p])]);
-            s_prod[padded<V>(p)] = prod;
+        for (int k = 0; k < W; ++k) {
+            cv[k] = nv[k];
+            xv[k] = L::pos(k, lane) < len ? __ldg(&x[nc[k]]) : V(0);
         }
-        s_flag[lane] = 0u;
-        __syncwarp(mask);
+        int a = na, a_next = na_next;
+        if (t + 1 < count) load_tile<V, W, T>(val, colidx, te, min(TILE, nnz - te), lane, nv, nc);
 
-        // 2b. segment descriptor: a bit for every row starting inside the tile; empty rows make it dirty.
+        __syncwarp(mask);  // the previous tile's readers of s_prod / s_tab are done
+        V p[W];
+        if constexpr (L::direct) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) p[k] = cv[k] * xv[k];
+        } else {
+#pragma unroll
+            for (int k = 0; k < W; ++k) s_prod[padded<V>(L::pos(k, lane))] = cv[k] * xv[k];
+            __syncwarp(mask);
+#pragma unroll
+            for (int j = 0; j < W; ++j) p[j] = s_prod[padded<V>(lane * W + j)];
+            __syncwarp(mask);  // s_prod is free for the row table from here on
+        }
+
+        // 2b. walk the rows after r0: descriptor bits, r1, empty rows (written 0 in search mode).
         bool empty_row = false;
-        const int rlast = min(r1, m - 1);
-        for (int r = r0 + 1 + lane; r <= rlast; r += T) {
-            const int a = __ldg(&rowptr[r]);
-            const int off = a - ts;  // >= 1: rows after r0 start after ts
-            if (off < len) atomicOr(&s_flag[off / W], 1u << (off % W));
-            if (a == __ldg(&rowptr[r + 1])) empty_row = true;
+        int r1 = r0;
+        for (int base = r0 + 1;; base += T) {
+            const int r = base + lane;
+            if (base != r0 + 1) load_rows(rowptr, m, r, a, a_next);
+            const bool in = r <= m && a <= te;  // rows r0+1 .. r1, a prefix of the lanes
+            const int n_in = __popc(__ballot_sync(mask, in) & mask);
+            if (in && r < m) {
+                const int off = a - ts;  // >= 1: rows after r0 start after ts
+                if (off < len) {
+                    atomicOr(&s_flag[off / W], 1u << (off % W));
+                    if (search && a_next > a) s_tab[off] = r;
+                }
+                if (a == a_next) {
+                    empty_row = true;
+                    if (search) y[r] = V(0);
+                }
+            }
+            r1 += n_in;
+            // Go on only if row base + T starts by te too (lane T-1 holds its start as a_next): a range of
+            // exactly T rows then takes one round of loads, not two.
+            if (n_in < T || !__shfl_sync(mask, a_next <= te, T - 1, T)) break;
+        }
+        if (t + 1 < count) load_rows(rowptr, m, r1 + 1 + lane, na, na_next);  // the next tile's walk starts at r1
+        if (search && tile == 0) {
+            for (int r = lane; r < r0; r += T) y[r] = V(0);  // rows before the first entry: empty
         }
         const bool is_dirty = __any_sync(mask, empty_row) || (tile == 0 && r0 > 0);
-        __syncwarp(mask);
+        __syncwarp(mask);  // descriptor and row table complete
 
         unsigned f = s_flag[lane];
+        s_flag[lane] = 0u;  // only this lane reads it; the next tile's bits come after a __syncwarp
         if (lane == 0) f |= 1u;  // the tile's first entry opens segment 0
-        V p[W];
-#pragma unroll
-        for (int j = 0; j < W; ++j) p[j] = s_prod[padded<V>(lane * W + j)];
-        __syncwarp(mask);  // shared buffers are free for the next tile from here on
 
         // 3a. per lane: the lead (entries before the lane's first segment start) and the count of starts.
         V lead = 0;
@@ -188,8 +297,8 @@ specsum_tiles(const int m,
             const int o = __shfl_up_sync(mask, incl, d, T);
             if (lane >= d) incl += o;
         }
-        const int base = incl - c;                           // global index of the lane's first segment
-        const int n = __shfl_sync(mask, incl, T - 1, T);     // segments in the tile
+        const int base = incl - c;                        // tile index of the lane's first segment
+        const int n = __shfl_sync(mask, incl, T - 1, T);  // segments in the tile
 
         // 3c. segmented suffix scan of the leads: what the lanes after this one add to its last segment.
         V u = lead;
@@ -206,13 +315,14 @@ specsum_tiles(const int m,
         V tail = __shfl_down_sync(mask, u, 1, T);
         if (lane == T - 1) tail = 0;
 
-        // 4. emit the segments: speculative compacted writes, carry, synchronizer.
+        // 4. emit the segments: speculative or searched writes, carry, synchronizer.
         const bool head_starts = __ldg(&rowptr[r0]) == ts;
         const bool open_end = r1 < m && __ldg(&rowptr[r1]) < te;  // last segment's row goes on
         const bool last_in_bunch = t == count - 1;
-        const bool sync_case = head_open && r0 == head_row;    // segment 0 belongs to the synchronizer
+        const bool sync_case = head_open && r0 == head_row;  // segment 0 belongs to the synchronizer
+        const bool true_rows = search && is_dirty;
         V last_val = 0;
-        auto emit = [&](int g, V v) {
+        auto emit = [&](int g, int q, V v) {  // segment g starts at tile offset q
             if (g == 0 && !head_starts) v += carry;
             if (g == n - 1) last_val = v;
             if (g == 0 && sync_case) {
@@ -220,30 +330,37 @@ specsum_tiles(const int m,
             } else if (g == n - 1 && open_end) {
                 if (last_in_bunch) y[r1] = v;
             } else {
-                y[r0 + g] = v;
+                y[true_rows ? (g == 0 ? r0 : s_tab[q]) : r0 + g] = v;
             }
         };
         V acc = 0;
         int g = base - 1;
+        int q = 0;
         bool in_seg = false;
 #pragma unroll
         for (int j = 0; j < W; ++j) {
             if ((f >> j) & 1u) {
-                if (in_seg) emit(g, acc);
+                if (in_seg) emit(g, q, acc);
                 ++g;
+                q = lane * W + j;
                 acc = 0;
                 in_seg = true;
             }
             if (in_seg) acc += p[j];
         }
-        if (in_seg) emit(g, acc + tail);
+        if (in_seg) emit(g, q, acc + tail);
 
         // The lane holding the tile's last segment hands its value on as the next carry.
-        const unsigned holders = __ballot_sync(mask, c > 0);  // never empty: lane 0 has c >= 1
+        const unsigned holders = __ballot_sync(mask, c > 0) & mask;  // never empty: lane 0 has c >= 1
         const int src = (31 - __clz(holders)) & (T - 1);
         carry = __shfl_sync(mask, last_val, src, T);
 
-        if (lane == 0) dirty[tile] = is_dirty ? 1 : 0;
+        if (lane == 0) {
+            dirty[tile] = is_dirty ? 1 : 0;
+            tile_row[tile] = r0;
+            if (tile == n_tiles - 1) tile_row[n_tiles] = r1;
+        }
+        r0 = r1;
     }
 
     if (lane == 0) {
@@ -252,15 +369,25 @@ specsum_tiles(const int m,
     }
 }
 
+// Stage 2 of search mode: y[sync_row[b]] += sync_val[b] for every bunch that starts inside a row.
+template <typename V>
+__global__ void __launch_bounds__(256)
+specsum_sync(const int n_bunches, V* __restrict__ y, const int* __restrict__ sync_row, const V* __restrict__ sync_val)
+{
+    const long long n_threads = (long long)gridDim.x * blockDim.x;
+    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < n_bunches; b += n_threads) {
+        const int r = sync_row[b];
+        if (r >= 0) atomicAdd(&y[r], sync_val[b]);
+    }
+}
+
+// Stage 2 of the paper's mode: the synchronizer, and the dirty tiles' compacted sums re-scattered.
 template <typename V>
 __global__ void __launch_bounds__(256)
 specsum_fixup(const int m,
               const int n_tiles,
               const int n_bunches,
               const int* __restrict__ rowptr,
-              const int* __restrict__ colidx,
-              const V* __restrict__ val,
-              const V* __restrict__ x,
               V* __restrict__ y,
               const int* __restrict__ tile_row,
               const unsigned char* __restrict__ dirty,
@@ -271,33 +398,39 @@ specsum_fixup(const int m,
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long n_threads = (long long)gridDim.x * blockDim.x;
 
-    // The synchronizer: a bunch's partial sum of the row it starts in.
+    // The synchronizer: a bunch's partial sum of the row it starts in (rows no tile repairs).
     for (long long b = tid; b < n_bunches; b += n_threads) {
         const int r = sync_row[b];
         if (r >= 0) atomicAdd(&y[r], sync_val[b]);
     }
 
-    // Dirty tiles: a warp takes 32 tiles at a time and repairs the dirty ones together.
+    // Dirty tiles, one warp each. Row r0 + k of a dirty tile holds the sum of the k-th non-empty row
+    // after r0 (k >= 1), which lies at or after r0 + k: rows are rewritten from the last 32 down, each
+    // group reading all its sources before writing, so no source is overwritten before it is read.
     const int lane = threadIdx.x & 31;
-    const long long warp = tid >> 5;
     const long long n_warps = n_threads >> 5;
-    for (long long g = warp * 32; g < n_tiles; g += n_warps * 32) {
-        const long long mine = g + lane;
-        unsigned todo = __ballot_sync(0xffffffffu, mine < n_tiles && dirty[mine]);
-        while (todo) {
-            const int k = __ffs(todo) - 1;
-            todo &= todo - 1;
-            const long long tile = g + k;
-            const int r0 = tile_row[tile];
-            const int r1 = tile_row[tile + 1];
-            const int lo = tile == 0 ? 0 : r0 + 1;
-            for (int r = lo + lane; r < r1; r += 32) {
-                if (r == r0) continue;  // tile 0: its first row is right already
-                const int end = __ldg(&rowptr[r + 1]);
-                V sum = 0;
-                for (int e = __ldg(&rowptr[r]); e < end; ++e) sum += __ldg(&val[e]) * __ldg(&x[__ldg(&colidx[e])]);
-                y[r] = sum;
-            }
+    for (long long tile = tid >> 5; tile < n_tiles; tile += n_warps) {
+        if (!dirty[tile]) continue;
+        const int r0 = tile_row[tile];
+        const int hi = tile_row[tile + 1];  // rows r0+1 .. hi-1 lie wholly inside the tile
+        int total = 0;                       // non-empty rows among them
+        for (int base = r0 + 1; base < hi; base += 32) {
+            const int r = base + lane;
+            total += __popc(__ballot_sync(0xffffffffu, r < hi && __ldg(&rowptr[r + 1]) > __ldg(&rowptr[r])));
+        }
+        int after = 0;  // non-empty rows after the current group
+        for (int base = r0 + 1 + ((hi - r0 - 2) / 32) * 32; base > r0 && base < hi; base -= 32) {
+            const int r = base + lane;
+            const bool filled = r < hi && __ldg(&rowptr[r + 1]) > __ldg(&rowptr[r]);
+            const unsigned ballot = __ballot_sync(0xffffffffu, filled);
+            const int rank = total - after - __popc(ballot >> lane) + 1;  // k of row r when filled
+            const V v = filled ? y[r0 + rank] : V(0);
+            __syncwarp();
+            if (r < hi) y[r] = v;
+            after += __popc(ballot);
+        }
+        if (tile == 0) {
+            for (int r = lane; r < r0; r += 32) y[r] = V(0);  // rows before the first entry: empty
         }
     }
 }

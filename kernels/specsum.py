@@ -3,38 +3,55 @@
 The nonzeros are split evenly into tiles of ``W*T`` entries (``T`` threads a
 bunch, ``W`` entries a thread); a bunch walks ``S`` consecutive tiles and a
 thread block holds ``B`` bunches. No preprocessing: each run, the bunch finds
-its tiles' rows by binary search, builds each tile's segment descriptor in
-shared memory, sums the segments, and writes the partial sums *compacted* to
-``y[first row of the tile + segment index]`` -- right unless the tile's row
-range holds an empty row, which makes the tile *dirty*. A bunch that starts
-inside a row hands its partial sum of that row to a synchronizer instead of y.
+the row of its first entry by a search of the row pointer made by its lanes
+together, walks the row pointer from there (the segment descriptor of each
+tile, the next tile's first row, empty rows), sums the segments, and writes the
+partial sums. A tile is *dirty* when its row range holds an empty row. A bunch
+that starts inside a row hands its partial sum of that row to a synchronizer
+instead of y. What stage 1 does with dirty tiles is the parameter ``dirty``:
+
+- ``"fixup"`` (the paper's speculation): every tile writes its segments
+  *compacted*, segment g to ``y[first row of the tile + g]``, right unless the
+  tile is dirty; a second stage repairs the dirty tiles;
+- ``"search"`` (what CSR5 does with its empty-row descriptor): in dirty tiles
+  each segment is written to its true row (the row of its first entry j, the
+  last row r of the tile's range with indptr[r] <= j, which the walk records in
+  shared memory where row r starts) and empty rows get 0, so stage 1 writes
+  every row and the second stage only adds the synchronizer.
 
 Stages and kernels (``specsum.cu``):
 
-- stage 1, ``specsum_tiles<V, W, T>`` (one launch, ``B`` and ``S`` runtime
-  arguments): binary search, descriptor, dirty flag, segmented sum, carry
-  between the tiles of a bunch, speculative writes, synchronizer; it records
-  the decomposition (``tile_row``, ``dirty``, ``sync_row``, ``sync_val``);
-- stage 2, ``fixup="gpu"``: ``specsum_fixup<V>`` adds the synchronizer into y
-  (atomically: a long row can span several bunches) and recomputes, row by row,
-  the rows inside each dirty tile; ``fixup="host"``: the synchronizer, the dirty
-  flags (the dirty-tile list as one byte a tile, so no counter has to be reset
-  between runs) and the affected span of y are copied to pinned host memory, the
-  compacted partial sums of dirty tiles are re-scattered to their rows on the
-  CPU, and the span is copied back (no managed memory is used).
+- stage 1, ``specsum_tiles<V, W, T>`` (one launch; ``B``, ``S`` and the mode are
+  runtime arguments): search, walk, descriptor, dirty flag, segmented sum, carry
+  between the tiles of a bunch, writes, synchronizer; it records the
+  decomposition (``tile_row``, ``dirty``, ``sync_row``, ``sync_val``);
+- stage 2, ``dirty="search"``: ``specsum_sync<V>`` adds the synchronizer into y
+  (atomically: a long row can span several bunches). ``dirty="fixup"`` with
+  ``fixup="gpu"``: ``specsum_fixup<V>`` adds the synchronizer and re-scatters the
+  compacted partial sums of each dirty tile to their rows, one warp a dirty tile
+  with its rows over the lanes; ``fixup="host"``: the synchronizer, the dirty flags
+  (the dirty-tile list as one byte a tile, so no counter has to be reset between
+  runs) and the affected span of y are copied to pinned host memory, re-scattered
+  on the CPU, and the span is copied back (no managed memory is used).
+  Stage 2 is not launched when ``prepare`` saw that it has nothing to do: no
+  bunch starts inside a row, and (``"fixup"``) no row is empty.
 
 The CPU reference reproduces the same stages in NumPy (the same tiles, dirty
-flags, speculative writes, synchronizer and either fix-up), so a broken stage
-shows on any machine:
+flags, writes, synchronizer and fix-up), so a broken stage shows on any machine:
 
 >>> import numpy as np, scipy.sparse as sp
 >>> A = sp.csr_matrix(np.array([[0, 0], [1.0, 2.0], [0, 0], [3.0, 0]]))
 >>> f = SpecSum()
->>> p = f.prepare_reference(A, {"W": 1, "T": 16, "S": 1})
+>>> p = f.prepare_reference(A, {"W": 1, "T": 16, "S": 1, "dirty": "fixup"})
+>>> f.run_speculative_reference(p, np.ones(2)).tolist()  # row 3's sum lands on y[1 + 1]
+[nan, 3.0, 3.0, nan]
 >>> f.run_reference(p, np.ones(2)).tolist()
 [0.0, 3.0, 0.0, 3.0]
 >>> f.decomposition(p)["dirty"].tolist()
 [1]
+>>> p = f.prepare_reference(A, {"W": 1, "T": 16, "S": 1, "dirty": "search"})
+>>> f.run_speculative_reference(p, np.ones(2)).tolist()  # already y: no re-scatter needed
+[0.0, 3.0, 0.0, 3.0]
 """
 
 from __future__ import annotations
@@ -46,17 +63,17 @@ import numpy as np
 
 from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared, _check_vector
-from kernels._reference import products, row_ids, segment_sums
+from kernels._reference import products, row_ids
 from kernels._space import Param, Space
 
 W_VALUES = (1, 2, 4, 6, 8, 12, 16)
 T_VALUES = (16, 32)
 B_VALUES = (1, 2, 4, 8)
 S_VALUES = (1, 2, 4, 8, 16)
+DIRTY_MODES = ("search", "fixup")
 FIXUPS = ("gpu", "host")
 DECOMPOSITION_KEYS = ("tile_row", "dirty", "sync_row", "sync_val")
-FIXUP_THREADS = 256
-FIXUP_MAX_BLOCKS = 2048
+STAGE2_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -106,13 +123,19 @@ def decompose(indptr: np.ndarray, tile: int, S: int) -> dict[str, np.ndarray]:
     return {"tile_row": tile_row, "dirty": dirty, "sync_row": sync_row}
 
 
-def speculate(indptr: np.ndarray, prods: np.ndarray, tile: int, S: int, dec: dict[str, np.ndarray]):
+def speculate(
+    indptr: np.ndarray, prods: np.ndarray, tile: int, S: int, dec: dict[str, np.ndarray], *, search: bool = False
+):
     """Stage 1 on the CPU: ``(y_speculative, sync_val)``; rows stage 1 leaves unwritten are NaN.
 
     ``prods`` are the entries' products a_ij * x_j (float64). Segments are the
     runs of a tile's entries that share a row; a segment that continues the
     previous tile's last row (in the same bunch) gets that segment's value added
-    (the carry), and each value is written where specsum_tiles writes it.
+    (the carry), and each value is written where specsum_tiles writes it: segment
+    g of a tile at y[first row of the tile + g], except, with ``search``, in dirty
+    tiles, where it goes to its true row (the row of its first entry) and every
+    empty row gets 0 (every empty row lies in a dirty tile's range, so stage 1
+    then writes all of y but the synchronizer's share).
     """
     indptr = np.asarray(indptr, dtype=np.int64)
     m, nnz = len(indptr) - 1, int(indptr[-1])
@@ -154,7 +177,11 @@ def speculate(indptr: np.ndarray, prods: np.ndarray, tile: int, S: int, dec: dic
     carried_on = ~to_sync & is_last & open_end
     to_next_row = carried_on & last_in_bunch
     compacted = ~to_sync & ~carried_on
-    y[r0[compacted] + g[compacted]] = carried[compacted]
+    target = r0 + g
+    if search:
+        y[indptr[1:] == indptr[:-1]] = 0.0
+        target = np.where(dec["dirty"][seg_tile] != 0, rows[first], target)
+    y[target[compacted]] = carried[compacted]
     y[r1[to_next_row]] = carried[to_next_row]
     at = np.flatnonzero(to_sync)
     if len(at):
@@ -184,7 +211,7 @@ def dirty_rows(tiles: np.ndarray, r0: np.ndarray, r1: np.ndarray) -> np.ndarray:
 
 
 def rescatter(y: np.ndarray, indptr: np.ndarray, tiles: np.ndarray, r0: np.ndarray, r1: np.ndarray) -> None:
-    """Host fix-up of dirty tiles, in place: move the compacted partial sums to their rows.
+    """Fix-up of dirty tiles (``dirty="fixup"``), in place: move the compacted partial sums to their rows.
 
     In a dirty tile the k-th non-empty row after r0 got its sum at y[r0 + k]
     (k from 1); empty rows get 0. Every source is read before any row is written.
@@ -208,46 +235,81 @@ def add_synchronizer(y: np.ndarray, sync_row: np.ndarray, sync_val: np.ndarray) 
 
 class SpecSum(Family):
     name = "specsum"
-    summary = "speculative segmented sum over even tiles of nonzeros, dirty tiles fixed afterwards"
+    summary = "speculative segmented sum over even tiles of nonzeros; dirty tiles fixed afterwards or searched"
     source = "Liu & Vinter, 2015: speculative segmented sum for SpMV on heterogeneous processors"
     cu_file = "specsum.cu"
     space = Space(
         (
             Param("W", W_VALUES, 4, "nonzeros per thread (CSR5 and the paper: 4 for double, 8 for float)"),
             Param("T", T_VALUES, 32, "threads per bunch: a warp (32) or half a warp (16); the kernel takes 2..32"),
+            Param(
+                "dirty",
+                DIRTY_MODES,
+                "search",
+                "tiles holding an empty row: their segments written to their true rows in stage 1 (search), "
+                "or written compacted and repaired by a second stage (fixup, the paper's speculation)",
+            ),
+            Param(
+                "fixup",
+                FIXUPS,
+                "gpu",
+                "the paper's second stage on the GPU (a warp a dirty tile) or on the host (pinned copies)",
+                when={"dirty": ("fixup",)},
+            ),
             Param("B", B_VALUES, 4, "bunches per thread block (block = B*T threads)"),
-            Param("S", S_VALUES, 8, "consecutive tiles per bunch (a bunch makes S+1 binary searches)"),
-            Param("fixup", FIXUPS, "gpu", "second stage on the GPU (a small kernel) or on the host (pinned copies)"),
+            Param("S", S_VALUES, 8, "consecutive tiles per bunch (one row search a bunch, then a walk over its rows)"),
         )
     )
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
         tiles = tuple(f"specsum_tiles<{v}, {w}, {t}>" for w in W_VALUES for t in T_VALUES)
-        return (*tiles, f"specsum_fixup<{v}>")
+        return (*tiles, f"specsum_sync<{v}>", f"specsum_fixup<{v}>")
 
     @staticmethod
     def _geometry(prepared: Prepared) -> Geometry:
         p = prepared.params
         return Geometry.of(prepared.nnz, int(p["W"]) * int(p["T"]), int(p["S"]))
 
+    @staticmethod
+    def _mode(prepared: Prepared) -> str:
+        """``"search"``, ``"gpu"`` (the paper's speculation, GPU fix-up) or ``"host"`` (host fix-up)."""
+        p = prepared.params
+        return "search" if p["dirty"] == "search" else str(p["fixup"])
+
     # -- GPU path -------------------------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
-        p, geo, ex = prepared.params, self._geometry(prepared), prepared.extra
+        A, p, geo, ex = prepared.A, prepared.params, self._geometry(prepared), prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
         v = c_type(prepared.dtype)
         ex["tiles_kernel"] = kernels[f"specsum_tiles<{v}, {p['W']}, {p['T']}>"]
+        ex["sync_kernel"] = kernels[f"specsum_sync<{v}>"]
         ex["fixup_kernel"] = kernels[f"specsum_fixup<{v}>"]
+        # Stage 1 loads values and columns as 8- or 16-byte vectors: an array that does not start on 16
+        # bytes (a view into a larger buffer) is copied once (and counted in extra_bytes).
+        for key in ("data", "indices"):
+            if getattr(A, key).data.ptr % 16:
+                ex[key] = getattr(A, key).copy()
         ex["tile_row"] = cupy.empty(geo.n_tiles + 1, dtype=np.int32)
         ex["dirty"] = cupy.empty(geo.n_tiles, dtype=np.uint8)
         ex["sync_row"] = cupy.empty(geo.n_bunches, dtype=np.int32)
         ex["sync_val"] = cupy.empty(geo.n_bunches, dtype=prepared.dtype)
         ex["runs"] = 0
-        if p["fixup"] == "host":
+        # Whether stage 2 has anything to do (a bunch that starts inside a row; an empty row, for the
+        # paper's mode): two reductions, once, so that a run launches nothing it does not need.
+        indptr = A.indptr
+        starts = (cupy.arange(geo.n_bunches, dtype=np.int64) * (geo.S * geo.tile)).astype(indptr.dtype)  # < nnz
+        inside = indptr[cupy.searchsorted(indptr, starts, side="right") - 1] < starts
+        has_sync = bool(inside.any())
+        has_empty = bool((indptr[1:] == indptr[:-1]).any())
+        ex["stage2"] = has_sync or (p["dirty"] == "fixup" and has_empty)
+        attributes = cupy.cuda.Device().attributes
+        ex["resident_warps"] = attributes["MultiProcessorCount"] * attributes["MaxThreadsPerMultiProcessor"] // 32
+        if self._mode(prepared) == "host":
             import cupyx
 
-            ex["host_indptr"] = prepared.A.indptr.get()
+            ex["host_indptr"] = indptr.get()
             ex["host_dirty"] = cupyx.empty_pinned(geo.n_tiles, dtype=np.uint8)
             ex["host_sync_row"] = cupyx.empty_pinned(geo.n_bunches, dtype=np.int32)
             ex["host_sync_val"] = cupyx.empty_pinned(geo.n_bunches, dtype=prepared.dtype)
@@ -258,7 +320,7 @@ class SpecSum(Family):
         W, T, B, S = (int(p[k]) for k in ("W", "T", "B", "S"))
         itemsize = np.dtype(prepared.dtype).itemsize
         prods = W * T + (W * T) // (128 // itemsize) + 1  # Layout<V, W, T>::prods in specsum.cu
-        shared = B * (prods * itemsize + T * 4 + (S + 1) * 4)
+        shared = B * (prods * itemsize + T * 4)
         ex["tiles_kernel"](
             (grid(geo.n_bunches, B),),
             (B * T,),
@@ -268,9 +330,10 @@ class SpecSum(Family):
                 np.int32(geo.n_tiles),
                 np.int32(geo.n_bunches),
                 np.int32(S),
+                np.int32(p["dirty"] == "search"),
                 A.indptr,
-                A.indices,
-                A.data,
+                ex.get("indices", A.indices),
+                ex.get("data", A.data),
                 x,
                 out,
                 ex["tile_row"],
@@ -284,25 +347,34 @@ class SpecSum(Family):
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         self._stage1(prepared, x, out)
-        if prepared.params["fixup"] == "gpu":
-            self._fixup_gpu(prepared, x, out)
+        if not prepared.extra["stage2"]:
+            return
+        mode = self._mode(prepared)
+        if mode == "search":
+            self._sync_gpu(prepared, out)
+        elif mode == "gpu":
+            self._fixup_gpu(prepared, out)
         else:
             self._fixup_host(prepared, out)
 
-    def _fixup_gpu(self, prepared: Prepared, x: Any, out: Any) -> None:
+    def _sync_gpu(self, prepared: Prepared, out: Any) -> None:
+        ex, geo = prepared.extra, self._geometry(prepared)
+        blocks = min(grid(geo.n_bunches, STAGE2_THREADS), grid(ex["resident_warps"] * 32, STAGE2_THREADS))
+        ex["sync_kernel"]((blocks,), (STAGE2_THREADS,), (np.int32(geo.n_bunches), out, ex["sync_row"], ex["sync_val"]))
+
+    def _fixup_gpu(self, prepared: Prepared, out: Any) -> None:
         A, ex, geo = prepared.A, prepared.extra, self._geometry(prepared)
-        blocks = min(FIXUP_MAX_BLOCKS, max(grid(geo.n_bunches, FIXUP_THREADS), grid(geo.n_tiles, FIXUP_THREADS)))
+        # A warp a tile (it skips clean ones at once; its threads also take the synchronizer, n_bunches <=
+        # n_tiles), never more warps than the GPU holds at a time: the kernel strides over the rest.
+        blocks = grid(min(geo.n_tiles, ex["resident_warps"]) * 32, STAGE2_THREADS)
         ex["fixup_kernel"](
             (blocks,),
-            (FIXUP_THREADS,),
+            (STAGE2_THREADS,),
             (
                 np.int32(prepared.shape[0]),
                 np.int32(geo.n_tiles),
                 np.int32(geo.n_bunches),
                 A.indptr,
-                A.indices,
-                A.data,
-                x,
                 out,
                 ex["tile_row"],
                 ex["dirty"],
@@ -357,7 +429,8 @@ class SpecSum(Family):
 
     def _speculate_reference(self, prepared: Prepared, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         geo, ex = self._geometry(prepared), prepared.extra
-        y, sync_val = speculate(prepared.A.indptr, products(prepared.A, x), geo.tile, geo.S, ex)
+        search = prepared.params["dirty"] == "search"
+        y, sync_val = speculate(prepared.A.indptr, products(prepared.A, x), geo.tile, geo.S, ex, search=search)
         ex["sync_val"][...] = sync_val
         ex["runs"] += 1
         return y, sync_val
@@ -365,20 +438,15 @@ class SpecSum(Family):
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra
         y, sync_val = self._speculate_reference(prepared, x)
-        indptr = np.asarray(A.indptr, dtype=np.int64)
-        tiles = np.flatnonzero(ex["dirty"])
-        r0, r1 = ex["tile_row"][tiles], ex["tile_row"][tiles + 1]
-        if prepared.params["fixup"] == "gpu":  # specsum_fixup: recompute each repaired row
-            rows = dirty_rows(tiles, r0, r1)
-            y[rows] = segment_sums(row_ids(indptr), products(A, x), prepared.shape[0])[rows]
-        else:  # the host path: re-scatter the compacted partial sums
-            rescatter(y, indptr, tiles, r0, r1)
+        if prepared.params["dirty"] == "fixup":  # specsum_fixup and the host path: re-scatter
+            tiles = np.flatnonzero(ex["dirty"])
+            rescatter(y, np.asarray(A.indptr, dtype=np.int64), tiles, ex["tile_row"][tiles], ex["tile_row"][tiles + 1])
         add_synchronizer(y, ex["sync_row"], sync_val)
         return y
 
     # -- both paths -----------------------------------------------------------------------------
     def decomposition(self, prepared: Prepared) -> dict[str, np.ndarray]:
-        """``tile_row``, ``dirty``, ``sync_row``, ``sync_val`` as NumPy arrays, from either path.
+        """``tile_row``, ``dirty``, ``sync_row``, ``sync_val`` as NumPy arrays, from either path, in either mode.
 
         The GPU computes them during a run, so this needs one run (``run`` or
         ``run_reference``) first; ``sync_val`` is that of the last run's x.
