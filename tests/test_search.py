@@ -163,3 +163,13 @@ def test_two_processes_tune_at_once_without_database_is_locked(tmp_path):
     assert store.count_matrices() == 2
     for m in store.matrices():
         assert len(store.trials(m["fingerprint"])) > 0
+
+
+def test_a_second_store_on_the_same_study_gets_its_own_measurements(A, tmp_path):
+    """Configs the shared study already knows are measured again for a store that lacks them."""
+    storage = open_storage(str(tmp_path / "j.log"))
+    run(A, Store(tmp_path / "a.db"), storage, trials=10)
+    other = Store(tmp_path / "b.db")
+    result = run(A, other, storage, trials=len(REGISTRY))
+    assert {r["kernel"] for r in other.trials(result.fingerprint)} == set(REGISTRY)
+    assert {s.kernel for s in result.summary} == set(REGISTRY)

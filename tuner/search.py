@@ -169,8 +169,13 @@ def tune(
     result = TuneResult(fp, name, A.shape, A.nnz, dtype, device, study.study_name, bandwidth)
     seen = _measured(study)
     current = study.get_trials(deepcopy=False)
+    tried = {t.params.get("kernel") for t in current}
+    if store is not None:  # a study shared with another store: measure again what this store lacks
+        rows = store.trials(fp, device=device.id, dtype=dtype)
+        stored = {config_key(r["kernel"], r["params"]) for r in rows if r["state"] == "ok"}
+        seen = {k: v for k, v in seen.items() if k in stored}
+        tried = {r["kernel"] for r in rows}
     if total is None or study_budget(study, total, current).open:
-        tried = {t.params.get("kernel") for t in current}
         untried = [f for f in families if f.name not in tried]
         if total is not None:  # no more defaults than the budget has places left
             untried = untried[: max(0, total - sum(t.state != TrialState.PRUNED for t in current))]
