@@ -19,3 +19,17 @@ def products(A, x: np.ndarray) -> np.ndarray:
 def segment_sums(segment: np.ndarray, values: np.ndarray, n_segments: int) -> np.ndarray:
     """Sum ``values`` into ``n_segments`` bins by ``segment`` id, in entry order."""
     return np.bincount(segment, weights=values, minlength=n_segments)
+
+
+class RowSumReference:
+    """The reference of a family whose decomposition is one sequential sum per row.
+
+    Mixed into such a family (``class CsrScalar(RowSumReference, Family)``) it
+    provides both reference hooks: the entries' rows once, then the row sums.
+    """
+
+    def _prepare_reference(self, prepared) -> None:
+        prepared.extra["rows"] = row_ids(prepared.A.indptr)
+
+    def _run_reference(self, prepared, x: np.ndarray) -> np.ndarray:
+        return segment_sums(prepared.extra["rows"], products(prepared.A, x), prepared.shape[0])

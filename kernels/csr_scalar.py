@@ -12,11 +12,11 @@ import numpy as np
 
 from kernels._cuda import c_type, get_kernels, grid
 from kernels._family import Family, Prepared
-from kernels._reference import products, row_ids, segment_sums
+from kernels._reference import RowSumReference
 from kernels._space import Param, Space
 
 
-class CsrScalar(Family):
+class CsrScalar(RowSumReference, Family):
     name = "csr_scalar"
     summary = "one thread per row"
     source = "baseline (Bell & Garland, 2008: CSR scalar)"
@@ -35,9 +35,3 @@ class CsrScalar(Family):
         prepared.extra["kernel"](
             (grid(m, block),), (block,), (np.int32(m), A.indptr, A.indices, A.data, x, out)
         )
-
-    def _prepare_reference(self, prepared: Prepared) -> None:
-        prepared.extra["rows"] = row_ids(prepared.A.indptr)
-
-    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        return segment_sums(prepared.extra["rows"], products(prepared.A, x), prepared.shape[0])

@@ -14,14 +14,16 @@ from typing import Any
 import numpy as np
 
 from kernels._family import Family, Prepared
-from kernels._reference import products, row_ids, segment_sums
+from kernels._reference import RowSumReference
 from kernels._space import Param, Space
 
 # cusparseSpMVAlg_t values (cusparse.h, CUDA 12 and 13).
 ALGORITHMS = {"default": 0, "csr_alg1": 2, "csr_alg2": 3}
 
 
-class CuSparse(Family):
+class CuSparse(RowSumReference, Family):
+    """cuSPARSE's own decomposition is not public: its reference is the plain row sum."""
+
     name = "cusparse"
     summary = "cuSPARSE SpMV, descriptors and buffer built once"
     source = "NVIDIA cuSPARSE (cusparseSpMV)"
@@ -74,10 +76,3 @@ class CuSparse(Family):
             ex["desc_x"].desc, ex["beta"].ctypes.data, ex["desc_y"].desc, ex["cuda_dtype"], ex["alg"],
             ex["buffer"].data.ptr,
         )
-
-    # cuSPARSE's decomposition is not public: the reference is the plain row sum.
-    def _prepare_reference(self, prepared: Prepared) -> None:
-        prepared.extra["rows"] = row_ids(prepared.A.indptr)
-
-    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        return segment_sums(prepared.extra["rows"], products(prepared.A, x), prepared.shape[0])

@@ -173,3 +173,25 @@ def test_a_second_store_on_the_same_study_gets_its_own_measurements(A, tmp_path)
     result = run(A, other, storage, trials=len(REGISTRY))
     assert {r["kernel"] for r in other.trials(result.fingerprint)} == set(REGISTRY)
     assert {s.kernel for s in result.summary} == set(REGISTRY)
+
+
+def test_verification_catches_a_dropped_entry_and_admits_subnormal_rounding():
+    import dataclasses
+
+    from tuner.verify import Reference
+
+    A = as_csr(sp.csr_matrix(np.array([[3e-43, 0.0, 0.0], [1.0, 2.0, 3.0]], dtype=np.float32)))
+    ref = Reference.build(A, "float32", seed=4)
+    ref = dataclasses.replace(ref, x=np.array([0.3, 0.5, -0.7], np.float32))
+    x64 = ref.x.astype(np.float64)
+    ref = dataclasses.replace(ref, y=A.astype(np.float64) @ x64, scale=abs(A.astype(np.float64)) @ np.abs(x64))
+    y32 = np.array([A.data[0] * ref.x[0], (A.data[1:] * ref.x).sum(dtype=np.float32)], np.float32)
+    assert ref.check(y32)[0]  # row 0 is one subnormal product: its rounding error is absolute
+    assert not dataclasses.replace(ref, atol=0.0).check(y32)[0]
+    dropped = y32.copy()
+    dropped[1] -= np.float32(3.0) * ref.x[2]
+    ok, _, msg = ref.check(dropped)
+    assert not ok and "row 1" in msg
+    nan = y32.copy()
+    nan[0] = np.nan
+    assert not ref.check(nan)[0]
