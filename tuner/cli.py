@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.errors import TunerError
+from tuner.io import check_dtype
 
 app = typer.Typer(
     help="Auto-tuned SpMV on NVIDIA GPUs: generate or read a matrix, tune kernels on it, look up results.",
@@ -42,14 +43,6 @@ def _clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(1) from None
 
     return wrapper
-
-
-def _check_dtype(dtype: str) -> str:
-    from tuner.errors import InvalidConfigError
-
-    if dtype not in ("float64", "float32"):
-        raise InvalidConfigError(f"--dtype {dtype!r} is not supported; choose float64 or float32")
-    return dtype
 
 
 @app.command()
@@ -94,7 +87,7 @@ def tune(
     from tuner.search import tune as run_tune
     from tuner.storage import default_storage, open_storage
 
-    _check_dtype(dtype)
+    check_dtype(dtype)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     backend = get_backend(device)
     A = read_mtx(matrix, dtype=dtype)
@@ -166,7 +159,7 @@ def bench(
     from tuner.errors import InvalidConfigError
     from tuner.storage import default_storage, open_storage
 
-    _check_dtype(dtype)
+    check_dtype(dtype)
     srcs = sources(matrices or [], suite)
     if not srcs:
         raise InvalidConfigError("nothing to benchmark: give .mtx files, folders, or --suite small|large")

@@ -48,6 +48,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.errors import InvalidConfigError, TunerError
+from tuner.io import check_dtype
 
 DEFAULT_ATTR = "default"  # a trial enqueued (by tune(total=N)) with a family's default config
 SURPLUS_ATTR = "surplus"  # a trial asked past the budget and pruned unmeasured
@@ -429,8 +430,7 @@ def tune_many(
     from tuner.errors import InvalidConfigError as _Invalid
 
     try:
-        if dtype not in ("float64", "float32"):
-            raise _Invalid(f"--dtype {dtype!r} is not supported; choose float64 or float32")
+        check_dtype(dtype)
         srcs = read_sources(sources)
         if not srcs:
             raise _Invalid("nothing to tune: the sources hold no .mtx files")

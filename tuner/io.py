@@ -30,9 +30,9 @@ import fast_matrix_market as fmm
 import numpy as np
 import scipy.sparse as sp
 
-from tuner.errors import MatrixFormatError
+from tuner.errors import InvalidConfigError, MatrixFormatError
 
-__all__ = ["INDEX_MAX", "as_csr", "matrix_name", "read_mtx", "write_mtx"]
+__all__ = ["INDEX_MAX", "as_csr", "check_dtype", "matrix_name", "read_mtx", "write_mtx"]
 
 INDEX_MAX = int(np.iinfo(np.int32).max)
 """Largest row count, column count or nnz that int32 indices and indptr can hold."""
@@ -45,6 +45,13 @@ _T = TypeVar("_T")
 
 
 # --------------------------------------------------------------------------- reading .mtx
+
+
+def check_dtype(dtype: str) -> str:
+    """A value dtype asked for by name (a CLI option, a request): 'float64' or 'float32'."""
+    if dtype not in ("float64", "float32"):
+        raise InvalidConfigError(f"--dtype {dtype!r} is not supported; choose float64 or float32")
+    return dtype
 
 
 def read_mtx(path: str | os.PathLike[str], *, dtype: Any = None) -> sp.csr_matrix:
