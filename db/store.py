@@ -25,6 +25,7 @@ import math
 import operator
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -258,7 +259,7 @@ class Store:
         self.db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         self.db.execute("PRAGMA foreign_keys = ON")
         if wal:
-            self.db.enable_wal()
+            self._enable_wal()
         known = {step.__name__ for step in self.MIGRATIONS}
         applied = self._migrations.applied(self.db)
         if unknown := [m.name for m in applied if m.name not in known]:
@@ -270,6 +271,18 @@ class Store:
             with self._write():  # apply() re-checks what is pending, now under the write lock
                 self._migrations.apply(self.db)
         self._columns = {t: self.db[t].columns_dict for t in ("matrices", "devices", "trials")}
+
+    def _enable_wal(self) -> None:
+        """Switch the file to WAL once; SQLite answers that switch with "locked" at once, without
+        waiting, while another process opens the same new file: retry within the busy timeout."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+        while self.db.journal_mode != "wal":
+            try:
+                self.db.enable_wal()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def __repr__(self) -> str:
         return f"Store({str(self.path)!r})"

@@ -596,3 +596,17 @@ def test_killed_writer_leaves_a_sound_store(tmp_path: Path, kill_after: int) -> 
         if verified:
             assert store.best(FP, device=DEV, dtype="float32")["time_s"] == min(verified)
         store.add_trial(child_trial(0, len(numbers)))  # and it takes new writes
+
+
+def test_processes_opening_a_new_file_at_once_all_get_a_wal_store(tmp_path):
+    """The switch to WAL answers "locked" without waiting while another process opens the file: retried."""
+    code = "import sys; from db.store import Store; Store(sys.argv[1]).close(); print('ok')"
+    for i in range(6):
+        path = tmp_path / f"new{i}.db"
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0 and out.strip() == "ok", err
+        with Store(path) as store:
+            assert store.db.journal_mode == "wal"

@@ -90,20 +90,23 @@ class Budget:
     failed: int
     running: int
     open: bool  # a worker may ask for a trial now
-    done: bool  # the head holds `total` finished trials
+    done: bool  # the head holds `total` finished trials, and no trial is left running outside it
 
 
 def study_budget(study: optuna.Study, total: int, trials: Sequence[optuna.trial.FrozenTrial] | None = None) -> Budget:
     """The study's :class:`Budget` for ``total`` finished trials (``trials``: already read, else read now)."""
     trials = study.get_trials(deepcopy=False) if trials is None else trials
     head = sorted((t for t in trials if t.state != TrialState.PRUNED), key=lambda t: t.number)[:total]
+    running = sum(t.state == TrialState.RUNNING for t in trials)
     return Budget(
         total=total,
         finished=sum(t.state in FINISHED for t in trials),
         failed=sum(t.state == TrialState.FAIL for t in trials),
-        running=sum(t.state == TrialState.RUNNING for t in trials),
+        running=running,
         open=len(head) < total or any(t.state == TrialState.WAITING for t in head),
-        done=len(head) == total and all(t.state in FINISHED for t in head),
+        # A surplus trial whose worker died between ask() and pruning it stays RUNNING until its
+        # heartbeat goes stale and settle() prunes it: until then the study is waited for, not done.
+        done=len(head) == total and all(t.state in FINISHED for t in head) and running == 0,
     )
 
 
