@@ -546,8 +546,8 @@ def case(name: str, dtype: str = "float64"):
     return A.astype(dtype)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_invariants_and_y_on_hard_cases(name):
+def check_every_config(name: str) -> None:
+    """The reference's decomposition invariants and y, for every config in CONFIGS."""
     A = case(name)
     ref = Reference.build(A, "float64", seed=4)
     for params in CONFIGS:
@@ -557,15 +557,14 @@ def test_invariants_and_y_on_hard_cases(name):
         assert ok, f"{name} {params}: {msg}"
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_invariants_and_y_on_hard_cases(name):
+    check_every_config(name)
+
+
 def test_invariants_and_y_on_shared_matrices(shared_dir):
     for name in shared_cases():
-        A = case(name)
-        ref = Reference.build(A, "float64", seed=4)
-        for params in CONFIGS:
-            prepared = FAMILY.prepare_reference(A, params)
-            check_invariants(A, prepared)
-            ok, _, msg = ref.check(FAMILY.run_reference(prepared, ref.x))
-            assert ok, f"{name} {params}: {msg}"
+        check_every_config(name)
 
 
 def test_invariants_on_long_rows():
