@@ -107,7 +107,8 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
         tune(A, backend=backend, store=store, storage=storage, name=src.name, dtype=dtype,
              trials=max(trials, len(REGISTRY)))
     bests = store.best_per_kernel(fp, device=device, dtype=dtype)
-    untuned = choose(fp, store=store, device=device, dtype=dtype, use_tuned=False)
+    feats = extract_features(A)
+    untuned = choose(fp, store=store, device=device, dtype=dtype, use_tuned=False, features=feats)
     labelled = [(b["kernel"], b["kernel"], b["params"]) for b in bests]
     labelled.append((PLAN_LABEL, untuned.kernel, untuned.params))
     configs = [(get_family(family), params) for _, family, params in labelled]
@@ -117,7 +118,6 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
     cold = time_interleaved(backend, configs, A_dev, x_dev, flush_l2=True)
     warm = time_interleaved(backend, configs, A_dev, x_dev)
     base = dict(zip([lab for lab, _, _ in labelled], zip(cold, warm, strict=True), strict=True)).get(BASELINE)
-    feats = extract_features(A)
     bandwidth = backend.copy_bandwidth_gbs()
     rows = []
     for (label, family, params), (t, prepare_s), (w, _) in zip(labelled, cold, warm, strict=True):

@@ -243,6 +243,43 @@ def show(
         console.print(t)
 
 
+@app.command()
+@_clean_errors
+def train(
+    db: DbOption = None,
+    device: Annotated[str | None, typer.Option(help="device id in the store (default: its only gpu device)")] = None,
+    dtype: DtypeOption = "float64",
+    cv: Annotated[int, typer.Option(help="cross-validation folds (grouped by matrix)")] = 5,
+    seed: Annotated[int, typer.Option(help="random seed of the classifiers")] = 0,
+) -> None:
+    """Train the kernel selector from the store's best configs on a device and save it as a new model."""
+    from db.store import Store
+    from tuner.model import KernelSelector, pick_device, save_model, training_table
+
+    check_dtype(dtype)
+    with Store(db) as store:
+        device = pick_device(store, device)
+        table = training_table(store, device=device, dtype=dtype)
+        if len(table) < 2:
+            raise TunerError(f"only {len(table)} tuned matrices with features on {device} in {dtype}; "
+                             "tune more before training")
+        model = KernelSelector(cv=cv, random_state=seed).fit(
+            table.X, table.kernels, table.params, groups=table.fingerprints
+        )
+        out = Table(title=f"grouped {min(cv, len(table))}-fold CV accuracy on {len(table)} matrices "
+                          f"({device}, {dtype})")
+        for col in ("classifier", "mean", "std", "folds", ""):
+            out.add_column(col)
+        for name, s in model.cv_scores_.items():
+            out.add_row(name, f"{s['mean']:.3f}", f"{s['std']:.3f}", str(s["folds"]),
+                        "kept" if name == model.classifier_name_ else "")
+        console.print(out)
+        metrics = {"cv": model.cv_scores_, "classifier": model.classifier_name_, "skipped": len(table.skipped)}
+        model_id = save_model(store, model, device=device, dtype=dtype, metrics=metrics)
+        console.print(f"saved model {model_id} ({model.classifier_name_}, {len(table)} matrices, "
+                      f"{len(table.skipped)} skipped without features)")
+
+
 @app.command("kernels")
 def list_kernels(as_json: Annotated[bool, typer.Option("--json", help="print the registry as JSON")] = False) -> None:
     """List the kernel families and their parameter spaces (from the registry)."""

@@ -2,13 +2,16 @@
 
 Where the config comes from is part of the answer (``ex.source``):
 ``'tuned'`` when the store has a best config for this matrix's fingerprint on
-this device model and dtype, ``'default'`` otherwise (cuSPARSE, the safe
-choice), and ``'cpu'`` on a machine without a GPU, where SciPy computes y.
+this device model and dtype, ``'predicted'`` when it has none but holds a
+trained selector for the device and dtype (:mod:`tuner.model`), ``'default'``
+otherwise (cuSPARSE, the safe choice), and ``'cpu'`` on a machine without a
+GPU, where SciPy computes y.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +21,8 @@ from db.store import Store
 from kernels import BASELINE, get_family
 from kernels._cuda import gpu_available
 from tuner.backend import GpuBackend
-from tuner.features import fingerprint
+from tuner.errors import InvalidConfigError
+from tuner.features import FEATURE_NAMES, extract_features, fingerprint
 from tuner.io import as_csr
 
 
@@ -76,6 +80,8 @@ class Executor:
         """Why this kernel: the source of the config and what is known of its speed."""
         why = {
             "tuned": "the store holds a tuned best config for this matrix on this device and dtype",
+            "predicted": "nothing is tuned for this matrix on this device and dtype: the trained selector "
+                         "predicted this config from the matrix's features (run `tuner tune` to tune it)",
             "default": "nothing is stored for this matrix on this device and dtype: cuSPARSE, the safe default "
                        "(run `tuner tune` to tune it)",
             "cpu": "no CUDA GPU (or CuPy) here: SciPy computes y on the CPU",
@@ -91,7 +97,7 @@ class Executor:
 
 @dataclass(frozen=True)
 class Choice:
-    """A kernel config and where it came from ('tuned' or 'default')."""
+    """A kernel config and where it came from ('tuned', 'predicted' or 'default')."""
 
     kernel: str
     params: dict[str, Any]
@@ -99,8 +105,10 @@ class Choice:
     expected_gflops: float | None = None
 
 
-def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True) -> Choice:
-    """The config plan() runs: the stored best for (fingerprint, device, dtype), else the default.
+def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
+           features: Mapping[str, float] | None = None) -> Choice:
+    """The config plan() runs: the stored best for (fingerprint, device, dtype), else the
+    prediction of the store's latest model for (device, dtype) from ``features``, else the default.
 
     ``use_tuned=False`` gives what plan() would pick for a matrix it has never
     tuned (the benchmark compares that with the tuned best).
@@ -108,6 +116,17 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     best = store.best(fp, device=device, dtype=dtype) if (use_tuned and store is not None) else None
     if best is not None:
         return Choice(best["kernel"], best["params"], "tuned", best["gflops"])
+    if (store is not None and features is not None and set(FEATURE_NAMES) <= set(features)
+            and store.db["models"].count):
+        from tuner.model import load_latest  # scikit-learn only when a model is stored
+
+        model = load_latest(store, device=device, dtype=dtype)
+        if model is not None:
+            kernel, params = model.predict(features)[0]
+            try:  # a model trained before the registry changed may name what no longer exists
+                return Choice(kernel, get_family(kernel).space.validate(params, family=kernel), "predicted")
+            except InvalidConfigError:
+                pass
     return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
 
 
@@ -124,7 +143,8 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         return Executor(A=A, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fp)
     backend = GpuBackend()
     store = db if isinstance(db, Store) else Store(db)
-    choice = choose(fp, store=store, device=backend.info.id, dtype=str(A.dtype))
+    features = extract_features(A) if store.db["models"].count else None  # only a model needs them
+    choice = choose(fp, store=store, device=backend.info.id, dtype=str(A.dtype), features=features)
     return Executor(A=A, choice=choice, backend=backend, fingerprint=fp)
 
 

@@ -1,0 +1,320 @@
+"""The learned selector: matrix features -> the best kernel family and its config, trained from the store.
+
+:class:`KernelSelector` follows the scikit-learn estimator API. The family is
+a classifier's answer (a Pipeline: log1p of the count-like features, a
+StandardScaler, then gradient boosting, a random forest or an SVM, picked by
+cross-validation grouped by matrix fingerprint, see :func:`select_model`); the
+family's parameters are those of the nearest tuned training matrix of that
+family in the scaled feature space.
+
+Models are stored in the ``models`` table (:func:`save_model`,
+:func:`load_latest`), one versioned row per (device, dtype) training run;
+:func:`tuner.executor.choose` uses the latest one for a matrix without a tuned
+best (source ``'predicted'``).
+
+Example (on a synthetic table)::
+
+    import numpy as np
+    rng = np.random.default_rng(0)
+    X = rng.random((40, len(FEATURE_NAMES)))
+    y = np.where(X[:, 0] > 0.5, "csr_vector", "csr_scalar")
+    params = [{"block_size": 128}] * 40
+    sel = KernelSelector(classifier="random_forest").fit(X, y, params)
+    sel.predict(X[:2])  # [('csr_vector', {'block_size': 128}), ...]
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.compose import ColumnTransformer
+from sklearn.dummy import DummyClassifier
+from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+from sklearn.model_selection import GroupKFold, GroupShuffleSplit, cross_val_score
+from sklearn.neighbors import NearestNeighbors
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import FunctionTransformer, StandardScaler
+from sklearn.svm import SVC
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from tuner.errors import InvalidConfigError, StoreError
+from tuner.features import FEATURE_NAMES
+
+if TYPE_CHECKING:
+    from db.store import Store
+
+__all__ = [
+    "CLASSIFIERS",
+    "COUNT_FEATURES",
+    "KernelSelector",
+    "TrainingTable",
+    "grouped_split",
+    "latest_row",
+    "load_latest",
+    "save_model",
+    "select_model",
+    "pick_device",
+    "training_table",
+]
+
+COUNT_FEATURES: frozenset[str] = frozenset(
+    {"rows", "cols", "nnz", "npr_min", "npr_max", "npr_mean", "npr_std", "fd_seg_count", "fd_seg_size",
+     "bandwidth", "col_std"}
+)
+"""Features that span orders of magnitude: log1p before scaling."""
+
+CLASSIFIERS = ("gradient_boosting", "random_forest", "svm")
+"""The classifiers :func:`select_model` compares; ``KernelSelector(classifier="auto")`` picks among them."""
+
+
+def _classifier(name: str, random_state: int | None) -> Any:
+    if name == "gradient_boosting":
+        return GradientBoostingClassifier(random_state=random_state)
+    if name == "random_forest":
+        return RandomForestClassifier(n_estimators=200, random_state=random_state)
+    if name == "svm":
+        return SVC(C=10.0, gamma="scale", random_state=random_state)
+    raise InvalidConfigError(f"unknown classifier {name!r}; choose one of {['auto', *CLASSIFIERS]}")
+
+
+def _pipeline(classifier: Any, feature_names: Sequence[str]) -> Pipeline:
+    counts = [i for i, name in enumerate(feature_names) if name in COUNT_FEATURES]
+    log = ColumnTransformer([("log1p", FunctionTransformer(np.log1p), counts)], remainder="passthrough")
+    return Pipeline([("log", log), ("scale", StandardScaler()), ("classify", classifier)])
+
+
+def select_model(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: Sequence[Any],
+    *,
+    feature_names: Sequence[str] = FEATURE_NAMES,
+    candidates: Sequence[str] = CLASSIFIERS,
+    n_splits: int = 5,
+    random_state: int | None = 0,
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """The candidate with the best mean accuracy under GroupKFold by ``groups`` (no matrix in two folds).
+
+    Returns ``(name, scores)`` with ``scores[name] = {"mean": ..., "std": ..., "folds": k}``; a fold
+    that fails (e.g. one class only in its training part) scores NaN and is left out of the mean.
+    """
+    n_groups = len(set(groups))
+    if n_groups < 2:
+        raise InvalidConfigError(f"cross-validation needs at least 2 matrices, got {n_groups}")
+    cv = GroupKFold(n_splits=min(n_splits, n_groups))
+    scores: dict[str, dict[str, float]] = {}
+    for name in candidates:
+        pipe = _pipeline(_classifier(name, random_state), feature_names)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # failed folds (error_score=nan) warn; they show as NaN
+            fold = cross_val_score(pipe, X, y, groups=groups, cv=cv, error_score=np.nan)
+        ok = fold[np.isfinite(fold)]
+        scores[name] = {
+            "mean": float(ok.mean()) if ok.size else float("nan"),
+            "std": float(ok.std()) if ok.size else float("nan"),
+            "folds": int(ok.size),
+        }
+    ranked = [n for n in candidates if np.isfinite(scores[n]["mean"])]
+    if not ranked:
+        raise InvalidConfigError("every candidate classifier failed in cross-validation")
+    return max(ranked, key=lambda n: scores[n]["mean"]), scores
+
+
+class KernelSelector(BaseEstimator):
+    """Predicts ``(kernel, params)`` for a matrix from its feature vector (columns as in FEATURE_NAMES).
+
+    Parameters
+    ----------
+    classifier : "auto", "gradient_boosting", "random_forest" or "svm"
+        ``"auto"`` compares them by grouped cross-validation in ``fit`` and keeps the best.
+    cv : int
+        Folds of that cross-validation.
+    random_state : int or None
+        Seed of the classifiers.
+    """
+
+    def __init__(self, *, classifier: str = "auto", cv: int = 5, random_state: int | None = 0) -> None:
+        self.classifier = classifier
+        self.cv = cv
+        self.random_state = random_state
+
+    def fit(
+        self,
+        X: Any,
+        y_kernel: Sequence[str],
+        params_per_row: Sequence[Mapping[str, Any]],
+        *,
+        groups: Sequence[Any] | None = None,
+        feature_names: Sequence[str] | None = None,
+    ) -> KernelSelector:
+        """Learn from rows of features, each row's best kernel and its params; ``groups`` (default: one per
+        row) are the matrix fingerprints that cross-validation keeps together."""
+        X, y = validate_data(self, X, np.asarray(y_kernel, dtype=object), reset=True, dtype=np.float64)
+        names = list(FEATURE_NAMES if feature_names is None else feature_names)
+        if len(names) != X.shape[1]:
+            raise InvalidConfigError(f"X has {X.shape[1]} columns but {len(names)} feature names were given")
+        if len(params_per_row) != len(y):
+            raise InvalidConfigError(f"{len(y)} kernels but {len(params_per_row)} params")
+        groups = list(range(len(y))) if groups is None else list(groups)
+        self.classes_ = np.unique(y)
+        self.feature_names_in_ = np.asarray(names, dtype=object)
+        self.cv_scores_: dict[str, dict[str, float]] = {}
+        if len(self.classes_) == 1:
+            self.classifier_name_ = "constant"
+            estimator: Any = DummyClassifier(strategy="most_frequent")
+        elif self.classifier == "auto":
+            self.classifier_name_, self.cv_scores_ = select_model(
+                X, y, groups, feature_names=names, n_splits=self.cv, random_state=self.random_state
+            )
+            estimator = _classifier(self.classifier_name_, self.random_state)
+        else:
+            self.classifier_name_ = self.classifier
+            estimator = _classifier(self.classifier, self.random_state)
+        self.pipeline_ = _pipeline(estimator, names).fit(X, y)
+        scaled = self.pipeline_[:-1].transform(X)
+        self.neighbours_: dict[str, tuple[NearestNeighbors, list[dict[str, Any]]]] = {}
+        for kernel in self.classes_:
+            rows = np.flatnonzero(y == kernel)
+            nn = NearestNeighbors(n_neighbors=1).fit(scaled[rows])
+            self.neighbours_[str(kernel)] = (nn, [dict(params_per_row[i]) for i in rows])
+        self.n_train_ = len(y)
+        return self
+
+    def _as_array(self, X: Any) -> Any:
+        """Mappings (one matrix's features, or a list of them) become rows in ``feature_names_in_`` order."""
+        if isinstance(X, Mapping):
+            X = [X]
+        if isinstance(X, list) and X and isinstance(X[0], Mapping):
+            try:
+                return np.array([[float(row[n]) for n in self.feature_names_in_] for row in X])
+            except KeyError as exc:
+                raise InvalidConfigError(f"features lack {exc.args[0]!r}") from None
+        return X
+
+    def predict(self, X: Any) -> list[tuple[str, dict[str, Any]]]:
+        """``(kernel, params)`` per row of X (an array, or feature mappings)."""
+        check_is_fitted(self, ["pipeline_", "neighbours_"])
+        X = self._as_array(X)
+        with warnings.catch_warnings():
+            # Fitted on a plain array with FEATURE_NAMES order: a plain array is the expected input.
+            warnings.filterwarnings("ignore", message="X does not have valid feature names")
+            X = validate_data(self, X, reset=False, dtype=np.float64)
+        kernels = self.pipeline_.predict(X)
+        scaled = self.pipeline_[:-1].transform(X)
+        out = []
+        for kernel, row in zip(kernels, scaled, strict=True):
+            nn, params = self.neighbours_[str(kernel)]
+            index = int(nn.kneighbors(row[None, :], return_distance=False)[0, 0])
+            out.append((str(kernel), dict(params[index])))
+        return out
+
+    def score(self, X: Any, y_kernel: Sequence[str]) -> float:
+        """Accuracy of the predicted family."""
+        predicted = [k for k, _ in self.predict(X)]
+        return float(np.mean(np.asarray(predicted, dtype=object) == np.asarray(y_kernel, dtype=object)))
+
+
+# -- training data -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingTable:
+    """One row per matrix tuned on a (device, dtype): its features and its best kernel and params."""
+
+    fingerprints: list[str]
+    X: np.ndarray
+    kernels: np.ndarray
+    params: list[dict[str, Any]]
+    times: np.ndarray
+    skipped: list[str]  # tuned matrices left out because features are missing
+
+    def __len__(self) -> int:
+        return len(self.fingerprints)
+
+
+def training_table(store: Store, *, device: str, dtype: str) -> TrainingTable:
+    """The store's best configs on ``device`` in ``dtype`` joined with the matrices' features."""
+    fps, rows, kernels, params, times, skipped = [], [], [], [], [], []
+    for best in store.db["best"].rows_where("device = ? and dtype = ?", [device, dtype], order_by="fingerprint"):
+        feats = next(iter(store.db["features"].rows_where("fingerprint = ?", [best["fingerprint"]])), None)
+        values = [None if feats is None else feats.get(name) for name in FEATURE_NAMES]
+        if any(v is None for v in values):
+            skipped.append(best["fingerprint"])
+            continue
+        fps.append(best["fingerprint"])
+        rows.append(values)
+        kernels.append(best["kernel"])
+        params.append(json.loads(best["params"]))
+        times.append(best["time_s"])
+    X = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
+    return TrainingTable(fps, X, np.asarray(kernels, dtype=object), params, np.asarray(times, dtype=float), skipped)
+
+
+def grouped_split(
+    groups: Sequence[Any], *, test_size: float = 0.25, random_state: int | None = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test row indices such that no group (matrix fingerprint) is on both sides."""
+    groups = np.asarray(groups, dtype=object)
+    splitter = GroupShuffleSplit(n_splits=1, test_size=test_size, random_state=random_state)
+    return next(splitter.split(np.zeros((len(groups), 1)), groups=groups))
+
+
+# -- storage ---------------------------------------------------------------------------------------
+
+
+def save_model(store: Store, model: KernelSelector, *, device: str, dtype: str,
+               metrics: Mapping[str, Any] | None = None) -> int:
+    """Store a fitted model for (device, dtype) as a new version; returns its id."""
+    check_is_fitted(model, ["pipeline_", "neighbours_"])
+    if store.device(device) is None:
+        raise StoreError(f"unknown device {device!r}; known: {[d['id'] for d in store.devices()]}")
+    table = store.db["models"]
+    table.insert({
+        "device": device,
+        "dtype": dtype,
+        "created_at": datetime.now(UTC).isoformat(timespec="microseconds"),
+        "n_train": int(model.n_train_),
+        "features": json.dumps([str(n) for n in model.feature_names_in_]),
+        "metrics": json.dumps(dict(metrics or {}), allow_nan=False, default=float),
+        "blob": pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL),
+    })
+    return int(table.last_pk)
+
+
+def latest_row(store: Store, *, device: str, dtype: str) -> dict[str, Any] | None:
+    """The newest ``models`` row for exactly (device, dtype), or None."""
+    rows = store.db["models"].rows_where("device = ? and dtype = ?", [device, dtype], order_by="id desc", limit=1)
+    return next(iter(rows), None)
+
+
+def load_latest(store: Store, *, device: str, dtype: str) -> KernelSelector | None:
+    """The newest model trained for exactly (device, dtype), or None. The blob is a pickle: only load
+    stores you trust."""
+    row = latest_row(store, device=device, dtype=dtype)
+    if row is None or row["blob"] is None:
+        return None
+    if json.loads(row["features"]) != list(FEATURE_NAMES):
+        return None  # trained on another feature set: unusable until retrained
+    return pickle.loads(row["blob"])
+
+
+def pick_device(store: Store, device: str | None) -> str:
+    """``device`` if the store knows it, else the store's only gpu device; StoreError lists the devices."""
+    devices = store.devices()
+    if device is not None:
+        if store.device(device) is None:
+            raise StoreError(f"unknown device {device!r}; devices in the store: {[d['id'] for d in devices]}")
+        return device
+    gpus = [d["id"] for d in devices if d["kind"] == "gpu"]
+    if len(gpus) != 1:
+        raise StoreError(f"pass --device: the store holds {len(gpus)} gpu devices; devices: "
+                         f"{[d['id'] for d in devices]}")
+    return gpus[0]
