@@ -618,3 +618,30 @@ def test_upload_helpers_stream_to_disk(tmp_path):
     assert _declared_size(tmp_path / "b.mtx") == (7, 8, 9)
     (tmp_path / "c.mtx").write_bytes(io.BytesIO(b"\x1f\x8bnot gzip").read())
     assert _declared_size(tmp_path / "c.mtx") is None
+
+
+def test_a_stored_selector_answers_predicted_for_a_complete_feature_vector(settings, mtx):
+    """With a model for the server's device, an untuned matrix's full vector (or file) gets 'predicted'."""
+    import numpy as np
+
+    from tuner.features import FEATURE_NAMES
+    from tuner.model import KernelSelector, save_model
+
+    seed_store(settings.db)
+    rng = np.random.default_rng(0)
+    X = rng.uniform(1, 100, size=(12, len(FEATURE_NAMES)))
+    kernels = np.array(["csr_vector"] * 12)
+    with Store(settings.db) as store:
+        save_model(store, KernelSelector(classifier="random_forest", cv=2).fit(
+            X, kernels, [{"threads_per_row": 16, "block_size": 64}] * 12), device=DEVICE, dtype="float64")
+    with TestClient(create_app(settings)) as client:
+        health = client.get("/health").json()
+        assert health["model"]["loaded"] is True and "float64" in health["model"]["detail"]
+        _, features = vector_of(mtx)
+        body = client.post("/recommend", json=features).json()
+        assert body["source"] == "predicted" and body["kernel"] == "csr_vector"
+        assert body["params"] == {"threads_per_row": 16, "block_size": 64}
+        partial = client.post("/recommend", json={k: features[k] for k in ("rows", "cols", "nnz")}).json()
+        assert partial["source"] == "default"  # the model needs every feature
+        with mtx.open("rb") as f:
+            assert client.post("/recommend", files={"file": ("poisson.mtx", f)}).json()["source"] == "predicted"

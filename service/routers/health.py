@@ -22,10 +22,17 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 async def health(state: StateDep, response: Response) -> dict[str, Any]:
     """Whether the store answers, which device jobs run on (and whether a GPU is present), model, jobs."""
     store: dict[str, Any] = {"reachable": False, "matrices": None}
+    model: dict[str, Any] = {"loaded": False, "detail": "the store cannot be read"}
     try:
         if state.stores is None:
             raise StoreError("the store is not open")
-        store = {"reachable": True, "matrices": state.stores.get().count_matrices()}
+        opened = state.stores.get()
+        store = {"reachable": True, "matrices": opened.count_matrices()}
+        models = list(opened.db["models"].rows_where("device = ?", [state.device.id], select="id, dtype"))
+        model = {"loaded": bool(models), "detail": (
+            f"selector models for {state.device.id}: " + ", ".join(f"{m['dtype']} (id {m['id']})" for m in models)
+            if models else f"no selector trained for {state.device.id} (`tuner train`): answers are tuned or default"
+        )}
     except (StoreError, sqlite3.Error) as exc:
         store["error"] = str(exc)
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
@@ -34,7 +41,7 @@ async def health(state: StateDep, response: Response) -> dict[str, Any]:
         "status": "ok" if store["reachable"] else "unavailable",
         "store": store,
         "device": {"id": state.device.id, "kind": state.device.kind, "gpu_present": state.gpu_present},
-        "model": {"loaded": False, "detail": "no performance model in this release: answers are tuned or default"},
+        "model": model,
         "jobs": {"queued": counts["queued"], "running": counts["running"]},
     }
 

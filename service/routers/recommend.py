@@ -67,8 +67,8 @@ def recommendation(
 ) -> RecommendationPublic:
     """Ask :func:`tuner.executor.choose` (the one place that decides a config) and add what is known of it.
 
-    ``features`` are at hand for the model that a later release puts behind
-    ``choose``; without a fingerprint the store has nothing to look up.
+    ``features`` go to the selector model behind ``choose`` (used when the vector is complete, the
+    store holds a model for the device and dtype, and nothing is tuned for the fingerprint).
     """
     if fingerprint:
         known = store.db.execute("select rows, cols, nnz from matrices where fingerprint = ?", [fingerprint])
@@ -80,7 +80,7 @@ def recommendation(
                 f"fingerprint {fingerprint!r} belongs to a {stored[0]} x {stored[1]} matrix with {stored[2]} "
                 f"nonzeros, but the feature vector says {given[0]} x {given[1]} with {given[2]}",
             )
-    choice = choose(fingerprint or "", store=store if fingerprint else None, device=device, dtype=dtype)
+    choice = choose(fingerprint or "", store=store, device=device, dtype=dtype, features=features)
     measured = None
     if choice.source == "tuned":  # what choose() does not say: how the tuned config compared with cuSPARSE
         measured = store.db.execute(
