@@ -18,14 +18,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from db.store import Store
 from tests.conftest import REPO
-from tests.test_service import TOKEN, seed_store
+from tests.test_service import TOKEN, seed_store, wait_job
 from tuner.generate import generate
 from tuner.io import write_mtx
 
@@ -78,14 +77,6 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         assert stop_server(proc) == 0, (tmp_path / "server.log").read_text()
 
 
-def wait_job(http: httpx.Client, job_id: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = http.get(f"/jobs/{job_id}").json()
-        if job["state"] in ("done", "failed"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
 
 
 def test_serve_over_http(server):
@@ -108,7 +99,7 @@ def test_serve_over_http(server):
         assert http.post("/tune", files={"file": ("A.mtx", path.read_bytes())}).status_code == 401
         r = http.post("/tune", headers=AUTH, files={"file": ("A.mtx", path.read_bytes())}, data={"trials": "4"})
         assert r.status_code == 202, r.text
-        job = wait_job(http, r.json()["id"])
+        job = wait_job(http, r.json()["id"], timeout=120)
         assert job["state"] == "done" and job["progress"] == {"done": 4, "total": 4}
         r = http.post("/recommend", files={"file": ("A.mtx", path.read_bytes())})
         assert r.json()["source"] == "tuned"
@@ -155,7 +146,7 @@ def test_concurrent_jobs_and_readers_lose_nothing(tmp_path):
         results = []
         for url, job_id in jobs:
             with httpx.Client(base_url=url, timeout=30) as http:
-                results.append(wait_job(http, job_id))
+                results.append(wait_job(http, job_id, timeout=120))
         stop.set()
         for t in threads:
             t.join(60)
