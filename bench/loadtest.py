@@ -2,18 +2,24 @@
 
 By default it builds a throwaway store holding ``--matrices`` synthetic
 matrices (rows written through ``Store.add_matrix``, a tuned best config for
-every other one), starts ``uvicorn`` on 127.0.0.1 on a free port with
-``--device cpu-reference``, sends exactly ``--requests`` requests over
-``--concurrency`` keep-alive connections, stops the server and prints
-throughput and latency percentiles. Half the feature vectors carry the
-fingerprint of a tuned matrix (answer 'tuned', read from the store), half
-carry none (answer 'default'). ``--url`` targets a server already running,
-which must be on a loopback address.
+every other one), starts ``tuner serve --device cpu-reference`` with
+``--workers`` processes on 127.0.0.1 on a free port, sends exactly
+``--requests`` requests over ``--concurrency`` keep-alive connections, stops
+the server and prints throughput and latency percentiles. Half the feature
+vectors carry the fingerprint of a tuned matrix (answer 'tuned', read from the
+store), half carry none (answer 'default'). ``--url`` targets a server already
+running, which must be on a loopback address.
 
 The client is a small asyncio HTTP/1.1 client from the standard library (a
-general-purpose client would spend more CPU than the server it measures).
+general-purpose client would spend more CPU than the server it measures), run
+in ``--client-procs`` processes that share the connections and the requests
+(one such process tops out well below what a many-worker server answers).
 Every connection is opened, and has one untimed request answered, before the
-clock starts (``warm_up_seconds`` says how long that took). Two modes:
+clock starts in all of them at once (``warm_up_seconds`` says how long that
+took). Each request's latency is taken in its process, from its send to the
+last byte of its answer; the percentiles are over all requests of all
+processes, and the throughput is all of them over the time from the common
+start to the last answer. Two modes:
 
 - closed loop (default): each connection sends its next request as soon as
   the previous answer is in. Latency then includes queueing at the server:
@@ -21,9 +27,16 @@ clock starts (``warm_up_seconds`` says how long that took). Two modes:
 - open loop (``--rate R``): request ``i`` is due at ``start + i / R``; its
   latency counts from when it was due (so a stalled server is not hidden).
 
+The result also says how busy the client processes were (``client_busy``,
+their CPU time over their wall time: near 1 the client, not the server, set
+the pace) and, for a server it started (read from /proc, so on Linux), the
+server's CPU time per request and how the connections were spread over its
+worker processes (``connections_per_server_process``).
+
 Examples::
 
     python bench/loadtest.py                                   # 20 000 requests, 200 connections, 10 000 matrices
+    python bench/loadtest.py --workers 8 --client-procs 4 --json out.json
     python bench/loadtest.py --rate 2000 --json out.json
     python bench/loadtest.py --url http://127.0.0.1:8000 --requests 5000
 """
@@ -32,10 +45,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import ipaddress
 import json
+import multiprocessing
 import os
 import platform
+import queue
 import random
 import secrets
 import signal
@@ -44,9 +60,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -132,27 +152,94 @@ def wait_ready(url: str, *, proc: subprocess.Popen | None, timeout: float = 60.0
 
 
 @contextmanager
-def local_server(db: Path, *, workers: int, access_log: bool):
-    """uvicorn on 127.0.0.1 on a free port, serving ``db`` with the CPU-reference device; stopped on exit."""
+def local_server(db: Path, *, workers: int, access_log: bool) -> Iterator[tuple[str, int]]:
+    """``tuner serve`` on 127.0.0.1 on a free port, serving ``db`` with the CPU-reference device; yields its
+    URL and process id, and stops it (SIGINT, as a user would) on exit."""
     port = free_port()
-    env = {**os.environ, "SPMV_TUNER_DB": str(db), "SPMV_TUNER_DEVICE": "cpu-reference",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
-    if not access_log:
-        cmd.append("--no-access-log")
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "tuner", "serve", "--host", "127.0.0.1", "--port", str(port), "--db", str(db),
+           "--device", "cpu-reference", "--workers", str(workers), "--log-level", "warning",
+           "--access-log" if access_log else "--no-access-log"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc=proc)
-        yield url
+        yield url, proc.pid
     finally:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # its session: the worker processes too
             proc.wait()
+
+
+def server_stack() -> dict[str, str]:
+    """The HTTP parser and event loop uvicorn picks ('auto') in this interpreter, which runs the server too."""
+    def have(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    return {"http": "httptools" if have("httptools") else "h11", "loop": "uvloop" if have("uvloop") else "asyncio"}
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...; utime and stime at 11, 12)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc (empty where there is no /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            parents[int(entry.name)] = int(_stat(int(entry.name))[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    tree, frontier = [pid], {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier}
+        tree += sorted(frontier)
+    return tree if pid in parents else []
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU time of the live processes ``pids``."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = _stat(pid)
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def connections_per_process(pids: list[int], port: int) -> list[int]:
+    """How many established connections to ``port`` each process of ``pids`` holds, most first, zeros left out."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                inodes.add(f"socket:[{fields[9]}]")
+    counts = []
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        held = 0
+        for fd in fds:
+            try:
+                held += os.readlink(fd) in inodes
+            except OSError:
+                continue
+        counts.append(held)
+    return sorted((n for n in counts if n), reverse=True)
 
 
 def check_loopback(url: str) -> tuple[str, int]:
@@ -180,13 +267,22 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length)
 
 
+
+
 async def run_load(host: str, port: int, bodies: list[bytes], *, requests: int, concurrency: int,
-                   rate: float | None, max_seconds: float) -> dict[str, Any]:
+                   rate: float | None, max_seconds: float, ready: threading.Barrier | None = None) -> dict[str, Any]:
+    """One client process's share: ``requests`` requests over ``concurrency`` connections.
+
+    Every connection is opened and warmed up first; then ``ready`` (a barrier shared with the other
+    client processes) is passed, and the clock starts. Returns the raw latencies (seconds), the count of
+    each status (or error), the timed phase's start and end on ``time.monotonic`` (CLOCK_MONOTONIC on
+    Linux: one clock for every process) and the CPU time this process spent in it.
+    """
     prefix = (f"POST /recommend HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
               "Content-Length: ").encode()
     payloads = [prefix + str(len(b)).encode() + b"\r\n\r\n" + b for b in bodies]
     latencies: list[float] = []
-    statuses: dict[str, int] = {}
+    statuses: Counter[str] = Counter()
     next_index = 0
     # Every client connects and has one untimed request answered first (a burst of new connections waits
     # for the server to accept them, which is not what this measures); then the clock starts.
@@ -199,6 +295,10 @@ async def run_load(host: str, port: int, bodies: list[bytes], *, requests: int, 
 
     await asyncio.gather(*(warm_up(r, w) for r, w in connections))
     warm_up_s = time.perf_counter() - warm_start
+    if ready is not None:
+        ready.wait()  # blocks the loop, which has nothing else to do until every process is as far
+    cpu = time.process_time()
+    started = time.monotonic()
     start = time.perf_counter()
     deadline = start + max_seconds
 
@@ -217,24 +317,105 @@ async def run_load(host: str, port: int, bodies: list[bytes], *, requests: int, 
                 try:
                     status, body = await _read_response(reader)
                 except (asyncio.IncompleteReadError, ConnectionError) as exc:
-                    statuses[type(exc).__name__] = statuses.get(type(exc).__name__, 0) + 1
+                    statuses[type(exc).__name__] += 1
                     writer.close()
                     reader, writer = await asyncio.open_connection(host, port)
                     continue
                 latencies.append(time.perf_counter() - due)
-                key = str(status)
-                statuses[key] = statuses.get(key, 0) + 1
+                statuses[str(status)] += 1
                 if status == 200 and i % 97 == 0:  # spot-check that answers are whole JSON objects
                     json.loads(body)
         finally:
             writer.close()
 
     results = await asyncio.gather(*(client(r, w) for r, w in connections), return_exceptions=True)
-    elapsed = time.perf_counter() - start
-    failures = [r for r in results if isinstance(r, BaseException)]
-    for exc in failures:
-        statuses[type(exc).__name__] = statuses.get(type(exc).__name__, 0) + 1
-    latencies.sort()
+    ended = time.monotonic()
+    for exc in results:
+        if isinstance(exc, BaseException):
+            statuses[type(exc).__name__] += 1
+    return {"latencies": latencies, "statuses": dict(statuses), "started": started, "ended": ended,
+            "cpu_s": time.process_time() - cpu, "warm_up_s": warm_up_s}
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` whole shares that differ by at most one."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _client_process(results: Queue, ready: threading.Barrier, args: tuple[Any, ...], options: dict[str, Any]) -> None:
+    """A client process: its share of the load (on uvloop when installed); the outcome goes to ``results``."""
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        results.put(runner(run_load(*args, ready=ready, **options)))
+    except BaseException as exc:
+        ready.abort()  # the other processes and the parent stop waiting
+        results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _collect(results: Queue, count: int, *, timeout: float) -> list[dict[str, Any]]:
+    """What ``count`` client processes put in ``results`` within ``timeout`` seconds (an error for each silent one)."""
+    deadline = time.monotonic() + timeout
+    parts = []
+    for _ in range(count):
+        try:
+            parts.append(results.get(timeout=max(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            parts.append({"error": f"a client process did not answer within {timeout:g} s"})
+    return parts
+
+
+def drive(host: str, port: int, bodies: list[bytes], *, requests: int, concurrency: int, rate: float | None,
+          max_seconds: float, procs: int, server_pid: int | None = None) -> dict[str, Any]:
+    """The load from ``procs`` client processes, with the connections and requests shared out evenly."""
+    procs = max(1, min(procs, concurrency, requests))
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Barrier(procs + 1)  # the clients and this process, which reads the server's CPU time there
+    results = ctx.Queue()
+    clients = []
+    for n, c in zip(split(requests, procs), split(concurrency, procs), strict=True):
+        options = {"requests": n, "concurrency": c, "rate": rate * n / requests if rate else None,
+                   "max_seconds": max_seconds}
+        clients.append(ctx.Process(target=_client_process, args=(results, ready, (host, port, bodies), options)))
+    for process in clients:
+        process.start()
+    server = process_tree(server_pid) if server_pid else []
+    try:
+        try:
+            ready.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            parts = _collect(results, len(clients), timeout=30)  # each failed, or saw the barrier break
+            raise RuntimeError("the clients could not start: " + "; ".join(p["error"] for p in parts)) from None
+        spread, cpu = connections_per_process(server, port), cpu_seconds(server)
+        parts = _collect(results, len(clients), timeout=max_seconds + 120)
+        server_cpu = cpu_seconds(server) - cpu
+    finally:
+        for process in clients:
+            process.join(timeout=10)
+            if process.exitcode is None:
+                process.kill()
+    if errors := [p["error"] for p in parts if "error" in p]:
+        raise RuntimeError("a client process failed: " + "; ".join(errors))
+    result = merge(parts, requests=requests, concurrency=concurrency, rate=rate)
+    result.update(client_procs=procs, client_cpu_s=sum(p["cpu_s"] for p in parts))
+    result["client_busy"] = result["client_cpu_s"] / (procs * max(result["seconds"], 1e-9))
+    if server:
+        result.update(server_cpu_s=server_cpu, server_cpu_us_per_request=server_cpu / max(1, result["completed"]) * 1e6,
+                      connections_per_server_process=spread)
+    return result
+
+
+def merge(parts: list[dict[str, Any]], *, requests: int, concurrency: int, rate: float | None) -> dict[str, Any]:
+    """Totals and percentiles over the requests of every client process."""
+    latencies = sorted(x for p in parts for x in p["latencies"])
+    statuses: Counter[str] = Counter()
+    for p in parts:
+        statuses.update(p["statuses"])
+    elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
 
     def pct(q: float) -> float:
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3 if latencies else float("nan")
@@ -251,10 +432,16 @@ async def run_load(host: str, port: int, bodies: list[bytes], *, requests: int, 
         "p99_ms": pct(0.99),
         "max_ms": latencies[-1] * 1e3 if latencies else float("nan"),
         "mean_ms": statistics.fmean(latencies) * 1e3 if latencies else float("nan"),
-        "statuses": statuses,
+        "statuses": dict(statuses),
         "errors": sum(n for s, n in statuses.items() if s != "200"),
-        "warm_up_seconds": warm_up_s,
+        "warm_up_seconds": max(p["warm_up_s"] for p in parts),
     }
+
+
+def default_client_procs() -> int:
+    """A quarter of the CPUs this process may run on, 1 to 8: enough to keep a server on the rest busy."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cpus // 4))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,43 +450,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=200, help="connections at once (default 200)")
     ap.add_argument("--matrices", type=int, default=10_000, help="matrices in the generated store (default 10000)")
     ap.add_argument("--rate", type=float, default=None, help="open loop: requests per second (default: closed loop)")
-    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes of the local server")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes of the local server (default 1)")
+    ap.add_argument("--client-procs", type=int, default=default_client_procs(),
+                    help=f"client processes sharing the connections (default: CPUs / 4, here {default_client_procs()})")
     ap.add_argument("--access-log", action="store_true", help="keep uvicorn's access log on (off by default)")
     ap.add_argument("--max-seconds", type=float, default=300.0, help="stop sending after this long (default 300)")
     ap.add_argument("--url", help="a running server on a loopback address (default: start one)")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
-    if min(args.requests, args.concurrency, args.matrices, args.workers) < 1:
-        ap.error("--requests, --concurrency, --matrices and --workers must be at least 1")
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    if min(args.requests, args.concurrency, args.matrices, args.workers, args.client_procs) < 1:
+        ap.error("--requests, --concurrency, --matrices, --workers and --client-procs must be at least 1")
 
     with tempfile.TemporaryDirectory(prefix="spmv-loadtest-") as tmp:
         if args.url:
-            host, port = check_loopback(args.url)
             wait_ready(args.url.rstrip("/"), proc=None, timeout=10)
             vectors = [(secrets.token_hex(16), {"rows": 1000.0, "cols": 1000.0, "nnz": 5000.0}, False)]
-            server = contextmanager(lambda: (yield args.url))()
+            server = contextmanager(lambda: (yield args.url, None))()
         else:
             t = time.perf_counter()
             vectors = build_store(Path(tmp) / "tuner.db", args.matrices)
             print(f"store: {args.matrices} matrices written in {time.perf_counter() - t:.1f} s", file=sys.stderr)
             server = local_server(Path(tmp) / "tuner.db", workers=args.workers, access_log=args.access_log)
         bodies = request_bodies(vectors, min(args.requests, 2000))
-        with server as url:
+        with server as (url, pid):
             host, port = check_loopback(url)
-            result = asyncio.run(run_load(host, port, bodies, requests=args.requests, concurrency=args.concurrency,
-                                          rate=args.rate, max_seconds=args.max_seconds))
-    result.update(matrices=None if args.url else args.matrices, workers=args.workers, cpus=os.cpu_count(),
+            result = drive(host, port, bodies, requests=args.requests, concurrency=args.concurrency, rate=args.rate,
+                           max_seconds=args.max_seconds, procs=args.client_procs, server_pid=pid)
+    result.update(matrices=None if args.url else args.matrices, workers=None if args.url else args.workers,
+                  server_stack=None if args.url else server_stack(), cpus=os.cpu_count(),
                   machine=platform.machine(), python=platform.python_version())
     print(f"{result['completed']}/{result['requests']} requests, {result['concurrency']} connections, "
-          f"{result['mode']}, {result['cpus']} CPUs: {result['throughput_rps']:.0f} req/s, "
-          f"p50 {result['p50_ms']:.1f} ms, p90 {result['p90_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, "
-          f"max {result['max_ms']:.1f} ms, errors {result['errors']} {result['statuses']}")
+          f"{result['mode']}, {result['cpus']} CPUs, {result['workers']} workers, {result['client_procs']} client "
+          f"processes: {result['throughput_rps']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, p90 {result['p90_ms']:.1f} "
+          f"ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms, errors {result['errors']} "
+          f"{result['statuses']}; clients {result['client_busy']:.0%} busy")
+    if "server_cpu_s" in result:
+        print(f"server: {result['server_cpu_us_per_request']:.0f} µs CPU per request, connections per process "
+              f"{result['connections_per_server_process']}, {result['server_stack']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if result["errors"] == 0 and result["completed"] == args.requests else 1

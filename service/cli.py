@@ -16,7 +16,9 @@ def serve(
     host: Annotated[str, typer.Option(help="address to listen on (127.0.0.1: this machine only)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port")] = 8000,
     db: Annotated[Path | None, typer.Option("--db", help="SQLite store (default: $SPMV_TUNER_DB or per-user)")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
+    workers: Annotated[
+        int, typer.Option(min=1, help="worker processes; connections are spread over them by the kernel (SO_REUSEPORT)")
+    ] = 1,
     device: Annotated[
         str, typer.Option(help="where tuning jobs run: gpu, or cpu-reference (CPU references; not GPU figures)")
     ] = "gpu",
@@ -34,13 +36,14 @@ def serve(
     ] = None,
     max_upload_mb: Annotated[int, typer.Option(min=1, help="largest upload accepted, in MiB")] = 256,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level")] = "info",
+    access_log: Annotated[bool, typer.Option(help="log every request (one line each: costs CPU under load)")] = True,
 ) -> None:
     """Serve recommendations and tuning jobs over HTTP (FastAPI under uvicorn); docs at /docs."""
-    import uvicorn
     from rich.console import Console
     from rich.markup import escape
 
     from db.store import Store
+    from service import workers as serving
     from service.settings import Settings
     from tuner.backend import get_backend
     from tuner.errors import TunerError
@@ -57,5 +60,5 @@ def serve(
         raise typer.Exit(1) from None
     # Every worker process builds its Settings from the environment (uvicorn needs an import string).
     os.environ.update({_ENV + key.upper(): str(value) for key, value in given.items()})
-    uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, proxy_headers=False, server_header=False)
+    serving.run("service.app:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level=log_level, access_log=access_log, proxy_headers=False, server_header=False)

@@ -94,6 +94,13 @@ def feature_vector_problems(exc: ValidationError) -> str:
     return "invalid feature vector: " + "; ".join(parts)
 
 
+class RecommendQuery(BaseModel):
+    """The query of ``POST /recommend`` (unknown names are ignored, as FastAPI ignores them)."""
+
+    device: str | None = Field(None, min_length=1, max_length=200, description="device id (default: the server's)")
+    dtype: Dtype = Field("float64", description="value type")
+
+
 class RecommendationPublic(BaseModel):
     kernel: str = Field(description="the kernel family to run")
     params: dict[str, ParamValue] = Field(description="its parameters")
@@ -310,4 +317,4 @@ class ErrorPublic(BaseModel):
     errors: list[dict[str, Any]] | None = Field(None, description="each validation error: loc, msg, type")
 
 
-__all__ = [name for name in dir() if name.endswith(("Public", "Create", "Options")) or name == "FeatureVector"]
+__all__ = [name for name in dir() if name.endswith(("Public", "Create", "Options", "Query")) or name == "FeatureVector"]

@@ -162,6 +162,22 @@ def test_recommend_device_and_dtype_query(client, settings):
     assert body["device_kind"] == "gpu" and body["ratio_to_cusparse"] is None
     r = client.post("/recommend", params={"dtype": "float32"}, json=vector)
     assert r.json()["source"] == "default" and r.json()["dtype"] == "float32"
+    r = client.post("/recommend", params={"dtype": "float64", "colour": "red"}, json=vector)  # unknown: ignored
+    assert r.status_code == 200 and r.json()["source"] == "tuned"
+
+
+@pytest.mark.parametrize(("params", "name"), [({"dtype": "float16"}, "dtype"), ({"device": ""}, "device"),
+                                               ({"device": "x" * 201}, "device")])
+def test_recommend_bad_query_is_422_naming_it(client, params, name):
+    body = assert_error(client.post("/recommend", params=params, json={"rows": 1, "cols": 1, "nnz": 1}), 422, name)
+    assert [e["loc"] for e in body["errors"]] == [["query", name]]
+
+
+def test_recommend_query_is_in_the_schema(client):
+    params = client.get("/openapi.json").json()["paths"]["/recommend"]["post"]["parameters"]
+    by_name = {p["name"]: p for p in params}
+    assert set(by_name) == {"device", "dtype"} and all(p["in"] == "query" and not p["required"] for p in params)
+    assert by_name["dtype"]["schema"]["enum"] == ["float64", "float32"]
 
 
 def test_recommend_upload(client, mtx, tmp_path):

@@ -3,6 +3,8 @@
 - ``tuner serve`` (``service.cli.serve``) starts, answers every capability, and stops on SIGINT;
 - two server processes sharing one store run tuning jobs at the same time while
   readers poll: no trial is lost, no request fails, nothing says "database is locked";
+- ``tuner serve --workers N`` spreads keep-alive connections over its worker processes (one
+  ``SO_REUSEPORT`` socket each), replaces a worker that dies, and stops them all on SIGINT;
 - the load-test script runs at a tiny scale.
 """
 
@@ -168,24 +170,108 @@ def test_concurrent_jobs_and_readers_lose_nothing(tmp_path):
             assert job["result"]["trials_cached"] + len(stored) == 25
 
 
-def test_loadtest_script_tiny(tmp_path):
-    out = tmp_path / "load.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "loadtest.py"), "--requests", "300", "--concurrency",
-                        "20", "--matrices", "50", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    result = json.loads(out.read_text())
-    assert result["completed"] == 300 and result["errors"] == 0 and result["statuses"] == {"200": 300}
-    assert result["p50_ms"] <= result["p99_ms"] <= result["max_ms"] and result["throughput_rps"] > 0
-    assert "req/s" in r.stdout
-
-
-def test_loadtest_refuses_non_loopback_targets():
+def loadtest_module():
     sys.path.insert(0, str(REPO / "bench"))
     try:
         import loadtest
     finally:
         sys.path.remove(str(REPO / "bench"))
+    return loadtest
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads connections from /proc (Linux)")
+
+
+def open_connections(url: str, n: int) -> list[socket.socket]:
+    """``n`` keep-alive connections, each with one request answered (so its worker has accepted it)."""
+    port = int(url.rsplit(":", 1)[1])
+    conns = []
+    for _ in range(n):
+        conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+        conn.sendall(b"GET /kernels HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(12).startswith(b"HTTP/1.1 200")
+        conns.append(conn)
+    return conns
+
+
+def worker_pids(pids: list[int]) -> list[int]:
+    """The server's worker processes among ``pids`` (not its parent, not multiprocessing's resource tracker)."""
+    return [pid for pid in pids if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@needs_proc
+def test_serve_workers_share_the_connections_and_are_replaced(tmp_path):
+    loadtest = loadtest_module()
+    proc, url = start_server(tmp_path / "tuner.db", tmp_path / "service", tmp_path / "server.log", "--workers", "2")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        conns = open_connections(url, 40)
+        spread = loadtest.connections_per_process(loadtest.process_tree(proc.pid), port)
+        assert len(spread) == 2 and sum(spread) == 40 and min(spread) >= 5, spread  # hashed: ~20 each
+        for conn in conns:
+            conn.close()
+        workers = worker_pids(loadtest.process_tree(proc.pid))
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "starting another" not in (tmp_path / "server.log").read_text():
+            time.sleep(0.1)
+        conns = open_connections(url, 40)  # every one answered: the replacement took over the socket
+        spread = loadtest.connections_per_process(loadtest.process_tree(proc.pid), port)
+        assert len(spread) == 2 and sum(spread) == 40, spread
+        for conn in conns:
+            conn.close()
+        workers = worker_pids(loadtest.process_tree(proc.pid))
+    finally:
+        code = stop_server(proc)
+    log = (tmp_path / "server.log").read_text()
+    assert code == 0, log
+    assert "starting another" in log and "Traceback" not in log
+    assert len(workers) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_reuse_port_sockets(tmp_path):
+    from service.workers import reuse_port_sockets
+
+    sockets = reuse_port_sockets("127.0.0.1", 0, 3)
+    try:
+        assert len({s.getsockname() for s in sockets}) == 1  # one free port, shared
+        with pytest.raises(OSError):  # a second server on the same port fails rather than sharing it
+            reuse_port_sockets("127.0.0.1", sockets[0].getsockname()[1], 2)
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_loadtest_script_tiny(tmp_path):
+    out = tmp_path / "load.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "loadtest.py"), "--requests", "300", "--concurrency",
+                        "20", "--matrices", "50", "--workers", "2", "--client-procs", "2", "--json", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(out.read_text())
+    assert result["completed"] == 300 and result["errors"] == 0 and result["statuses"] == {"200": 300}
+    assert result["p50_ms"] <= result["p99_ms"] <= result["max_ms"] and result["throughput_rps"] > 0
+    assert result["client_procs"] == 2 and result["workers"] == 2 and 0 < result["client_busy"]
+    if Path("/proc/net/tcp").exists():
+        assert sum(result["connections_per_server_process"]) == 20 and result["server_cpu_us_per_request"] > 0
+    assert "req/s" in r.stdout
+
+
+def test_loadtest_merges_the_client_processes():
+    loadtest = loadtest_module()
+    assert loadtest.split(200, 3) == [67, 67, 66] and sum(loadtest.split(7, 4)) == 7
+    parts = [{"latencies": [0.001, 0.003], "statuses": {"200": 2}, "started": 10.0, "ended": 11.0, "warm_up_s": 0.1},
+             {"latencies": [0.002], "statuses": {"200": 1, "ConnectionResetError": 1}, "started": 10.5,
+              "ended": 12.0, "warm_up_s": 0.2}]
+    result = loadtest.merge(parts, requests=4, concurrency=3, rate=None)
+    assert result["completed"] == 3 and result["seconds"] == 2.0 and result["throughput_rps"] == 1.5
+    assert result["p50_ms"] == 2.0 and result["max_ms"] == 3.0 and result["errors"] == 1
+    assert result["statuses"] == {"200": 3, "ConnectionResetError": 1} and result["warm_up_seconds"] == 0.2
+
+
+def test_loadtest_refuses_non_loopback_targets():
+    loadtest = loadtest_module()
     with pytest.raises(SystemExit, match="not a loopback address"):
         loadtest.check_loopback("http://192.0.2.1:8000")
     assert loadtest.check_loopback("http://127.0.0.1:8000") == ("127.0.0.1", 8000)
