@@ -169,6 +169,34 @@ def _m002_trial_uid(db: Database) -> None:
     db["trials"].create_index(["trial_uid"], unique=True)
 
 
+def _m003_spmspv(db: Database) -> None:
+    """SpMSpV: ``spmspv_trials`` (one timed product with a sparse x in one mode) and ``models.task``.
+
+    ``models.task`` tells the SpMV kernel selector ('spmv', every row before)
+    from the SpMSpV mode selector ('spmspv').
+    """
+    db["spmspv_trials"].create(
+        {
+            "id": int,
+            "fingerprint": str,
+            "device": str,
+            "dtype": str,
+            "mode": str,
+            "params": str,
+            "x_nnz": int,
+            "x_seed": int,
+            "time_s": float,
+            "y_nnz": int,
+            "created_at": str,
+        },
+        pk="id",
+        foreign_keys=[("fingerprint", "matrices", "fingerprint"), ("device", "devices", "id")],
+        not_null=["fingerprint", "device", "dtype", "mode", "params", "x_nnz", "x_seed", "time_s", "created_at"],
+    )
+    db["spmspv_trials"].create_index(["device", "dtype"])
+    db["models"].add_column("task", str, not_null_default="spmv")
+
+
 def _convert(kind: type, value: Any) -> Any:
     """``value`` as the plain Python type of a column (NumPy scalars included), or TypeError/ValueError."""
     if value is None:
@@ -229,7 +257,7 @@ class Store:
     """
 
     #: The schema's migrations, in order. Append new ones; never edit, rename or reorder applied ones.
-    MIGRATIONS: ClassVar[tuple[Migration, ...]] = (_m001_initial, _m002_trial_uid)
+    MIGRATIONS: ClassVar[tuple[Migration, ...]] = (_m001_initial, _m002_trial_uid, _m003_spmspv)
     SCHEMA_VERSION: ClassVar[int] = len(MIGRATIONS)
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, memory: bool = False) -> None:
@@ -270,7 +298,7 @@ class Store:
         if self._migrations.pending(self.db):
             with self._write():  # apply() re-checks what is pending, now under the write lock
                 self._migrations.apply(self.db)
-        self._columns = {t: self.db[t].columns_dict for t in ("matrices", "devices", "trials")}
+        self._columns = {t: self.db[t].columns_dict for t in ("matrices", "devices", "trials", "spmspv_trials")}
 
     def _enable_wal(self) -> None:
         """Switch the file to WAL once; SQLite answers that switch with "locked" at once, without
@@ -474,6 +502,26 @@ class Store:
                     self._insert_trial(row)
                     added += 1
         return added
+
+    def add_spmspv_trials(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Record SpMSpV measurements (:mod:`tuner.spmspv_selector` trains on them) in one transaction."""
+        rows = []
+        for record in records:
+            params = _dump_params(record.get("params", {}))
+            required = ("fingerprint", "device", "dtype", "mode", "x_nnz", "x_seed")
+            row = self._row("spmspv_trials", {**record, "params": params}, required)
+            row["time_s"] = _positive_time(record.get("time_s"), f"SpMSpV {row['mode']} time_s")
+            if row["mode"] not in ("sparse", "dense") or row["x_nnz"] < 0:
+                raise StoreError(f"SpMSpV trial: mode must be 'sparse' or 'dense' and x_nnz >= 0, got {record!r}")
+            rows.append({**row, "created_at": _now()})
+        with self._write():
+            self.db["spmspv_trials"].insert_all(rows, pk="id")
+        return len(rows)
+
+    def spmspv_trials(self, *, device: str, dtype: str) -> list[dict[str, Any]]:
+        """The SpMSpV measurements on a device in a dtype, oldest first."""
+        rows = self.db["spmspv_trials"].rows_where("device = ? and dtype = ?", [device, dtype], order_by="id")
+        return [_decoded(row) for row in rows]
 
     def trial_uids(self) -> set[str]:
         """The ``trial_uid`` of every trial that has one."""

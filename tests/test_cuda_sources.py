@@ -13,20 +13,23 @@ import pytest
 
 from kernels import REGISTRY
 from kernels._cuda import KERNEL_DIR
+from kernels.spmspv import MODES
 
 NVCC = shutil.which("nvcc")
-CU_FAMILIES = sorted(n for n, f in REGISTRY.items() if f.cu_file)
+SOURCES = {**{n: f for n, f in REGISTRY.items() if f.cu_file}, **{f"spmspv-{n}": m for n, m in MODES.items()}}
+"""Every user of a .cu file: the SpMV families and the SpMSpV modes."""
+CU_FAMILIES = sorted(SOURCES)
 
 
 def test_every_cu_file_belongs_to_a_family():
     on_disk = {p.name for p in KERNEL_DIR.glob("*.cu")}
-    assert on_disk == {REGISTRY[n].cu_file for n in CU_FAMILIES}
+    assert on_disk == {SOURCES[n].cu_file for n in CU_FAMILIES}
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("family", CU_FAMILIES)
 def test_cu_file_compiles_with_nvcc(family, tmp_path):
-    f = REGISTRY[family]
+    f = SOURCES[family]
     uses = "\n".join(
         f"    (void)&{expr};" for dtype in ("float32", "float64") for expr in f.name_expressions(dtype)
     )

@@ -40,7 +40,9 @@ COLUMNS = {
         "fingerprint", "device", "dtype", "kernel", "params", "time_s", "gflops", "gbps", "trial_id",
         "cusparse_time_s", "updated_at",
     ],
-    "models": ["id", "device", "dtype", "created_at", "n_train", "features", "metrics", "blob"],
+    "models": ["id", "device", "dtype", "created_at", "n_train", "features", "metrics", "blob", "task"],
+    "spmspv_trials": ["id", "fingerprint", "device", "dtype", "mode", "params", "x_nnz", "x_seed", "time_s",
+                      "y_nnz", "created_at"],
 }  # fmt: skip
 
 
@@ -106,7 +108,7 @@ def test_schema_has_every_table_and_column(tmp_path: Path) -> None:
         assert db.journal_mode == "wal"
         assert db.execute("PRAGMA busy_timeout").fetchone()[0] == 60000
         assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert store.schema_version() == Store.SCHEMA_VERSION == len(Store.MIGRATIONS) == 2
+        assert store.schema_version() == Store.SCHEMA_VERSION == len(Store.MIGRATIONS) == 3
 
 
 def test_memory_store_skips_wal() -> None:

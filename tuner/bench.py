@@ -48,11 +48,16 @@ PLAN_LABEL = "plan-untuned"
 
 @dataclass(frozen=True)
 class Source:
-    """One matrix to benchmark: a name, the suite it belongs to, and how to load it."""
+    """One matrix to benchmark: a name, the suite it belongs to, and how to load it.
+
+    ``key``, for a generated matrix, says which one it is without building it
+    (``tune-many`` passes done studies by it).
+    """
 
     name: str
     suite: str
     load: Callable[[str], Any]
+    key: str | None = None
 
 
 def sources(matrices: Sequence[str | Path], suite_name: str | None = None) -> list[Source]:
@@ -63,7 +68,7 @@ def sources(matrices: Sequence[str | Path], suite_name: str | None = None) -> li
         label = item.name if item.is_dir() else "files"
         out += [Source(matrix_name(f), label, lambda dtype, f=f: read_mtx(f, dtype=dtype)) for f in files]
     if suite_name:
-        out += [Source(m.name, suite_name, m.build) for m in suite(suite_name)]
+        out += [Source(m.name, suite_name, m.build, m.key) for m in suite(suite_name)]
     return out
 
 

@@ -142,7 +142,8 @@ def _print_summary(result: Any) -> None:
 @_clean_errors
 def bench(
     matrices: Annotated[list[Path] | None, typer.Argument(help=".mtx files or folders of them")] = None,
-    suite: Annotated[str | None, typer.Option(help="a named generated suite: small or large")] = None,
+    suite: Annotated[str | None, typer.Option(
+        help="a named generated suite: small, large, corpus or corpus-smoke")] = None,
     trials: Annotated[int, typer.Option(help="trials per matrix (0: reuse what the store holds)")] = 40,
     dtype: DtypeOption = "float64",
     out: Annotated[Path, typer.Option(help="folder for the result CSV and JSON")] = Path("bench/results"),
@@ -162,7 +163,8 @@ def bench(
     check_dtype(dtype)
     srcs = sources(matrices or [], suite)
     if not srcs:
-        raise InvalidConfigError("nothing to benchmark: give .mtx files, folders, or --suite small|large")
+        raise InvalidConfigError("nothing to benchmark: give .mtx files, folders, or --suite NAME "
+                                 "(small, large, corpus, corpus-smoke)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     backend = get_backend(device)
     store = Store(db)
@@ -251,13 +253,23 @@ def train(
     dtype: DtypeOption = "float64",
     cv: Annotated[int, typer.Option(help="cross-validation folds (grouped by matrix)")] = 5,
     seed: Annotated[int, typer.Option(help="random seed of the classifiers")] = 0,
+    corpus: Annotated[list[Path] | None, typer.Option(
+        help="corpus file(s) (`tuner corpus export`) to import into the store first; again: adds nothing")] = None,
+    evaluate: Annotated[bool, typer.Option(
+        help="print out-of-fold accuracy and time against the tuned best and the baselines")] = True,
+    ship: Annotated[bool, typer.Option(
+        help="also write the model as the selector shipped in the package for this device and dtype")] = False,
+    ship_dir: Annotated[Path | None, typer.Option(
+        help="folder for --ship (default: $SPMV_TUNER_MODELS, else the package's tuner/data)")] = None,
 ) -> None:
     """Train the kernel selector from the store's best configs on a device and save it as a new model."""
     from db.store import Store
-    from tuner.model import KernelSelector, pick_device, save_model, training_table
+    from tuner.model import KernelSelector, pick_device, save_model, ship_model, training_table
 
     check_dtype(dtype)
     with Store(db) as store:
+        for path in corpus or []:
+            _print_import(_import_corpus(store, path))
         device = pick_device(store, device)
         table = training_table(store, device=device, dtype=dtype)
         if len(table) < 2:
@@ -275,9 +287,88 @@ def train(
                         "kept" if name == model.classifier_name_ else "")
         console.print(out)
         metrics = {"cv": model.cv_scores_, "classifier": model.classifier_name_, "skipped": len(table.skipped)}
+        if evaluate and len(set(table.fingerprints)) >= 2:
+            from tuner.model_eval import evaluate_selector
+
+            result = evaluate_selector(store, table, device=device, dtype=dtype,
+                                       classifier=model.classifier_name_, cv=cv, random_state=seed)
+            _print_evaluation(result)
+            metrics["evaluation"] = result.as_metrics()
         model_id = save_model(store, model, device=device, dtype=dtype, metrics=metrics)
         console.print(f"saved model {model_id} ({model.classifier_name_}, {len(table)} matrices, "
                       f"{len(table.skipped)} skipped without features)")
+        if ship:
+            from tuner.shipped import shipped_dir
+
+            path = ship_model(model, device=device, dtype=dtype, metrics=metrics, folder=ship_dir or shipped_dir())
+            console.print(f"shipped as {path} ({path.stat().st_size / 1024:.0f} KiB): plan() predicts with it "
+                          f"on {device} in {dtype} wherever the store has no model of its own")
+
+
+def _print_evaluation(result: Any) -> None:
+    table = Table(title=f"out-of-fold ({result.folds} folds, {result.classifier}) on {result.matrices} matrices "
+                        f"({result.device}, {result.dtype}): t_best / t, 1 = the tuned best")
+    for col in ("strategy", "top-1 family", "geomean", "worst 5%", "matrices"):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in result.rows:
+        acc = "-" if r.accuracy is None else f"{r.accuracy:.1%}"
+        table.add_row(escape(r.strategy), acc, f"{r.geomean:.3f}", f"{r.worst5:.3f}", str(r.matrices))
+    console.print(table)
+    console.print(f"the predicted config itself was measured on {result.exact} of {result.matrices} matrices; "
+                  "elsewhere its family's default stands in (see tuner.model_eval)")
+
+
+def _import_corpus(store: Any, path: Path) -> Any:
+    from tuner.corpus import import_corpus
+
+    return import_corpus(store, path)
+
+
+def _print_import(report: Any) -> None:
+    console.print(f"imported {report.path}: {report.trials_added} of {report.trials} trials added "
+                  f"({', '.join(f'{k}: {v}' for k, v in sorted(report.per_dtype.items())) or 'none'}), "
+                  f"{report.matrices} matrices, {report.devices} devices; {report.best} best configs in the store")
+
+
+corpus_app = typer.Typer(help="The training corpus as one compact file: export a store's trials, import them.",
+                         no_args_is_help=True)
+app.add_typer(corpus_app, name="corpus")
+
+
+@corpus_app.command("export")
+@_clean_errors
+def corpus_export(
+    output: Annotated[Path, typer.Argument(help="the corpus file to write (gzipped JSON lines, .jsonl.gz)")],
+    db: DbOption = None,
+    device: Annotated[str | None, typer.Option(help="only this device's trials (default: every device)")] = None,
+    dtype: Annotated[str | None, typer.Option(help="only this dtype's trials (default: both)")] = None,
+) -> None:
+    """Write the store's trials, with their matrices, features and devices, to one compact file."""
+    from db.store import Store
+    from tuner.corpus import export_corpus
+
+    if dtype is not None:
+        check_dtype(dtype)
+    with Store(db) as store:
+        report = export_corpus(store, output, device=device, dtype=dtype)
+    size = output.stat().st_size
+    console.print(f"wrote {output} ({size / 1e6:.2f} MB): {report.trials} trials "
+                  f"({', '.join(f'{k}: {v}' for k, v in sorted(report.per_dtype.items())) or 'none'}) of "
+                  f"{report.matrices} matrices on {report.devices} devices")
+
+
+@corpus_app.command("import")
+@_clean_errors
+def corpus_import(
+    files: Annotated[list[Path], typer.Argument(help="corpus files from `tuner corpus export`")],
+    db: DbOption = None,
+) -> None:
+    """Add corpus files' trials to the store (each trial once: importing again adds nothing)."""
+    from db.store import Store
+
+    with Store(db) as store:
+        for path in files:
+            _print_import(_import_corpus(store, path))
 
 
 @app.command("kernels")

@@ -196,8 +196,9 @@ def repeats_queued(study: optuna.Study, trial: optuna.Trial) -> bool:
 # -- sources -----------------------------------------------------------------------------------------
 
 
-def read_sources(items: Sequence[str | Path]) -> list[Any]:
-    """``.mtx``/``.mtx.gz`` files, folders of them, and manifests, as :class:`tuner.bench.Source`.
+def read_sources(items: Sequence[str | Path], suite: str | None = None) -> list[Any]:
+    """``.mtx``/``.mtx.gz`` files, folders of them, and manifests, then a named generated suite's
+    matrices (:mod:`tuner.suites`, built by each worker itself), as :class:`tuner.bench.Source`.
 
     A manifest is any other file: one path per line (blank lines and ``#``
     comments skipped, relative paths taken from the manifest's folder), or a
@@ -210,7 +211,7 @@ def read_sources(items: Sequence[str | Path]) -> list[Any]:
         if not item.exists():
             raise FileNotFoundError(f"source {item} does not exist")
         paths += _manifest(item) if item.is_file() and not item.name.endswith((".mtx", ".mtx.gz")) else [item]
-    return sources(paths)
+    return sources(paths, suite)
 
 
 def _manifest(path: Path) -> list[Path]:
@@ -243,6 +244,8 @@ class WorkerStats:
     failed: int = 0
     cached: int = 0
     lost: int = 0  # stale trials of dead workers that this one marked failed (counted by the caller)
+    passed: int = 0  # done studies passed by their source key, without building the matrix
+    left: int = 0  # matrices not visited because the deadline came first
     studies: list[str] = field(default_factory=list)
 
 
@@ -266,12 +269,20 @@ def run_worker(
     seed: int = 0,
     emit: Callable[[dict[str, Any]], None] = lambda event: None,
     poll_s: float = 1.0,
+    start: int = 0,
+    deadline: float | None = None,
 ) -> WorkerStats:
     """Bring the study of every source (on this backend's device model, in ``dtype``) to ``total`` finished trials.
 
-    One pass over the list does the work; then, if the storage has heartbeats,
-    the worker waits for studies whose last trials run elsewhere, failing them
-    if their worker died, until every study is done.
+    One pass over the list does the work, beginning at index ``start`` and
+    wrapping around (tune-many starts each worker at its own share of the
+    list, so workers begin on different studies and meet only at the end);
+    then, if the storage has heartbeats, the worker waits for studies whose
+    last trials run elsewhere, failing them if their worker died, until every
+    study is done. A source with a ``key`` whose study is done is passed by
+    without building its matrix. With ``deadline`` (a ``time.time()``), no
+    trial starts after it and the rest of the list is left (``stats.left``)
+    for a later run.
     """
     from tuner.evaluate import ContextLostError
     from tuner.features import fingerprint
@@ -280,6 +291,11 @@ def run_worker(
 
     stats = WorkerStats()
     pending: dict[str, tuple[int, Any]] = {}
+    by_key = _studies_by_source(storage, study_name("", backend.info, dtype)) if any(s.key for s in srcs) else {}
+
+    def remaining() -> float | None:
+        """Seconds to the deadline (at least a nanosecond: tune() reads a timeout of 0 as none), or None."""
+        return None if deadline is None else max(deadline - time.time(), 1e-9)
 
     def on_trial(outcome: Any) -> None:
         stats.trials += 1
@@ -288,6 +304,12 @@ def run_worker(
         emit({"ev": "trial", "ok": outcome is None or outcome.ok, "cached": outcome is None})
 
     def visit(index: int, src: Any) -> None:
+        if src.key in by_key:  # a generated matrix whose study exists: if done, passed by without building it
+            budget = settle(optuna.load_study(study_name=by_key[src.key], storage=storage), total)
+            if not budget.open:
+                stats.passed += 1
+                finished(index, src, by_key[src.key], budget)
+                return
         A = as_csr(src.load(dtype), dtype=dtype)
         name = study_name(fingerprint(A), backend.info, dtype)
         try:  # a study that needs nothing more is passed by without building the reference
@@ -300,7 +322,8 @@ def run_worker(
                 finished(index, src, name, budget)
                 return
         result = tune(A, backend=backend, store=None, storage=storage, name=src.name, dtype=dtype, trials=total,
-                      total=total, kernels=kernels, seed=seed, on_trial=on_trial, summary=False)
+                      timeout=remaining(), total=total, kernels=kernels, seed=seed, on_trial=on_trial,
+                      summary=False, source=src.key)
         finished(index, src, result.study, result.budget)
 
     def finished(index: int, src: Any, name: str, budget: Any) -> None:
@@ -314,7 +337,12 @@ def run_worker(
         emit({"ev": "matrix", "index": index, "name": src.name, "study": name, "state": state,
               "finished": budget.finished, "failed": budget.failed})
 
-    for index, src in enumerate(srcs):
+    order = [*range(start % max(len(srcs), 1), len(srcs)), *range(start % max(len(srcs), 1))]
+    for step, index in enumerate(order):
+        if deadline is not None and time.time() >= deadline:
+            stats.left = len(order) - step
+            break
+        src = srcs[index]
         stats.matrices += 1
         try:
             visit(index, src)
@@ -324,7 +352,7 @@ def run_worker(
             stats.errors += 1
             emit({"ev": "matrix", "index": index, "name": src.name, "state": "error", "message": str(exc)[:500]})
 
-    while pending and is_heartbeat_enabled(storage):
+    while pending and is_heartbeat_enabled(storage) and (deadline is None or time.time() < deadline):
         time.sleep(poll_s)
         for name, (index, src) in list(pending.items()):
             budget = settle(optuna.load_study(study_name=name, storage=storage), total)
@@ -337,16 +365,28 @@ def run_worker(
     return stats
 
 
+def _studies_by_source(storage: optuna.storages.BaseStorage, suffix: str) -> dict[str, str]:
+    """Source key → study name, for the storage's studies whose name ends with ``suffix``
+    (``|device|dtype|registry version``: this worker's device model, dtype and registry)."""
+    from tuner.search import SOURCE_ATTR
+
+    return {s.user_attrs[SOURCE_ATTR]: s.study_name for s in storage.get_all_studies()
+            if s.study_name.endswith(suffix) and s.user_attrs.get(SOURCE_ATTR)}
+
+
 def worker(
-    sources: Annotated[list[Path], typer.Argument(help=".mtx files, folders, manifests")],
     storage: Annotated[str, typer.Option(help="optuna storage shared by every worker")],
     trials_per_matrix: Annotated[int, typer.Option(help="finished trials per study, all workers together")],
+    sources: Annotated[list[Path] | None, typer.Argument(help=".mtx files, folders, manifests")] = None,
+    suite: Annotated[str | None, typer.Option()] = None,
     dtype: Annotated[str, typer.Option()] = "float64",
     device: Annotated[str, typer.Option()] = "gpu",
     kernels: Annotated[str | None, typer.Option()] = None,
     seed: Annotated[int, typer.Option()] = 0,
     heartbeat: Annotated[int, typer.Option()] = HEARTBEAT_S,
     grace: Annotated[int, typer.Option()] = GRACE_S,
+    start: Annotated[int, typer.Option(help="index of the list to begin at (wrapping around)")] = 0,
+    deadline: Annotated[float | None, typer.Option(help="time.time() after which no trial starts")] = None,
 ) -> None:
     """One worker (started by tune-many): JSON lines of progress on stdout."""
     from tuner.backend import get_backend
@@ -359,13 +399,14 @@ def worker(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     lost = []
     try:
-        srcs = read_sources(sources)
+        srcs = read_sources(sources or [], suite)
         backend = get_backend(device)
         shared = open_shared_storage(storage, heartbeat=heartbeat, grace=grace,
                                      on_stale=lambda study, trial: lost.append(trial.number))
         emit({"ev": "start", "device": backend.info.id, "matrices": len(srcs), "pid": os.getpid()})
         stats = run_worker(srcs, storage=shared, backend=backend, dtype=dtype, total=trials_per_matrix,
-                           kernels=kernels.split(",") if kernels else None, seed=seed, emit=emit)
+                           kernels=kernels.split(",") if kernels else None, seed=seed, emit=emit, start=start,
+                           deadline=deadline)
         stats.lost = len(lost)
     except ContextLostError as exc:
         emit({"ev": "fatal", "message": str(exc)[:1000]})
@@ -409,15 +450,19 @@ class _Worker:
     end: dict[str, Any] | None = None
     fatal: str = ""
     task: Any = None
+    seen: set[int] = field(default_factory=set)  # indices of the list it reported (a restart repeats some)
 
 
 def tune_many(
-    sources: Annotated[list[Path], typer.Argument(help=".mtx files, folders of them, or manifests (a path a line)")],
     storage: Annotated[str, typer.Option(
         help="optuna storage every worker shares: postgresql://… (many hosts), PATH.log or journal:PATH "
              "(a shared file system), sqlite:///… (one worker only)")],
     trials_per_matrix: Annotated[int, typer.Option(
         "--trials-per-matrix", min=1, help="finished trials (ok or failed) per study, all workers together")],
+    sources: Annotated[list[Path] | None, typer.Argument(
+        help=".mtx files, folders of them, or manifests (a path a line)")] = None,
+    suite: Annotated[str | None, typer.Option(
+        help="also a named generated suite (small, large, corpus, corpus-smoke), built by each worker")] = None,
     gpus: Annotated[str | None, typer.Option(help="GPU indices, one worker each (default: every GPU here)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="worker processes, with --device cpu-reference")] = None,
     dtype: Annotated[str, typer.Option(help="value type: float64 or float32")] = "float64",
@@ -428,15 +473,18 @@ def tune_many(
     = HEARTBEAT_S,
     grace: Annotated[int, typer.Option(min=1, help="seconds without a heartbeat before a trial is failed")]
     = GRACE_S,
+    time_limit: Annotated[float | None, typer.Option(
+        min=0, help="seconds after which no trial starts; run the same command again to go on")] = None,
 ) -> None:
     """Tune every matrix on every GPU of this host, sharing the studies through STORAGE with every other host."""
     from tuner.errors import InvalidConfigError as _Invalid
 
+    deadline = None if time_limit is None else time.time() + time_limit
     try:
         check_dtype(dtype)
-        srcs = read_sources(sources)
+        srcs = read_sources(sources or [], suite)
         if not srcs:
-            raise _Invalid("nothing to tune: the sources hold no .mtx files")
+            raise _Invalid("nothing to tune: the sources hold no .mtx files (and no --suite was given)")
         if device == "gpu":
             if workers is not None:
                 raise _Invalid("--workers is for --device cpu-reference; on GPUs give --gpus (one worker per GPU)")
@@ -453,17 +501,22 @@ def tune_many(
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1) from None
 
-    args = [*map(str, sources), "--storage", storage, "--trials-per-matrix", str(trials_per_matrix), "--dtype", dtype,
-            "--device", device, "--heartbeat", str(heartbeat), "--grace", str(grace)]
+    args = [*map(str, sources or []), "--storage", storage, "--trials-per-matrix", str(trials_per_matrix), "--dtype",
+            dtype, "--device", device, "--heartbeat", str(heartbeat), "--grace", str(grace)]
     if kernels:
         args += ["--kernels", kernels]
+    if suite:
+        args += ["--suite", suite]
+    if deadline is not None:
+        args += ["--deadline", repr(deadline)]
     root = str(Path(__file__).resolve().parents[1])
     pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     pool = [_Worker(k, label, {**os.environ, "PYTHONPATH": pythonpath, **env}) for k, (label, env) in enumerate(slots)]
     events: queue.Queue[tuple[_Worker, str, str | None]] = queue.Queue()
 
     def start(w: _Worker) -> None:
-        cmd = [sys.executable, "-m", "tuner.distributed", "worker", *args, "--seed", str(_seed(seed, w.slot))]
+        cmd = [sys.executable, "-m", "tuner.distributed", "worker", *args, "--seed", str(_seed(seed, w.slot)),
+               "--start", str(w.slot * len(srcs) // len(pool))]  # each worker begins on its own share
         w.proc = subprocess.Popen(cmd, env=w.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   bufsize=1)
         for stream, kind in ((w.proc.stdout, "event"), (w.proc.stderr, "log")):
@@ -505,7 +558,8 @@ def tune_many(
                 if w.proc and w.proc.poll() is None:
                     w.proc.terminate()
             raise
-    ok = _summary(pool, storage, studies, trials_per_matrix, heartbeat, grace)
+    left = len(srcs) - len(set().union(*(w.seen for w in pool)))
+    ok = _summary(pool, storage, studies, trials_per_matrix, heartbeat, grace, left)
     if not ok:
         raise typer.Exit(1)
 
@@ -522,13 +576,13 @@ def _apply(ev: dict[str, Any], w: _Worker, studies: set[str], done: set[str], de
     if kind == "start":
         w.device = ev["device"]
         devices.add(ev["device"])
-        w.stats["visited"] = 0
     elif kind == "trial":
         w.stats["trials"] += 1
         w.stats["failed"] += not ev["ok"]
         w.stats["cached"] += ev["cached"]
     elif kind == "matrix":
-        w.stats["visited"] = max(w.stats["visited"], ev["index"] + 1)
+        w.seen.add(ev["index"])
+        w.stats["visited"] = len(w.seen)
         if ev.get("study"):
             studies.add(ev["study"])
             if ev["state"] == "done":
@@ -544,18 +598,21 @@ def _info(stats: dict[str, Any]) -> str:
 
 
 def _summary(pool: Sequence[_Worker], spec: str, studies: set[str], total: int, heartbeat: int,
-             grace: int) -> bool:
-    """Print a table per worker and the studies' totals read back from the storage; True if all is done."""
+             grace: int, left: int = 0) -> bool:
+    """Print a table per worker and the studies' totals read back from the storage; True if all is done
+    (``left``: matrices of the list that no worker reached before the time limit)."""
     table = Table(title="tune-many: workers")
-    for col in ("worker", "exit", "matrices", "done", "waiting", "errors", "trials", "failed", "cached", "lost"):
+    for col in ("worker", "exit", "matrices", "done", "passed", "waiting", "errors", "trials", "failed", "cached",
+                "lost"):
         table.add_column(col, justify="left" if col == "worker" else "right")
     healthy = True
     for w in pool:
         rc = w.proc.returncode if w.proc else None
         healthy &= rc == 0
         e = w.end or {}
-        table.add_row(f"{w.slot} {w.label}", str(rc), *(str(e.get(k, "-")) for k in ("matrices", "done", "waiting",
-                      "errors")), *(str(w.stats[k]) for k in ("trials", "failed", "cached")), str(e.get("lost", "-")))
+        table.add_row(f"{w.slot} {w.label}", str(rc), *(str(e.get(k, "-")) for k in ("matrices", "done", "passed",
+                      "waiting", "errors")), *(str(w.stats[k]) for k in ("trials", "failed", "cached")),
+                      str(e.get("lost", "-")))
         if w.fatal:
             console.print(f"[red]worker {w.slot}:[/] {escape(w.fatal)}")
     console.print(table)
@@ -570,12 +627,15 @@ def _summary(pool: Sequence[_Worker], spec: str, studies: set[str], total: int, 
         failed += budget.failed
     console.print(f"studies complete: {complete} of {len(studies)}; finished trials in them: {finished} "
                   f"({failed} failed); storage {spec}")
+    if left:
+        console.print(f"[yellow]the time limit came first: {left} matrices not reached; run the same command "
+                      "again to go on (done studies are passed by)[/]")
     if complete < len(studies):
         console.print("[yellow]not every study is complete: run the same command again to finish them[/]")
     elif not healthy:
         console.print("[yellow]a worker died or failed (see its exit code); the others completed every study[/]")
     console.print(f"copy the trials into a local store with: tuner sync --storage {spec} [--db FILE]")
-    return healthy and complete == len(studies)
+    return healthy and complete == len(studies) and not left
 
 
 # -- sync: from the shared storage into the local SQLite store --------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,10 @@ from tuner.backend import GpuBackend
 from tuner.errors import InvalidConfigError
 from tuner.features import FEATURE_NAMES, extract_features, fingerprint
 from tuner.io import as_csr
+from tuner.shipped import may_predict
+
+if TYPE_CHECKING:
+    from tuner.spmspv import SpMSpVExecutor
 
 
 class Executor:
@@ -108,7 +112,8 @@ class Choice:
 def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
            features: Mapping[str, float] | None = None) -> Choice:
     """The config plan() runs: the stored best for (fingerprint, device, dtype), else the
-    prediction of the store's latest model for (device, dtype) from ``features``, else the default.
+    prediction from ``features`` of the store's latest model for (device, dtype) or, without one, of
+    the model shipped in the package for exactly that device and dtype, else the default.
 
     ``use_tuned=False`` gives what plan() would pick for a matrix it has never
     tuned (the benchmark compares that with the tuned best).
@@ -116,11 +121,10 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     best = store.best(fp, device=device, dtype=dtype) if (use_tuned and store is not None) else None
     if best is not None:
         return Choice(best["kernel"], best["params"], "tuned", best["gflops"])
-    if (store is not None and features is not None and set(FEATURE_NAMES) <= set(features)
-            and store.db["models"].count):
-        from tuner.model import load_latest  # scikit-learn only when a model is stored
+    if features is not None and set(FEATURE_NAMES) <= set(features) and may_predict(store, device, dtype):
+        from tuner.model import find_model  # scikit-learn only when a model is stored or shipped
 
-        model = load_latest(store, device=device, dtype=dtype)
+        model = find_model(store, device=device, dtype=dtype)
         if model is not None:
             kernel, params = model.predict(features)[0]
             try:  # a model trained before the registry changed may name what no longer exists
@@ -130,20 +134,30 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
 
 
-def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None) -> Executor:
+def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None,
+         op: str = "spmv") -> Executor | SpMSpVExecutor:
     """Prepare y = A·x for ``A`` (a .mtx path, SciPy/CuPy sparse matrix or CSR triple).
 
     Looks up the tuned best config for this matrix (by structural fingerprint)
     on this GPU model and dtype in the store ``db`` (default: the per-user
     store); without one it uses cuSPARSE. Preprocessing happens here, once.
+    ``op="spmspv"`` prepares y = A·x for a *sparse* x instead
+    (:class:`~tuner.spmspv.SpMSpVExecutor`).
     """
+    if op == "spmspv":
+        from tuner.spmspv import plan_spmspv
+
+        return plan_spmspv(A, dtype=dtype, db=db)
+    if op != "spmv":
+        raise ValueError(f"unknown op {op!r}: 'spmv' (dense x) or 'spmspv' (sparse x)")
     A = as_csr(A, dtype=dtype)
     fp = fingerprint(A)
     if not gpu_available():
         return Executor(A=A, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fp)
     backend = GpuBackend()
     store = db if isinstance(db, Store) else Store(db)
-    features = extract_features(A) if store.db["models"].count else None  # only a model needs them
+    # only a model needs them
+    features = extract_features(A) if may_predict(store, backend.info.id, str(A.dtype)) else None
     choice = choose(fp, store=store, device=backend.info.id, dtype=str(A.dtype), features=features)
     return Executor(A=A, choice=choice, backend=backend, fingerprint=fp)
 

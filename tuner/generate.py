@@ -4,8 +4,10 @@ Each kind stands for a structure that favours a different SpMV kernel (regular
 stencils, a dense band, uniform rows, power-law rows, a few huge rows, wide LP
 rows, tall and skinny, mostly empty rows). :data:`KINDS` declares them in one
 place, which the CLI and the docs read; :func:`generate` builds one in the
-canonical CSR form of :mod:`tuner.io`. The same kind, size and seed always give
-bit-identical ``indptr``, ``indices`` and ``data``.
+canonical CSR form of :mod:`tuner.io`. The same kind, size, options and seed
+always give bit-identical ``indptr``, ``indices`` and ``data``. Some kinds take
+options that move them across the feature space (``generate("banded", rows=1000,
+half_width=32)``): :attr:`Generator.options` lists them with their defaults.
 
 >>> generate("poisson2d", n=3).nnz
 33
@@ -14,6 +16,8 @@ bit-identical ``indptr``, ``indices`` and ``data``.
 from __future__ import annotations
 
 import functools
+import inspect
+import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,15 +36,22 @@ __all__ = ["KINDS", "Generator", "generate"]
 class Generator:
     """One kind of synthetic matrix: its name, a one-line description, and how it is sized.
 
-    ``fn(size, rng)`` builds the matrix (float64 values) from the size named by
-    ``size_arg``: ``'n'``, the side of a stencil's grid, or ``'rows'``.
+    ``fn(size, rng, **options)`` builds the matrix (float64 values) from the size
+    named by ``size_arg``: ``'n'``, the side of a stencil's grid, or ``'rows'``;
+    its keyword parameters after ``rng`` are the kind's options.
     """
 
     name: str
     doc: str
     size_arg: Literal["n", "rows"]
     default_size: int
-    fn: Callable[[int, np.random.Generator], sp.csr_matrix]
+    fn: Callable[..., sp.csr_matrix]
+
+    @property
+    def options(self) -> dict[str, int | float]:
+        """The kind's options and their defaults (``{}`` for a kind without any)."""
+        params = list(inspect.signature(self.fn).parameters.values())[2:]
+        return {p.name: p.default for p in params}
 
 
 def generate(
@@ -50,16 +61,21 @@ def generate(
     rows: int | None = None,
     seed: int = 0,
     dtype: Any = "float64",
+    **options: int | float,
 ) -> sp.csr_matrix:
     """Build a synthetic matrix of ``kind`` in canonical CSR form, deterministic for ``seed``.
 
     Stencils are sized by ``n`` (grid side), the other kinds by ``rows``; with
-    neither, the kind's default size is used. An unknown kind, the other kind's
-    size argument, or a size or seed that is not a positive (non-negative)
-    integer raises :class:`~tuner.errors.InvalidConfigError`.
+    neither, the kind's default size is used. ``options`` are the kind's own
+    (:attr:`Generator.options`), each a positive number of its default's type.
+    An unknown kind or option, the other kind's size argument, or a size or
+    seed that is not a positive (non-negative) integer raises
+    :class:`~tuner.errors.InvalidConfigError`.
 
     >>> generate("banded", rows=100, seed=1).shape
     (100, 100)
+    >>> generate("uniform", rows=100, degree=4).nnz <= 400
+    True
     """
     generator = KINDS.get(kind)
     if generator is None:
@@ -67,7 +83,24 @@ def generate(
     size = _size(generator, n=n, rows=rows)
     if not _is_int(seed) or seed < 0:
         raise InvalidConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    return as_csr(generator.fn(size, np.random.default_rng(seed)), dtype=dtype)
+    _check_options(generator, options)
+    return as_csr(generator.fn(size, np.random.default_rng(seed), **options), dtype=dtype)
+
+
+def _check_options(generator: Generator, options: dict[str, Any]) -> None:
+    """Each option known to ``generator`` and a positive number of its default's type."""
+    known = generator.options
+    for name, value in options.items():
+        if name not in known:
+            allowed = ", ".join(known) or "none"
+            raise InvalidConfigError(f"{generator.name} has no option {name!r}; its options: {allowed}")
+        if isinstance(known[name], int):
+            ok = _is_int(value) and value >= 1
+        else:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        if not ok:
+            kind = "integer" if isinstance(known[name], int) else "number"
+            raise InvalidConfigError(f"{generator.name}: {name} must be a positive {kind}, got {value!r}")
 
 
 def _size(generator: Generator, **sizes: int | None) -> int:
@@ -162,15 +195,15 @@ def _banded(rows: int, rng: np.random.Generator, half_width: int = 8) -> sp.csr_
     return _from_rows((rows, rows), inside.sum(axis=1), cols[inside], rng)
 
 
-def _uniform(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
-    """16 uniformly random columns per row (fewer where two coincide)."""
-    return _random_rows(rows, rows, np.full(rows, 16), rng)
+def _uniform(rows: int, rng: np.random.Generator, degree: int = 16) -> sp.csr_matrix:
+    """``degree`` (16) uniformly random columns per row (fewer where two coincide)."""
+    return _random_rows(rows, rows, np.full(rows, degree), rng)
 
 
-def _powerlaw(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
+def _powerlaw(rows: int, rng: np.random.Generator, shape: float = 1.8, minimum: int = 5) -> sp.csr_matrix:
     """Pareto row degrees (shape 1.8, minimum 5: mean about 11, capped at the column count) and
     columns skewed towards low indices (hub columns), like a scale-free graph."""
-    degrees = np.minimum(np.floor(5.0 * (1.0 + rng.pareto(1.8, rows))).astype(np.int64), rows)
+    degrees = np.minimum(np.floor(minimum * (1.0 + rng.pareto(shape, rows))).astype(np.int64), rows)
     cols = np.floor(rows * rng.random(int(degrees.sum())) ** 2).astype(np.int64)
     return _from_rows((rows, rows), degrees, cols, rng)
 
@@ -189,10 +222,10 @@ def _fewhuge(rows: int, rng: np.random.Generator, huge: int = 4, huge_len: int =
     return _from_rows((rows, rows), degrees, cols, rng)
 
 
-def _lp(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
+def _lp(rows: int, rng: np.random.Generator, median: float = 12.0) -> sp.csr_matrix:
     """Wide LP-like constraints: rows x 8·rows, log-normal row lengths (median 12, a long tail)."""
     cols = 8 * rows
-    degrees = np.clip(np.rint(rng.lognormal(np.log(12.0), 1.2, rows)), 1, cols).astype(np.int64)
+    degrees = np.clip(np.rint(rng.lognormal(np.log(median), 1.2, rows)), 1, cols).astype(np.int64)
     return _random_rows(rows, cols, degrees, rng)
 
 
@@ -201,9 +234,11 @@ def _tallskinny(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
     return _random_rows(rows, max(rows // 1000, 8), rng.integers(1, 5, rows), rng)
 
 
-def _emptyrows(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
-    """70% of the rows empty, the others 8 to 32 random nonzeros."""
-    degrees = np.where(rng.random(rows) < 0.7, 0, rng.integers(8, 33, rows))
+def _emptyrows(rows: int, rng: np.random.Generator, empty: float = 0.7) -> sp.csr_matrix:
+    """A fraction ``empty`` (70%) of the rows empty, the others 8 to 32 random nonzeros."""
+    if not empty < 1.0:
+        raise InvalidConfigError(f"emptyrows: empty must be a fraction below 1, got {empty!r}")
+    degrees = np.where(rng.random(rows) < empty, 0, rng.integers(8, 33, rows))
     return _random_rows(rows, rows, degrees, rng)
 
 

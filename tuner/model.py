@@ -10,7 +10,10 @@ family in the scaled feature space.
 Models are stored in the ``models`` table (:func:`save_model`,
 :func:`load_latest`), one versioned row per (device, dtype) training run;
 :func:`tuner.executor.choose` uses the latest one for a matrix without a tuned
-best (source ``'predicted'``).
+best (source ``'predicted'``), else the one shipped inside the package for
+exactly that device and dtype (:func:`ship_model`, :func:`load_shipped`,
+:mod:`tuner.shipped`). Both hold the same row and the same pickled blob
+(:func:`model_row`): one way of serializing.
 
 Example (on a synthetic table)::
 
@@ -25,15 +28,19 @@ Example (on a synthetic table)::
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import pickle
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import sklearn
 from sklearn.base import BaseEstimator
 from sklearn.compose import ColumnTransformer
 from sklearn.dummy import DummyClassifier
@@ -56,14 +63,19 @@ __all__ = [
     "COUNT_FEATURES",
     "KernelSelector",
     "TrainingTable",
+    "find_model",
     "grouped_split",
     "latest_row",
     "load_latest",
+    "load_shipped",
+    "model_row",
     "save_model",
     "select_model",
+    "ship_model",
     "pick_device",
     "training_table",
 ]
+_log = logging.getLogger(__name__)
 
 COUNT_FEATURES: frozenset[str] = frozenset(
     {"rows", "cols", "nnz", "npr_min", "npr_max", "npr_mean", "npr_std", "fd_seg_count", "fd_seg_size",
@@ -115,7 +127,10 @@ def select_model(
         pipe = _pipeline(_classifier(name, random_state), feature_names)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # failed folds (error_score=nan) warn; they show as NaN
-            fold = cross_val_score(pipe, X, y, groups=groups, cv=cv, error_score=np.nan)
+            try:
+                fold = cross_val_score(pipe, X, y, groups=groups, cv=cv, error_score=np.nan)
+            except ValueError:  # every fold failed (scikit-learn raises then, error_score or not)
+                fold = np.full(cv.get_n_splits(), np.nan)
         ok = fold[np.isfinite(fold)]
         scores[name] = {
             "mean": float(ok.mean()) if ok.size else float("nan"),
@@ -270,40 +285,115 @@ def grouped_split(
 # -- storage ---------------------------------------------------------------------------------------
 
 
-def save_model(store: Store, model: KernelSelector, *, device: str, dtype: str,
-               metrics: Mapping[str, Any] | None = None) -> int:
-    """Store a fitted model for (device, dtype) as a new version; returns its id."""
+def model_row(model: KernelSelector, *, device: str, dtype: str,
+              metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A fitted model as a ``models`` row: what the store keeps and a shipped file holds (the blob pickled)."""
     check_is_fitted(model, ["pipeline_", "neighbours_"])
-    if store.device(device) is None:
-        raise StoreError(f"unknown device {device!r}; known: {[d['id'] for d in store.devices()]}")
-    table = store.db["models"]
-    table.insert({
+    return {
         "device": device,
         "dtype": dtype,
         "created_at": datetime.now(UTC).isoformat(timespec="microseconds"),
         "n_train": int(model.n_train_),
         "features": json.dumps([str(n) for n in model.feature_names_in_]),
-        "metrics": json.dumps(dict(metrics or {}), allow_nan=False, default=float),
+        "metrics": json.dumps({**dict(metrics or {}), "sklearn": sklearn.__version__}, allow_nan=False,
+                              default=float),
         "blob": pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL),
-    })
+    }
+
+
+def save_model(store: Store, model: KernelSelector, *, device: str, dtype: str,
+               metrics: Mapping[str, Any] | None = None) -> int:
+    """Store a fitted model for (device, dtype) as a new version; returns its id."""
+    row = model_row(model, device=device, dtype=dtype, metrics=metrics)
+    if store.device(device) is None:
+        raise StoreError(f"unknown device {device!r}; known: {[d['id'] for d in store.devices()]}")
+    table = store.db["models"]
+    table.insert(row)
     return int(table.last_pk)
+
+
+def ship_model(model: KernelSelector, *, device: str, dtype: str, metrics: Mapping[str, Any] | None = None,
+               folder: str | Path | None = None) -> Path:
+    """Write a fitted model as the selector shipped for exactly (device, dtype) (:mod:`tuner.shipped`) into
+    ``folder`` (default: the package's ``tuner/data``); returns the file's path."""
+    from tuner.shipped import DATA_DIR, write_shipped
+
+    row = model_row(model, device=device, dtype=dtype, metrics=metrics)
+    blob = row.pop("blob")
+    return write_shipped({**row, "task": "spmv"}, blob, Path(folder) if folder is not None else DATA_DIR)
+
+
+def _unpickle(row: Mapping[str, Any]) -> KernelSelector | None:
+    """The model of a ``models`` row (or a shipped header with its blob); None when trained on another
+    feature set. The blob is a pickle: only load stores and packages you trust."""
+    if row.get("blob") is None or json.loads(row["features"]) != list(FEATURE_NAMES):
+        return None  # trained on another feature set: unusable until retrained
+    return pickle.loads(row["blob"])
 
 
 def latest_row(store: Store, *, device: str, dtype: str) -> dict[str, Any] | None:
     """The newest ``models`` row for exactly (device, dtype), or None."""
-    rows = store.db["models"].rows_where("device = ? and dtype = ?", [device, dtype], order_by="id desc", limit=1)
+    rows = store.db["models"].rows_where("task = 'spmv' and device = ? and dtype = ?", [device, dtype],
+                                         order_by="id desc", limit=1)
     return next(iter(rows), None)
 
 
 def load_latest(store: Store, *, device: str, dtype: str) -> KernelSelector | None:
     """The newest model trained for exactly (device, dtype), or None. The blob is a pickle: only load
     stores you trust."""
-    row = latest_row(store, device=device, dtype=dtype)
-    if row is None or row["blob"] is None:
+    rows = store.db["models"].rows_where("task = 'spmv' and device = ? and dtype = ?", [device, dtype],
+                                         select="id, created_at", order_by="id desc", limit=1)
+    newest = next(iter(rows), None)
+    if newest is None:
         return None
-    if json.loads(row["features"]) != list(FEATURE_NAMES):
-        return None  # trained on another feature set: unusable until retrained
-    return pickle.loads(row["blob"])
+    key = (str(store.path), newest["id"], newest["created_at"])
+    if key not in _LOADED:  # unpickled once per process: the service asks on every request
+        _LOADED[key] = _unpickle(store.db["models"].get(newest["id"]))
+    return _LOADED[key]
+
+
+_LOADED: dict[tuple[str, int, str], KernelSelector | None] = {}
+
+
+def load_shipped(device: str, dtype: str) -> KernelSelector | None:
+    """The selector shipped for exactly (device, dtype), or None (also when it cannot be unpickled here,
+    e.g. under an incompatible scikit-learn: logged). Each file is unpickled once."""
+    from tuner.shipped import shipped_path
+
+    path = shipped_path(device, dtype)
+    if path is None or not path.is_file():
+        return None
+    stat = path.stat()
+    return _load_shipped(str(path), stat.st_mtime_ns, stat.st_size, device, dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_shipped(path: str, mtime_ns: int, size: int, device: str, dtype: str) -> KernelSelector | None:
+    from tuner.shipped import read_shipped
+
+    try:
+        found = read_shipped(device, dtype)
+        if found is None:
+            return None
+        header, blob = found
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # InconsistentVersionWarning: logged once below instead
+            model = _unpickle({**header, "blob": blob})
+    except Exception as exc:  # a damaged file, a pickle from an incompatible scikit-learn: the default instead
+        _log.warning("the selector shipped in %s cannot be loaded (%s: %s); plan() uses the default", path,
+                     type(exc).__name__, exc)
+        return None
+    trained_with = json.loads(header.get("metrics") or "{}").get("sklearn")
+    if trained_with and trained_with != sklearn.__version__:
+        _log.warning("the selector shipped in %s was pickled with scikit-learn %s, this is %s", path, trained_with,
+                     sklearn.__version__)
+    return model
+
+
+def find_model(store: Store | None, *, device: str, dtype: str) -> KernelSelector | None:
+    """The selector ``plan()`` predicts with for exactly (device, dtype): the store's newest, else the shipped one."""
+    model = load_latest(store, device=device, dtype=dtype) if store is not None else None
+    return model if model is not None else load_shipped(device, dtype)
 
 
 def pick_device(store: Store, device: str | None) -> str:

@@ -57,6 +57,7 @@ from tuner.verify import Reference
 RECORD_ATTR = "record"  # a trial's user attr holding its full store row (tune() sets it for every measurement)
 UID_ATTR = "uid"  # a trial's user attr: a unique id, set right after ask(); the store's trial_uid
 CACHED_ATTR = "cached"  # a trial told the value an earlier trial of the study measured for the same config
+SOURCE_ATTR = "source"  # a study's user attr: the key of the generated matrix it tunes (tune-many skips by it)
 _log = logging.getLogger(__name__)
 
 
@@ -123,6 +124,7 @@ def tune(
     on_trial: Callable[[TrialResult | None], None] | None = None,
     total: int | None = None,
     summary: bool = True,
+    source: str | None = None,
 ) -> TuneResult:
     """Tune SpMV for ``A`` on ``backend``: ``trials`` more trials (or until ``timeout`` seconds).
 
@@ -135,7 +137,10 @@ def tune(
     last trials are running elsewhere (``result.budget`` says which); ``trials``
     still caps this call. ``store=None`` writes no SQLite row (the trials'
     ``record`` user attrs keep everything; ``tuner sync`` copies them), and
-    ``summary=False`` skips the final re-timing.
+    ``summary=False`` skips the final re-timing. ``source`` (a generated
+    matrix's :attr:`~tuner.suites.SuiteMatrix.key`) is kept in the study's
+    user attrs (:data:`SOURCE_ATTR`), so a later run finds the study without
+    building the matrix.
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]
     A = as_csr(A, dtype=dtype)
@@ -162,6 +167,7 @@ def tune(
         "matrix": _jsonable({"name": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
                              "features": features}),
         "device_record": _jsonable(device.record(bandwidth)),
+        **({SOURCE_ATTR: source} if source else {}),
     }
     for key, value in attrs.items():
         if study.user_attrs.get(key) != value:

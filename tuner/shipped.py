@@ -1,0 +1,108 @@
+"""Kernel selectors shipped inside the package, so ``plan()`` predicts on a fresh install.
+
+A shipped selector is one file per (device, dtype),
+``tuner/data/spmv-selector_<device slug>_<dtype>.pkl.gz``: gzip of one JSON
+line, the header (the ``models`` row's fields but the blob: ``task``,
+``device``, ``dtype``, ``created_at``, ``n_train``, ``features``, ``metrics``,
+and the scikit-learn version it was pickled with), then the blob, the same
+bytes the store's ``models.blob`` holds (:func:`tuner.model.save_model`).
+``tuner train --ship`` writes it. It is used only for exactly the device and
+dtype its header names (the file name is only where to look), and only when
+the store has no selector of its own for them.
+
+This module reads headers and paths only; it imports no scikit-learn, so
+``plan()`` can ask whether a selector exists without paying for it.
+``$SPMV_TUNER_MODELS`` names another folder to look in, or with an empty value
+turns shipped selectors off (the tests do, so what is shipped never changes
+their answers).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from db.store import Store
+
+__all__ = ["DATA_DIR", "ENV", "may_predict", "read_header", "read_shipped", "shipped_dir", "shipped_path",
+           "write_shipped"]
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+ENV = "SPMV_TUNER_MODELS"
+FORMAT = "spmv-tuner-selector"
+VERSION = 1
+
+
+def shipped_dir() -> Path | None:
+    """Where shipped selectors are looked for: ``$SPMV_TUNER_MODELS`` (empty: nowhere), else the package's."""
+    env = os.environ.get(ENV)
+    if env is None:
+        return DATA_DIR
+    return Path(env).expanduser() if env else None
+
+
+def device_slug(device: str) -> str:
+    """``NVIDIA H200 (sm_90)`` → ``NVIDIA-H200-sm-90`` (as the benchmark's file names)."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-")
+
+
+def shipped_path(device: str, dtype: str, folder: Path | None = None) -> Path | None:
+    """The file a selector for (device, dtype) has in ``folder`` (default :func:`shipped_dir`); None when
+    shipped selectors are off."""
+    folder = shipped_dir() if folder is None else folder
+    return None if folder is None else folder / f"spmv-selector_{device_slug(device)}_{dtype}.pkl.gz"
+
+
+def write_shipped(header: dict[str, Any], blob: bytes, folder: Path) -> Path:
+    """Write a selector file for ``header['device']`` and ``header['dtype']`` into ``folder``; its path.
+    Written to a temporary name first; gzip's timestamp is zeroed (same selector, same bytes)."""
+    path = shipped_path(header["device"], header["dtype"], folder)
+    assert path is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+        gz.write(json.dumps({"format": FORMAT, "version": VERSION, **header}, sort_keys=True).encode() + b"\n")
+        gz.write(blob)
+    tmp.replace(path)
+    return path
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The header of a selector file; InvalidConfigError if it is not one."""
+    try:
+        with gzip.open(path, "rb") as f:
+            header = json.loads(f.readline())
+    except (OSError, EOFError, ValueError) as exc:
+        raise InvalidConfigError(f"{path} is not a shipped selector: {exc}") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise InvalidConfigError(f"{path} is not a shipped selector of version {VERSION}")
+    return header
+
+
+def read_shipped(device: str, dtype: str) -> tuple[dict[str, Any], bytes] | None:
+    """(header, blob) of the selector shipped for exactly (device, dtype), or None."""
+    path = shipped_path(device, dtype)
+    if path is None or not path.is_file():
+        return None
+    header = read_header(path)
+    if header.get("device") != device or header.get("dtype") != dtype or header.get("task", "spmv") != "spmv":
+        return None
+    with gzip.open(path, "rb") as f:
+        f.readline()
+        return header, f.read()
+
+
+def may_predict(store: Store | None, device: str, dtype: str) -> bool:
+    """Whether a selector may exist for (device, dtype): the store holds models, or a file is shipped for them.
+    Cheap (no scikit-learn): ``plan()`` extracts features only then."""
+    if store is not None and store.db["models"].count:
+        return True
+    path = shipped_path(device, dtype)
+    return path is not None and path.is_file()
