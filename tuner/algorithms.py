@@ -20,9 +20,9 @@ from tuner.spmspv import SpMSpVExecutor, plan_spmspv
 
 
 def frontier_matrix(A: Any) -> sp.csr_matrix:
-    """The pattern of Aᵀ in float32 with ones: y = Bᵀ... so that y = B·x holds the out-neighbours of x's vertices.
+    """B = pattern(A)ᵀ in float32 with ones, so that y = B·x is nonzero at the out-neighbours of x's vertices.
 
-    A[i, j] != 0 is an edge i -> j (SciPy's csgraph convention); B = pattern(A)ᵀ.
+    A[i, j] != 0 is an edge i -> j (SciPy's csgraph convention).
     """
     A = as_csr(A)
     if A.shape[0] != A.shape[1]:
