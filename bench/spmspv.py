@@ -31,7 +31,6 @@ import argparse
 import csv
 import datetime as dt
 import json
-import re
 import statistics
 import sys
 import time
@@ -52,29 +51,25 @@ from tuner.algorithms import bfs, frontier_matrix  # noqa: E402
 from tuner.backend import GpuBackend  # noqa: E402
 from tuner.errors import InvalidConfigError  # noqa: E402
 from tuner.features import extract_features, fingerprint  # noqa: E402
-from tuner.generate import generate  # noqa: E402
 from tuner.io import read_mtx  # noqa: E402
+from tuner.shipped import slug  # noqa: E402
 from tuner.spmspv import plan_spmspv  # noqa: E402
+from tuner.suites import SuiteMatrix  # noqa: E402
 
 FILLS = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
-MATRICES = (  # (kind, size): graphs (square, small diameter) and non-graphs, 16 K to ~50 M nonzeros
+MATRICES = tuple(SuiteMatrix(kind, size) for kind, size in (  # graphs (square, small diameter), non-graphs,
     ("powerlaw", 1 << 12), ("powerlaw", 1 << 14), ("powerlaw", 1 << 16), ("powerlaw", 1 << 18),
     ("powerlaw", 1 << 20), ("powerlaw", 2_000_000),
     ("uniform", 1 << 12), ("uniform", 1 << 14), ("uniform", 1 << 16), ("uniform", 1 << 18),
     ("uniform", 1 << 20), ("uniform", 3_000_000),
     ("poisson2d", 128), ("poisson2d", 512), ("poisson2d", 2000), ("poisson3d", 32), ("poisson3d", 100),
     ("banded", 1 << 16), ("banded", 1 << 20), ("fewhuge", 1 << 18), ("emptyrows", 1 << 16),
-    ("emptyrows", 1 << 20), ("lp", 1 << 13), ("lp", 1 << 16), ("tallskinny", 1 << 20),
-)
-BFS_GRAPHS = (("powerlaw", 1 << 18), ("uniform", 1 << 18), ("powerlaw", 2_000_000), ("uniform", 3_000_000),
-              ("poisson2d", 700))
-QUICK = (("powerlaw", 1 << 12), ("uniform", 1 << 12), ("poisson2d", 64), ("lp", 1 << 10))
-
-
-def build(kind: str, size: int, dtype: str) -> Any:
-    from tuner.generate import KINDS
-
-    return generate(kind, **{KINDS[kind].size_arg: size}, seed=1, dtype=dtype)
+    ("emptyrows", 1 << 20), ("lp", 1 << 13), ("lp", 1 << 16), ("tallskinny", 1 << 20),  # 16 K to ~50 M nonzeros
+))
+BFS_GRAPHS = tuple(SuiteMatrix(kind, size) for kind, size in (
+    ("powerlaw", 1 << 18), ("uniform", 1 << 18), ("powerlaw", 2_000_000), ("uniform", 3_000_000), ("poisson2d", 700)))
+QUICK = tuple(SuiteMatrix(kind, size) for kind, size in (
+    ("powerlaw", 1 << 12), ("uniform", 1 << 12), ("poisson2d", 64), ("lp", 1 << 10)))
 
 
 def wall(cp: Any, repeats: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
@@ -183,10 +178,7 @@ def train(store: Store, device: str, dtype: str, out: Path, label: str) -> dict[
         return report
     report["svm_params"] = {k: (v if isinstance(v, str) else float(v)) for k, v in model.best_params_.items()}
     spmspv_selector.save(store, model, device=device, dtype=dtype, metrics=report)
-    import pickle
-
-    shipped = out / spmspv_selector.shipped_path(device, dtype).name
-    shipped.write_bytes(pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))
+    spmspv_selector.ship(model, device=device, dtype=dtype, metrics=report, folder=out)
     (out / f"{label}_spmspv_selector_{dtype}.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -254,11 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     cp = backend.cp
     store = Store(args.db)
     device = store.add_device(backend.info.record())
-    label = f"{dt.date.today().isoformat()}_{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-')}"
+    label = f"{dt.date.today().isoformat()}_{slug(device)}"
     args.out.mkdir(parents=True, exist_ok=True)
 
-    matrices = [(f"{k}-{s}", lambda k=k, s=s: build(k, s, args.dtype)) for k, s in (QUICK if args.quick
-                                                                                     else MATRICES)]
+    matrices = [(m.name, lambda m=m: m.build(args.dtype)) for m in (QUICK if args.quick else MATRICES)]
     if args.shared:
         matrices += [(p.name.split(".")[0], lambda p=p: read_mtx(p, dtype=args.dtype))
                      for p in sorted(args.shared.glob("*.mtx.gz"))]
@@ -281,11 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=1), flush=True)
 
     summaries, all_steps = [], []
-    for kind, size in (QUICK[:2] if args.quick else BFS_GRAPHS):
-        G = build(kind, size, args.dtype)
-        steps, summary = bfs_steps(cp, G, store, args.repeats)
-        all_steps += [{"graph": f"{kind}-{size}", **s} for s in steps]
-        summaries.append({"graph": f"{kind}-{size}", **summary})
+    for graph in (QUICK[:2] if args.quick else BFS_GRAPHS):
+        steps, summary = bfs_steps(cp, graph.build(args.dtype), store, args.repeats)
+        all_steps += [{"graph": graph.name, **s} for s in steps]
+        summaries.append({"graph": graph.name, **summary})
         print(json.dumps(summaries[-1]), flush=True)
     write_csv(args.out / f"{label}_bfs_steps_{args.dtype}.csv", all_steps)
     write_csv(args.out / f"{label}_bfs_{args.dtype}.csv", summaries)

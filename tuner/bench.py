@@ -34,6 +34,7 @@ from tuner.features import extract_features, fingerprint
 from tuner.io import matrix_name, read_mtx
 from tuner.metrics import gbps, gflops
 from tuner.search import tune
+from tuner.shipped import slug
 from tuner.suites import suite
 from tuner.verify import Reference
 
@@ -149,7 +150,7 @@ def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage
     env = environment(backend)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{env['date'][:10]}_{_slug(env['device'])}_{_slug(label)}_{dtype}"
+    stem = f"{env['date'][:10]}_{slug(env['device'])}_{slug(label)}_{dtype}"
     csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
     rows: list[dict[str, Any]] = []
     for src in srcs:
@@ -179,6 +180,3 @@ def _write(csv_path: Path, json_path: Path, env: dict[str, Any], rows: list[dict
     tmp.write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     tmp.replace(json_path)
 
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")

@@ -285,26 +285,31 @@ def grouped_split(
 # -- storage ---------------------------------------------------------------------------------------
 
 
-def model_row(model: KernelSelector, *, device: str, dtype: str,
-              metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A fitted model as a ``models`` row: what the store keeps and a shipped file holds (the blob pickled)."""
-    check_is_fitted(model, ["pipeline_", "neighbours_"])
+def model_row(model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any] | None = None,
+              task: str = "spmv", features: Sequence[str] | None = None) -> dict[str, Any]:
+    """A fitted selector as a ``models`` row: what the store keeps and a shipped file holds (the blob pickled).
+
+    ``task`` is 'spmv' for a :class:`KernelSelector` (its ``feature_names_in_`` are the features) or
+    'spmspv' for :class:`tuner.spmspv_selector.ModeSelector` (pass its ``features``).
+    """
+    check_is_fitted(model, "pipeline_")
     return {
+        "task": task,
         "device": device,
         "dtype": dtype,
         "created_at": datetime.now(UTC).isoformat(timespec="microseconds"),
         "n_train": int(model.n_train_),
-        "features": json.dumps([str(n) for n in model.feature_names_in_]),
+        "features": json.dumps([str(n) for n in (model.feature_names_in_ if features is None else features)]),
         "metrics": json.dumps({**dict(metrics or {}), "sklearn": sklearn.__version__}, allow_nan=False,
                               default=float),
         "blob": pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL),
     }
 
 
-def save_model(store: Store, model: KernelSelector, *, device: str, dtype: str,
-               metrics: Mapping[str, Any] | None = None) -> int:
-    """Store a fitted model for (device, dtype) as a new version; returns its id."""
-    row = model_row(model, device=device, dtype=dtype, metrics=metrics)
+def save_model(store: Store, model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any] | None = None,
+               task: str = "spmv", features: Sequence[str] | None = None) -> int:
+    """Store a fitted selector for (device, dtype) as a new version (see :func:`model_row`); returns its id."""
+    row = model_row(model, device=device, dtype=dtype, metrics=metrics, task=task, features=features)
     if store.device(device) is None:
         raise StoreError(f"unknown device {device!r}; known: {[d['id'] for d in store.devices()]}")
     table = store.db["models"]
@@ -312,73 +317,74 @@ def save_model(store: Store, model: KernelSelector, *, device: str, dtype: str,
     return int(table.last_pk)
 
 
-def ship_model(model: KernelSelector, *, device: str, dtype: str, metrics: Mapping[str, Any] | None = None,
-               folder: str | Path | None = None) -> Path:
-    """Write a fitted model as the selector shipped for exactly (device, dtype) (:mod:`tuner.shipped`) into
+def ship_model(model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any] | None = None,
+               folder: str | Path | None = None, task: str = "spmv", features: Sequence[str] | None = None) -> Path:
+    """Write a fitted selector as the one shipped for exactly (device, dtype) (:mod:`tuner.shipped`) into
     ``folder`` (default: the package's ``tuner/data``); returns the file's path."""
     from tuner.shipped import DATA_DIR, write_shipped
 
-    row = model_row(model, device=device, dtype=dtype, metrics=metrics)
+    row = model_row(model, device=device, dtype=dtype, metrics=metrics, task=task, features=features)
     blob = row.pop("blob")
-    return write_shipped({**row, "task": "spmv"}, blob, Path(folder) if folder is not None else DATA_DIR)
+    return write_shipped(row, blob, Path(folder) if folder is not None else DATA_DIR)
 
 
-def _unpickle(row: Mapping[str, Any]) -> KernelSelector | None:
-    """The model of a ``models`` row (or a shipped header with its blob); None when trained on another
-    feature set. The blob is a pickle: only load stores and packages you trust."""
-    if row.get("blob") is None or json.loads(row["features"]) != list(FEATURE_NAMES):
+def _unpickle(row: Mapping[str, Any], features: Sequence[str]) -> Any:
+    """The model of a ``models`` row (or a shipped header with its blob); None when trained on other
+    ``features``. The blob is a pickle: only load stores and packages you trust."""
+    if row.get("blob") is None or json.loads(row["features"]) != list(features):
         return None  # trained on another feature set: unusable until retrained
     return pickle.loads(row["blob"])
 
 
-def latest_row(store: Store, *, device: str, dtype: str) -> dict[str, Any] | None:
-    """The newest ``models`` row for exactly (device, dtype), or None."""
-    rows = store.db["models"].rows_where("task = 'spmv' and device = ? and dtype = ?", [device, dtype],
-                                         order_by="id desc", limit=1)
+def latest_row(store: Store, *, device: str, dtype: str, task: str = "spmv", select: str = "*"
+               ) -> dict[str, Any] | None:
+    """The newest ``models`` row of ``task`` for exactly (device, dtype) (its ``select`` columns), or None."""
+    rows = store.db["models"].rows_where("task = ? and device = ? and dtype = ?", [task, device, dtype],
+                                         select=select, order_by="id desc", limit=1)
     return next(iter(rows), None)
 
 
-def load_latest(store: Store, *, device: str, dtype: str) -> KernelSelector | None:
-    """The newest model trained for exactly (device, dtype), or None. The blob is a pickle: only load
-    stores you trust."""
-    rows = store.db["models"].rows_where("task = 'spmv' and device = ? and dtype = ?", [device, dtype],
-                                         select="id, created_at", order_by="id desc", limit=1)
-    newest = next(iter(rows), None)
+def load_latest(store: Store, *, device: str, dtype: str, task: str = "spmv",
+                features: Sequence[str] = FEATURE_NAMES) -> Any:
+    """The newest ``task`` selector trained for exactly (device, dtype) on ``features``, or None. The blob
+    is a pickle: only load stores you trust."""
+    newest = latest_row(store, device=device, dtype=dtype, task=task, select="id, created_at")
     if newest is None:
         return None
     key = (str(store.path), newest["id"], newest["created_at"])
     if key not in _LOADED:  # unpickled once per process: the service asks on every request
-        _LOADED[key] = _unpickle(store.db["models"].get(newest["id"]))
+        _LOADED[key] = _unpickle(store.db["models"].get(newest["id"]), features)
     return _LOADED[key]
 
 
-_LOADED: dict[tuple[str, int, str], KernelSelector | None] = {}
+_LOADED: dict[tuple[str, int, str], Any] = {}
 
 
-def load_shipped(device: str, dtype: str) -> KernelSelector | None:
-    """The selector shipped for exactly (device, dtype), or None (also when it cannot be unpickled here,
-    e.g. under an incompatible scikit-learn: logged). Each file is unpickled once."""
+def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Sequence[str] = FEATURE_NAMES) -> Any:
+    """The ``task`` selector shipped for exactly (device, dtype), or None (also when it cannot be unpickled
+    here, e.g. under an incompatible scikit-learn: logged). Each file is unpickled once."""
     from tuner.shipped import shipped_path
 
-    path = shipped_path(device, dtype)
+    path = shipped_path(device, dtype, task=task)
     if path is None or not path.is_file():
         return None
     stat = path.stat()
-    return _load_shipped(str(path), stat.st_mtime_ns, stat.st_size, device, dtype)
+    return _load_shipped(str(path), stat.st_mtime_ns, stat.st_size, device, dtype, task, tuple(features))
 
 
 @functools.lru_cache(maxsize=8)
-def _load_shipped(path: str, mtime_ns: int, size: int, device: str, dtype: str) -> KernelSelector | None:
+def _load_shipped(path: str, mtime_ns: int, size: int, device: str, dtype: str, task: str,
+                  features: tuple[str, ...]) -> Any:
     from tuner.shipped import read_shipped
 
     try:
-        found = read_shipped(device, dtype)
+        found = read_shipped(device, dtype, task=task)
         if found is None:
             return None
         header, blob = found
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # InconsistentVersionWarning: logged once below instead
-            model = _unpickle({**header, "blob": blob})
+            model = _unpickle({**header, "blob": blob}, features)
     except Exception as exc:  # a damaged file, a pickle from an incompatible scikit-learn: the default instead
         _log.warning("the selector shipped in %s cannot be loaded (%s: %s); plan() uses the default", path,
                      type(exc).__name__, exc)

@@ -31,7 +31,7 @@ from tuner.errors import InvalidConfigError
 if TYPE_CHECKING:
     from db.store import Store
 
-__all__ = ["DATA_DIR", "ENV", "may_predict", "read_header", "read_shipped", "shipped_dir", "shipped_path",
+__all__ = ["DATA_DIR", "ENV", "may_predict", "read_header", "read_shipped", "shipped_dir", "shipped_path", "slug",
            "write_shipped"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -48,22 +48,24 @@ def shipped_dir() -> Path | None:
     return Path(env).expanduser() if env else None
 
 
-def device_slug(device: str) -> str:
-    """``NVIDIA H200 (sm_90)`` → ``NVIDIA-H200-sm-90`` (as the benchmark's file names)."""
-    return re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-")
+def slug(text: str) -> str:
+    """``NVIDIA H200 (sm_90)`` → ``NVIDIA-H200-sm-90``: a device or label as part of a file name (the
+    benchmark's result files and the shipped selectors)."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
 
 
-def shipped_path(device: str, dtype: str, folder: Path | None = None) -> Path | None:
-    """The file a selector for (device, dtype) has in ``folder`` (default :func:`shipped_dir`); None when
-    shipped selectors are off."""
+def shipped_path(device: str, dtype: str, folder: Path | None = None, *, task: str = "spmv") -> Path | None:
+    """The file a selector for ``task`` ('spmv': kernels, 'spmspv': SpMSpV modes) on (device, dtype) has in
+    ``folder`` (default :func:`shipped_dir`); None when shipped selectors are off."""
     folder = shipped_dir() if folder is None else folder
-    return None if folder is None else folder / f"spmv-selector_{device_slug(device)}_{dtype}.pkl.gz"
+    return None if folder is None else folder / f"{task}-selector_{slug(device)}_{dtype}.pkl.gz"
 
 
 def write_shipped(header: dict[str, Any], blob: bytes, folder: Path) -> Path:
-    """Write a selector file for ``header['device']`` and ``header['dtype']`` into ``folder``; its path.
-    Written to a temporary name first; gzip's timestamp is zeroed (same selector, same bytes)."""
-    path = shipped_path(header["device"], header["dtype"], folder)
+    """Write a selector file for ``header['task']``, ``header['device']`` and ``header['dtype']`` into
+    ``folder``; its path. Written to a temporary name first; gzip's timestamp is zeroed (same selector, same
+    bytes)."""
+    path = shipped_path(header["device"], header["dtype"], folder, task=header["task"])
     assert path is not None
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -86,13 +88,13 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def read_shipped(device: str, dtype: str) -> tuple[dict[str, Any], bytes] | None:
-    """(header, blob) of the selector shipped for exactly (device, dtype), or None."""
-    path = shipped_path(device, dtype)
+def read_shipped(device: str, dtype: str, *, task: str = "spmv") -> tuple[dict[str, Any], bytes] | None:
+    """(header, blob) of the ``task`` selector shipped for exactly (device, dtype), or None."""
+    path = shipped_path(device, dtype, task=task)
     if path is None or not path.is_file():
         return None
     header = read_header(path)
-    if header.get("device") != device or header.get("dtype") != dtype or header.get("task", "spmv") != "spmv":
+    if header.get("device") != device or header.get("dtype") != dtype or header.get("task", "spmv") != task:
         return None
     with gzip.open(path, "rb") as f:
         f.readline()
@@ -102,7 +104,7 @@ def read_shipped(device: str, dtype: str) -> tuple[dict[str, Any], bytes] | None
 def may_predict(store: Store | None, device: str, dtype: str) -> bool:
     """Whether a selector may exist for (device, dtype): the store holds models, or a file is shipped for them.
     Cheap (no scikit-learn): ``plan()`` extracts features only then."""
-    if store is not None and store.db["models"].count:
+    if store is not None and store.db["models"].count_where("task = 'spmv'"):
         return True
     path = shipped_path(device, dtype)
     return path is not None and path.is_file()

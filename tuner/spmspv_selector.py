@@ -19,16 +19,12 @@ decides: sparse mode below that fill, dense above.
 The measurements live in the store's ``spmspv_trials`` table
 (:meth:`db.store.Store.add_spmspv_trials`), a trained selector in ``models``
 with ``task = 'spmspv'``; a selector for the GPU measured here ships in
-``tuner/data/`` (:func:`shipped_path`).
+``tuner/data/`` (:func:`ship`, :mod:`tuner.shipped`).
 """
 
 from __future__ import annotations
 
-import json
-import pickle
-import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +60,8 @@ FILL_GRID = np.logspace(-6, 0, 121)
 
 MODES = ("dense", "sparse")
 
-_DATA = Path(__file__).resolve().parent / "data"
+TASK = "spmspv"
+"""The selector's ``task`` in the ``models`` table and in shipped file names."""
 
 
 def _log10(X: np.ndarray) -> np.ndarray:
@@ -206,27 +203,24 @@ def evaluate(X: np.ndarray, y: np.ndarray, weight: np.ndarray, groups: Sequence[
     return {"rows": len(y), "matrices": n_groups, "table": table}
 
 
-# -- storage -------------------------------------------------------------------------------------------
+# -- storage: the models table and the shipped files of the SpMV selector (tuner.model), task 'spmspv' ---------
 
 
 def save(store: Store, model: ModeSelector, *, device: str, dtype: str, metrics: Mapping[str, Any]) -> int:
     """Store a fitted selector for (device, dtype) as a new ``models`` row (task 'spmspv'); its id."""
-    check_is_fitted(model, "pipeline_")
-    table = store.db["models"]
-    table.insert({
-        "task": "spmspv", "device": device, "dtype": dtype,
-        "created_at": datetime.now(UTC).isoformat(timespec="microseconds"),
-        "n_train": int(model.n_train_), "features": json.dumps(list(SELECTOR_FEATURES)),
-        "metrics": json.dumps(dict(metrics), allow_nan=False, default=float),
-        "blob": pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL),
-    })
-    return int(table.last_pk)
+    from tuner.model import save_model
+
+    return save_model(store, model, device=device, dtype=dtype, metrics=metrics, task=TASK,
+                      features=SELECTOR_FEATURES)
 
 
-def shipped_path(device: str, dtype: str) -> Path:
-    """Where the selector shipped for (device, dtype) lives inside the package."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-")
-    return _DATA / f"spmspv-selector_{slug}_{dtype}.pkl"
+def ship(model: ModeSelector, *, device: str, dtype: str, metrics: Mapping[str, Any],
+         folder: str | Path | None = None) -> Path:
+    """Write a fitted selector as the one shipped for (device, dtype) (default folder: ``tuner/data``)."""
+    from tuner.model import ship_model
+
+    return ship_model(model, device=device, dtype=dtype, metrics=metrics, folder=folder, task=TASK,
+                      features=SELECTOR_FEATURES)
 
 
 def load(store: Store | None, *, device: str, dtype: str) -> tuple[ModeSelector | None, str]:
@@ -235,13 +229,11 @@ def load(store: Store | None, *, device: str, dtype: str) -> tuple[ModeSelector 
     Returns ``(selector, source)`` with source 'trained', 'shipped' or 'default'.
     Selectors are pickles: only load stores and packages you trust.
     """
-    if store is not None and "task" in store.db["models"].columns_dict:
-        rows = store.db["models"].rows_where("task = 'spmspv' and device = ? and dtype = ?", [device, dtype],
-                                             order_by="id desc", limit=1)
-        for row in rows:
-            if json.loads(row["features"]) == list(SELECTOR_FEATURES):
-                return pickle.loads(row["blob"]), "trained"
-    path = shipped_path(device, dtype)
-    if path.is_file():
-        return pickle.loads(path.read_bytes()), "shipped"
+    from tuner.model import load_latest, load_shipped
+
+    found = {"device": device, "dtype": dtype, "task": TASK, "features": SELECTOR_FEATURES}
+    if store is not None and (model := load_latest(store, **found)) is not None:
+        return model, "trained"
+    if (model := load_shipped(**found)) is not None:
+        return model, "shipped"
     return None, "default"
