@@ -45,7 +45,7 @@ from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Prepared
 from kernels._space import Param, Space
 from kernels.nut import STRUCTURE as NUT_STRUCTURE
-from kernels.nut import Nut
+from kernels.nut import Nut, _stable_argsort
 
 SparseVector = tuple[Any, Any]
 """``(indices, values)``: int32 indices, strictly increasing, and values (NumPy or CuPy arrays)."""
@@ -182,20 +182,11 @@ class SparseMode(Mode):
             if not int(counters[1]):  # no sum cancelled to zero: y is complete
                 return rows, sums
         else:
-            import cupyx
-
             total = int(offsets[-1])
             rows = cupy.empty(total, dtype=cupy.int32)
             products = cupy.empty(total, dtype=dtype)
             kernels[f"spmspv_gather<{t}>"](blocks, (block,), (*head, rows, products))
-            order = cupy.argsort(rows)
-            rows, products = rows[order], products[order]
-            first = cupy.ones(total, dtype=bool)
-            first[1:] = rows[1:] != rows[:-1]
-            segment = cupy.cumsum(first) - 1  # each product's place in y
-            rows = rows[first]
-            sums = cupy.zeros(rows.shape[0], dtype=dtype)
-            cupyx.scatter_add(sums, segment, products)  # (cupy.add.reduceat lost precision here)
+            rows, sums = sum_runs(cupy, rows, products)
         keep = sums != 0
         return rows[keep], sums[keep]
 
@@ -216,10 +207,7 @@ class SparseMode(Mode):
         if prepared.params["merge"] == "spa":  # first touches, sorted; sums gathered from the accumulator
             touched = np.unique(rows)
             return touched, np.bincount(rows, weights=products, minlength=prepared.shape[0])[touched]
-        order = np.argsort(rows, kind="stable")  # sort by row, sum each run of equal rows
-        rows, products = rows[order], products[order]
-        first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-        return rows[first], np.add.reduceat(products, first)
+        return sum_runs(np, rows, products)  # sort by row, sum each run of equal rows
 
 
 class DenseMode(Mode):
@@ -268,9 +256,34 @@ class DenseMode(Mode):
         return rows, y[rows]
 
 
+def sum_runs(xp: Any, keys: Any, values: Any) -> tuple[Any, Any]:
+    """(distinct keys ascending, the sum of each key's values) for unsorted ``keys`` (``xp``: NumPy or CuPy).
+
+    A stable sort, then each run of equal keys summed: ``numpy.add.reduceat`` on
+    the CPU; on the GPU ``cupyx.scatter_add`` into the runs (``cupy.add.reduceat``
+    lost up to 1e-4 of float32 sums here).
+    """
+    if keys.shape[0] == 0:
+        return keys, values
+    order = _stable_argsort(xp, keys)
+    keys, values = keys[order], values[order]
+    first = xp.ones(keys.shape[0], dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    if xp is np:
+        starts = np.flatnonzero(first)
+        return keys[starts], np.add.reduceat(values, starts)
+    import cupyx
+
+    run = xp.cumsum(first) - 1  # each value's run
+    distinct = keys[first]
+    sums = xp.zeros(distinct.shape[0], dtype=values.dtype)
+    cupyx.scatter_add(sums, run, values)
+    return distinct, sums
+
+
 SPARSE = SparseMode()
 DENSE = DenseMode()
 MODES: dict[str, Mode] = {SPARSE.name: SPARSE, DENSE.name: DENSE}
 """The two modes by name."""
 
-__all__ = ["DENSE", "MODES", "SPARSE", "DenseMode", "Mode", "SparseMode", "SparseVector"]
+__all__ = ["DENSE", "MODES", "SPARSE", "DenseMode", "Mode", "SparseMode", "SparseVector", "sum_runs"]

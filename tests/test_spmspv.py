@@ -302,6 +302,9 @@ def test_gpu_executor_and_bfs() -> None:
         idx, val = sparse_x(A.shape[1], fill, seed)
         y = ex((cupy.asarray(idx), cupy.asarray(val)))
         check(A, tuple(cupy.asnumpy(a) for a in y), expected(A, idx, val), "float64")
+    idx, val = as_sparse_vector((cupy.asarray([4, 1, 7, 1]), cupy.asarray([-1.0, 1.0, 2.0, 2.0])), 9, np.float32,
+                                cupy)  # unsorted, 1 twice: summed on the GPU too
+    assert idx.tolist() == [1, 4, 7] and val.tolist() == [3.0, -1.0, 2.0] and val.dtype == np.float32
     for name, G in bfs_cases():
         want = scipy_levels(G)
         for mode in (None, "sparse", "dense"):

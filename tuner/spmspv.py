@@ -33,7 +33,7 @@ import scipy.sparse as sp
 
 from db.store import Store
 from kernels._cuda import gpu_available, require_cupy
-from kernels.spmspv import MODES
+from kernels.spmspv import MODES, sum_runs
 from tuner import spmspv_selector
 from tuner.features import extract_features, fingerprint
 from tuner.io import as_csr
@@ -76,10 +76,7 @@ def as_sparse_vector(x: Any, n: int, dtype: Any, xp: Any = np) -> tuple[Any, Any
     if not finite:
         raise ValueError("x's values hold NaN or Inf")
     if not increasing:  # sort, and sum duplicates
-        order = xp.argsort(indices, kind="stable") if xp is np else xp.argsort(indices)
-        indices, values = indices[order], values[order]
-        starts = xp.flatnonzero(xp.concatenate([xp.ones(1, dtype=bool), indices[1:] != indices[:-1]]))
-        indices, values = indices[starts], xp.add.reduceat(values, starts).astype(dtype, copy=False)
+        indices, values = sum_runs(xp, indices, values)
     return indices.astype(xp.int32), xp.ascontiguousarray(values)
 
 
