@@ -463,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="spmv-loadtest-") as tmp:
         if args.url:
+            check_loopback(args.url)  # before anything is sent to it
             wait_ready(args.url.rstrip("/"), proc=None, timeout=10)
             vectors = [(secrets.token_hex(16), {"rows": 1000.0, "cols": 1000.0, "nnz": 5000.0}, False)]
             server = contextmanager(lambda: (yield args.url, None))()
@@ -479,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     result.update(matrices=None if args.url else args.matrices, workers=None if args.url else args.workers,
                   server_stack=None if args.url else server_stack(), cpus=os.cpu_count(),
                   machine=platform.machine(), python=platform.python_version())
+    workers = "" if result["workers"] is None else f"{result['workers']} workers, "  # None: a server of --url
     print(f"{result['completed']}/{result['requests']} requests, {result['concurrency']} connections, "
-          f"{result['mode']}, {result['cpus']} CPUs, {result['workers']} workers, {result['client_procs']} client "
+          f"{result['mode']}, {result['cpus']} CPUs, {workers}{result['client_procs']} client "
           f"processes: {result['throughput_rps']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, p90 {result['p90_ms']:.1f} "
           f"ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms, errors {result['errors']} "
           f"{result['statuses']}; clients {result['client_busy']:.0%} busy")

@@ -96,7 +96,9 @@ def _start(config: uvicorn.Config, sock: socket.socket) -> BaseProcess:
 def run(app: str, *, host: str, port: int, workers: int, **options: Any) -> None:
     """Serve ``app`` (an import string) with uvicorn in ``workers`` processes; ``options`` go to uvicorn.
 
-    One worker runs in this process. Returns after SIGINT or SIGTERM once every worker has stopped;
+    One worker runs in this process; more run in child processes, one listening socket each, and this
+    process supervises them (a worker that exits is started again). Returns after SIGINT or SIGTERM once
+    every worker has stopped;
     exits with uvicorn's startup-failure code when a worker cannot start the app.
     """
     config = uvicorn.Config(app, host=host, port=port, workers=workers, **options)

@@ -274,4 +274,6 @@ def test_loadtest_refuses_non_loopback_targets():
     loadtest = loadtest_module()
     with pytest.raises(SystemExit, match="not a loopback address"):
         loadtest.check_loopback("http://192.0.2.1:8000")
+    with pytest.raises(SystemExit, match="not a loopback address"):  # refused before anything is sent to it
+        loadtest.main(["--url", "http://192.0.2.1:8000", "--requests", "1"])
     assert loadtest.check_loopback("http://127.0.0.1:8000") == ("127.0.0.1", 8000)

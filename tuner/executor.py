@@ -101,12 +101,15 @@ class Executor:
 
 @dataclass(frozen=True)
 class Choice:
-    """A kernel config and where it came from ('tuned', 'predicted' or 'default')."""
+    """A kernel config and where it came from ('tuned', 'predicted' or 'default'); for a tuned one, the
+    times of it and of cuSPARSE the store holds (``cusparse_time_s`` may be unknown)."""
 
     kernel: str
     params: dict[str, Any]
     source: str
     expected_gflops: float | None = None
+    time_s: float | None = None
+    cusparse_time_s: float | None = None
 
 
 def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
@@ -120,7 +123,7 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     """
     best = store.best(fp, device=device, dtype=dtype) if (use_tuned and store is not None) else None
     if best is not None:
-        return Choice(best["kernel"], best["params"], "tuned", best["gflops"])
+        return Choice(best["kernel"], best["params"], "tuned", best["gflops"], best["time_s"], best["cusparse_time_s"])
     if features is not None and set(FEATURE_NAMES) <= set(features) and may_predict(store, device, dtype):
         from tuner.model import find_model  # scikit-learn only when a model is stored or shipped
 

@@ -107,18 +107,12 @@ def recommendation(
     # other, choose() need not look one up.
     choice = choose(fingerprint or "", store=store, device=device, dtype=dtype, features=features,
                     use_tuned=stored is not None)
-    measured = None
-    if choice.source == "tuned":  # what choose() does not say: how the tuned config compared with cuSPARSE
-        measured = store.db.execute(
-            "select cusparse_time_s, time_s from best where fingerprint = ? and device = ? and dtype = ?",
-            [fingerprint, device, dtype],
-        ).fetchone()
     return RecommendationPublic(
         kernel=choice.kernel,
         params=choice.params,
         source=choice.source,
         expected_gflops=choice.expected_gflops,
-        ratio_to_cusparse=ratio(*measured) if measured else None,
+        ratio_to_cusparse=ratio(choice.cusparse_time_s, choice.time_s),
         device=device,
         device_kind=device_kind,
         dtype=dtype,
