@@ -47,6 +47,13 @@ _BUSY_TIMEOUT_MS = 60_000  # a tuning worker waits this long for another's write
 _MIN_PREFIX = 6  # shortest fingerprint prefix find_matrix accepts
 _TRIAL_REQUIRED = ("fingerprint", "device", "dtype", "kernel", "params", "state")
 _BEST_PK = ("fingerprint", "device", "dtype")
+TRIAL_FIELDS = (
+    "fingerprint", "device", "dtype", "kernel", "params", "study", "trial_number", "trial_uid", "state",
+    "time_s", "time_p10_s", "time_p90_s", "prepare_s", "gflops", "gbps", "verified", "rel_error", "error_kind",
+    "error", "created_at",
+)  # fmt: skip
+"""The fields of a trial record that travels between stores (``tuner sync``, corpus files): every
+``trials`` column but the store's own ``id``."""
 _BEST_FROM_TRIAL = ("fingerprint", "device", "dtype", "kernel", "params", "time_s", "gflops", "gbps")
 
 Migration = Callable[[Database], None]
@@ -339,15 +346,23 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot {doing} the store {self.path}: {exc}") from exc
 
+    def transaction(self) -> contextlib.AbstractContextManager[Database]:
+        """Several writes as one: all of them or, on any error, none (the methods' own writes join it)."""
+        return self._write()
+
     @contextlib.contextmanager
     def _write(self) -> Iterator[Database]:
-        """One transaction begun with ``BEGIN IMMEDIATE``, committed on success, rolled back on error.
+        """One transaction begun with ``BEGIN IMMEDIATE``, committed on success, rolled back on error;
+        inside one already open (:meth:`transaction`), the writes simply join it.
 
         ``db.atomic()`` begins DEFERRED: two processes could then both read the
         old best before either writes. IMMEDIATE takes the write lock first
         (waiting up to the busy timeout); sqlite-utils' own writes inside it
         become savepoints.
         """
+        if self.db.conn.in_transaction:
+            yield self.db
+            return
         with self._errors("write to"):
             self.db.conn.execute("BEGIN IMMEDIATE")
             try:

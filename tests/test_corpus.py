@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from db.store import Store
 from tuner.cli import app
 from tuner.corpus import export_corpus, import_corpus, read_corpus
-from tuner.errors import InvalidConfigError
+from tuner.errors import InvalidConfigError, TunerError
 from tuner.features import extract_features, fingerprint
 from tuner.generate import generate
 
@@ -127,6 +127,39 @@ def test_a_file_that_is_not_a_corpus_is_refused_with_its_name(tmp_path):
         with pytest.raises(InvalidConfigError, match="line 2"):
             import_corpus(store, broken)
         assert store.db["trials"].count == 0
+        empty = tmp_path / "empty.jsonl.gz"
+        empty.write_bytes(gzip.compress(b""))
+        with pytest.raises(InvalidConfigError, match="empty"):
+            import_corpus(store, empty)
+        binary = tmp_path / "binary.jsonl.gz"
+        binary.write_bytes(gzip.compress(b"\xff\xfe\x00garbage\n"))
+        with pytest.raises(InvalidConfigError, match="cannot read the corpus"):
+            import_corpus(store, binary)
+
+
+def _lines(path: Path) -> list[bytes]:
+    return gzip.decompress(path.read_bytes()).splitlines(keepends=True)
+
+
+def test_a_damaged_corpus_adds_nothing_at_all(source, tmp_path):
+    path = tmp_path / "corpus.jsonl.gz"
+    export_corpus(source, path)
+    lines = _lines(path)
+    cut = tmp_path / "cut.jsonl.gz"  # cut at a line boundary: every line parses, the header's counts do not match
+    cut.write_bytes(gzip.compress(b"".join(lines[: len(lines) // 2])))
+    truncated = tmp_path / "truncated.jsonl.gz"  # the gzip stream itself cut short, late in the file
+    truncated.write_bytes(path.read_bytes()[: -40])
+    bad_trial = tmp_path / "bad_trial.jsonl.gz"  # the last trial names a matrix the file does not hold
+    last = max(i for i, line in enumerate(lines) if line.startswith(b'{"trial"'))
+    record = json.loads(lines[last])
+    record["trial"]["fingerprint"] = "0" * 32
+    lines[last] = json.dumps(record).encode() + b"\n"
+    bad_trial.write_bytes(gzip.compress(b"".join(lines)))
+    for damaged, match in ((cut, "incomplete"), (truncated, "cannot read"), (bad_trial, "unknown matrix")):
+        with Store(tmp_path / f"{damaged.stem}.db") as fresh:
+            with pytest.raises(TunerError, match=match):
+                import_corpus(fresh, damaged)
+            assert [fresh.db[t].count for t in ("devices", "matrices", "trials", "best")] == [0, 0, 0, 0], damaged
 
 
 def test_cli_export_import_and_train_from_a_corpus(source, tmp_path: Path):

@@ -35,25 +35,17 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from db.store import TRIAL_FIELDS, Store
 from tuner.errors import InvalidConfigError
-
-if TYPE_CHECKING:
-    from db.store import Store
 
 __all__ = ["FORMAT", "VERSION", "CorpusReport", "export_corpus", "import_corpus", "read_corpus"]
 
 FORMAT = "spmv-tuner-corpus"
 VERSION = 1
-TRIAL_FIELDS = (
-    "fingerprint", "device", "dtype", "kernel", "params", "study", "trial_number", "trial_uid", "state",
-    "time_s", "time_p10_s", "time_p90_s", "prepare_s", "gflops", "gbps", "verified", "rel_error", "error_kind",
-    "error", "created_at",
-)  # fmt: skip
-"""The ``trials`` columns a corpus keeps: all but the store's own ``id``."""
 _MATRIX_FIELDS = ("fingerprint", "name", "rows", "cols", "nnz")
-_BATCH = 5000  # trials imported per transaction
+_CUSPARSE_FIELDS = ("fingerprint", "device", "dtype", "time_s")
 
 
 @dataclass
@@ -140,6 +132,7 @@ def read_corpus(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, A
     where = Path(path)
     try:
         with gzip.open(where, "rt", encoding="utf-8") as f:
+            number = 0
             for number, text in enumerate(f, 1):
                 try:
                     record = json.loads(text)
@@ -160,42 +153,51 @@ def read_corpus(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, A
                 if kind not in ("device", "matrix", "trial", "cusparse") or not isinstance(value, dict):
                     raise InvalidConfigError(f"{where}, line {number}: unknown record {kind!r}")
                 yield kind, value
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+            if number == 0:
+                raise InvalidConfigError(f"{where} is empty: a corpus starts with its header line")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # gzip.BadGzipFile is an OSError
         raise InvalidConfigError(f"cannot read the corpus {where}: {exc}") from None
 
 
 def import_corpus(store: Store, path: str | os.PathLike[str]) -> CorpusReport:
-    """Add a corpus file's devices, matrices (with features) and trials to ``store``; trials the store
-    holds already (by ``trial_uid``) are not added again. Devices the store knows are kept as they are."""
+    """Add a corpus file's devices, matrices (with features) and trials to ``store``, in one transaction:
+    a file that is damaged anywhere, or holds fewer records than its header counts, adds nothing. Trials
+    the store holds already (by ``trial_uid``) are not added again. Devices the store knows are kept as
+    they are."""
     report = CorpusReport(str(path))
-    batch: list[dict[str, Any]] = []
+    trials: list[dict[str, Any]] = []
     cusparse: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        report.trials_added += store.import_trials(batch)
-        batch.clear()
-
-    for kind, record in read_corpus(path):
-        if kind == "device":
-            report.devices += 1
-            if store.device(record.get("id", "")) is None:
-                store.add_device(record)
-        elif kind == "matrix":
-            report.matrices += 1
-            if missing := [k for k in _MATRIX_FIELDS if k not in record]:
-                raise InvalidConfigError(f"{path}: matrix record {record.get('fingerprint')!r} lacks {missing}")
-            store.add_matrix(record["fingerprint"], **{k: record[k] for k in _MATRIX_FIELDS[1:]},
-                             features=record.get("features") or {})
-        elif kind == "trial":
-            report.trials += 1
-            report.per_dtype[record.get("dtype", "?")] = report.per_dtype.get(record.get("dtype", "?"), 0) + 1
-            batch.append(record)
-            if len(batch) >= _BATCH:
-                flush()
-        elif kind == "cusparse":
-            cusparse.append(record)
-    flush()
-    for c in cusparse:
-        store.set_cusparse_time(c["fingerprint"], device=c["device"], dtype=c["dtype"], time_s=c["time_s"])
+    counts: dict[str, Any] = {}
+    with store.transaction():
+        for kind, record in read_corpus(path):
+            if kind == "header":
+                counts = record.get("counts") or {}
+            elif kind == "device":
+                report.devices += 1
+                if store.device(record.get("id", "")) is None:
+                    store.add_device(record)
+            elif kind == "matrix":
+                report.matrices += 1
+                _require(path, kind, record, _MATRIX_FIELDS)
+                store.add_matrix(record["fingerprint"], **{k: record[k] for k in _MATRIX_FIELDS[1:]},
+                                 features=record.get("features") or {})
+            elif kind == "trial":
+                report.trials += 1
+                report.per_dtype[record.get("dtype", "?")] = report.per_dtype.get(record.get("dtype", "?"), 0) + 1
+                trials.append(record)
+            else:
+                _require(path, kind, record, _CUSPARSE_FIELDS)
+                cusparse.append(record)
+        found = {"devices": report.devices, "matrices": report.matrices, "trials": report.trials}
+        if short := {k: (found[k], counts[k]) for k in found if k in counts and found[k] != counts[k]}:
+            raise InvalidConfigError(f"{path} is incomplete: (found, header counts) {short}; nothing imported")
+        report.trials_added = store.import_trials(trials)
+        for c in cusparse:
+            store.set_cusparse_time(c["fingerprint"], device=c["device"], dtype=c["dtype"], time_s=c["time_s"])
     report.best = store.db["best"].count
     return report
+
+
+def _require(path: str | os.PathLike[str], kind: str, record: dict[str, Any], fields: tuple[str, ...]) -> None:
+    if missing := [k for k in fields if k not in record]:
+        raise InvalidConfigError(f"{path}: {kind} record {record.get('fingerprint')!r} lacks {missing}")

@@ -47,6 +47,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from db.store import TRIAL_FIELDS
 from tuner.errors import InvalidConfigError, TunerError
 from tuner.io import check_dtype
 
@@ -57,11 +58,6 @@ HEARTBEAT_S = 10  # a running trial beats this often...
 GRACE_S = 60  # ...and is failed when silent this long (its worker died)
 CONTEXT_LOST = 75  # a worker's exit code when a kernel broke its CUDA context: tune-many restarts it
 MAX_RESTARTS = 20
-_TRIAL_FIELDS = (
-    "fingerprint", "device", "dtype", "kernel", "params", "study", "trial_number", "trial_uid", "state",
-    "time_s", "time_p10_s", "time_p90_s", "prepare_s", "gflops", "gbps", "verified", "rel_error", "error_kind",
-    "error", "created_at",
-)  # fmt: skip
 
 console = Console()
 err_console = Console(stderr=True)
@@ -676,7 +672,7 @@ def sync_storage(storage: optuna.storages.BaseStorage, store: Any) -> SyncReport
         trials = storage.get_all_trials(study._study_id, deepcopy=False, states=FINISHED)
         for t in sorted(trials, key=lambda t: t.number):
             if RECORD_ATTR in t.user_attrs:
-                row = {k: t.user_attrs[RECORD_ATTR].get(k) for k in _TRIAL_FIELDS}
+                row = {k: t.user_attrs[RECORD_ATTR].get(k) for k in TRIAL_FIELDS}
                 rows.append({**row, "trial_uid": row["trial_uid"] or _uid(study.study_name, t)})
             elif t.user_attrs.get(CACHED_ATTR):
                 report.cached += 1
