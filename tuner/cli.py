@@ -268,8 +268,11 @@ def train(
 
     check_dtype(dtype)
     with Store(db) as store:
-        for path in corpus or []:
-            _print_import(_import_corpus(store, path))
+        if corpus:
+            from tuner.corpus import import_corpus
+
+            for path in corpus:
+                _print_import(import_corpus(store, path))
         device = pick_device(store, device)
         table = training_table(store, device=device, dtype=dtype)
         if len(table) < 2:
@@ -287,7 +290,7 @@ def train(
                         "kept" if name == model.classifier_name_ else "")
         console.print(out)
         metrics = {"cv": model.cv_scores_, "classifier": model.classifier_name_, "skipped": len(table.skipped)}
-        if evaluate and len(set(table.fingerprints)) >= 2:
+        if evaluate:  # (two or more matrices: one row per tuned matrix, checked above)
             from tuner.model_eval import evaluate_selector
 
             result = evaluate_selector(store, table, device=device, dtype=dtype,
@@ -318,15 +321,13 @@ def _print_evaluation(result: Any) -> None:
                   "elsewhere its family's default stands in (see tuner.model_eval)")
 
 
-def _import_corpus(store: Any, path: Path) -> Any:
-    from tuner.corpus import import_corpus
-
-    return import_corpus(store, path)
+def _per_dtype(report: Any) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(report.per_dtype.items())) or "none"
 
 
 def _print_import(report: Any) -> None:
     console.print(f"imported {report.path}: {report.trials_added} of {report.trials} trials added "
-                  f"({', '.join(f'{k}: {v}' for k, v in sorted(report.per_dtype.items())) or 'none'}), "
+                  f"({_per_dtype(report)}), "
                   f"{report.matrices} matrices, {report.devices} devices; {report.best} best configs in the store")
 
 
@@ -352,8 +353,7 @@ def corpus_export(
     with Store(db) as store:
         report = export_corpus(store, output, device=device, dtype=dtype)
     size = output.stat().st_size
-    console.print(f"wrote {output} ({size / 1e6:.2f} MB): {report.trials} trials "
-                  f"({', '.join(f'{k}: {v}' for k, v in sorted(report.per_dtype.items())) or 'none'}) of "
+    console.print(f"wrote {output} ({size / 1e6:.2f} MB): {report.trials} trials ({_per_dtype(report)}) of "
                   f"{report.matrices} matrices on {report.devices} devices")
 
 
@@ -365,10 +365,11 @@ def corpus_import(
 ) -> None:
     """Add corpus files' trials to the store (each trial once: importing again adds nothing)."""
     from db.store import Store
+    from tuner.corpus import import_corpus
 
     with Store(db) as store:
         for path in files:
-            _print_import(_import_corpus(store, path))
+            _print_import(import_corpus(store, path))
 
 
 @app.command("kernels")

@@ -300,23 +300,23 @@ def run_worker(
         emit({"ev": "trial", "ok": outcome is None or outcome.ok, "cached": outcome is None})
 
     def visit(index: int, src: Any) -> None:
-        if src.key in by_key:  # a generated matrix whose study exists: if done, passed by without building it
-            budget = settle(optuna.load_study(study_name=by_key[src.key], storage=storage), total)
-            if not budget.open:
-                stats.passed += 1
-                finished(index, src, by_key[src.key], budget)
-                return
-        A = as_csr(src.load(dtype), dtype=dtype)
-        name = study_name(fingerprint(A), backend.info, dtype)
-        try:  # a study that needs nothing more is passed by without building the reference
+        # The study's name: known without building the matrix for a generated one whose study exists.
+        name, A = by_key.get(src.key), None
+        if name is None:
+            A = as_csr(src.load(dtype), dtype=dtype)
+            name = study_name(fingerprint(A), backend.info, dtype)
+        try:  # a study that needs nothing more is passed by without building the matrix or its reference
             study = optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             study = None
         if study is not None:
             budget = settle(study, total)
             if not budget.open:
+                stats.passed += A is None
                 finished(index, src, name, budget)
                 return
+        if A is None:
+            A = as_csr(src.load(dtype), dtype=dtype)
         result = tune(A, backend=backend, store=None, storage=storage, name=src.name, dtype=dtype, trials=total,
                       timeout=remaining(), total=total, kernels=kernels, seed=seed, on_trial=on_trial,
                       summary=False, source=src.key)

@@ -353,11 +353,14 @@ def load_latest(store: Store, *, device: str, dtype: str, task: str = "spmv",
         return None
     key = (str(store.path), newest["id"], newest["created_at"])
     if key not in _LOADED:  # unpickled once per process: the service asks on every request
+        if len(_LOADED) >= _LOADED_MAX:
+            del _LOADED[next(iter(_LOADED))]  # the oldest loaded
         _LOADED[key] = _unpickle(store.db["models"].get(newest["id"]), features)
     return _LOADED[key]
 
 
 _LOADED: dict[tuple[str, int, str], Any] = {}
+_LOADED_MAX = 8
 
 
 def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Sequence[str] = FEATURE_NAMES) -> Any:
