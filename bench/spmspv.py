@@ -5,20 +5,24 @@ with the host clock around a call and a device synchronize, since a mode's
 call includes its own host synchronisations):
 
 1. ``fill``: for each matrix (generated graphs and non-graphs up to ~50 M
-   nonzeros, and the shared matrices with ``--shared``) and each fill fraction,
-   the time of the sparse mode (both merges), the dense (NuT) mode and
-   cuSPARSE's SpMV with the dense x. Each matrix's modes are checked against
-   SciPy at one fill first. The sparse (default merge) and dense times go into
-   the store's ``spmspv_trials``.
+   nonzeros, the BFS's pattern(G)ᵀ of a few graphs, and the shared matrices
+   with ``--shared``) and each fill fraction,
+   the time of the sparse mode (both merges), the dense mode as ``plan(A,
+   op="spmspv")`` runs it (the SpMV ``plan(A)`` picks: here the shipped
+   selector's prediction), the dense mode with the paper's NuT, and cuSPARSE's
+   SpMV with the dense x. Each matrix's modes are checked against SciPy at one
+   fill first. The sparse (default merge) and planned dense times go into the
+   store's ``spmspv_trials``.
 2. ``selector``: the SVM trained on those rows, evaluated by GroupKFold over
    matrices (accuracy, total time against the per-call oracle, beside always
    sparse, always dense and the default rule), then fitted on everything,
    stored in ``models`` and written to ``--out`` as the shipped pickle.
 3. ``bfs``: BFS from vertex 0 on graphs: per step the frontier size and the
-   time of each mode and of a cuSPARSE step (dense frontier, SpMV, new
-   vertices); totals for the hybrid (the selector's mode per step), always
-   sparse, always dense, cuSPARSE and the per-step oracle; plus end-to-end
-   ``tuner.algorithms.bfs`` wall times of the hybrid and both fixed modes.
+   time of each mode (the dense one planned, and with NuT) and of a cuSPARSE
+   step (dense frontier, SpMV, new vertices); totals for the hybrid (the
+   selector's mode per step), always sparse, always dense, cuSPARSE and the
+   per-step oracle; plus end-to-end ``tuner.algorithms.bfs`` wall times of the
+   hybrid and both fixed modes, taken round-robin.
 
 Usage (on a GPU machine)::
 
@@ -49,14 +53,14 @@ from kernels.spmspv import DENSE, SPARSE  # noqa: E402
 from tuner import spmspv_selector  # noqa: E402
 from tuner.algorithms import bfs, frontier_matrix  # noqa: E402
 from tuner.backend import GpuBackend  # noqa: E402
-from tuner.errors import InvalidConfigError  # noqa: E402
+from tuner.executor import choose  # noqa: E402
 from tuner.features import extract_features, fingerprint  # noqa: E402
 from tuner.io import read_mtx  # noqa: E402
 from tuner.shipped import slug  # noqa: E402
 from tuner.spmspv import plan_spmspv  # noqa: E402
 from tuner.suites import SuiteMatrix  # noqa: E402
 
-FILLS = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+FILLS = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 2e-2, 3e-2, 5e-2, 0.1, 0.15, 0.3, 1.0)
 MATRICES = tuple(SuiteMatrix(kind, size) for kind, size in (  # graphs (square, small diameter), non-graphs,
     ("powerlaw", 1 << 12), ("powerlaw", 1 << 14), ("powerlaw", 1 << 16), ("powerlaw", 1 << 18),
     ("powerlaw", 1 << 20), ("powerlaw", 2_000_000),
@@ -66,23 +70,28 @@ MATRICES = tuple(SuiteMatrix(kind, size) for kind, size in (  # graphs (square, 
     ("banded", 1 << 16), ("banded", 1 << 20), ("fewhuge", 1 << 18), ("emptyrows", 1 << 16),
     ("emptyrows", 1 << 20), ("lp", 1 << 13), ("lp", 1 << 16), ("tallskinny", 1 << 20),  # 16 K to ~50 M nonzeros
 ))
+FRONTIER = tuple(SuiteMatrix(kind, size) for kind, size in (  # BFS multiplies by pattern(G)ᵀ: train on such too
+    ("powerlaw", 1 << 16), ("powerlaw", 1 << 20), ("uniform", 1 << 16), ("uniform", 1 << 20),
+    ("uniform", 1_500_000)))  # (not the sizes of BFS_GRAPHS, whose BFS the selector is judged on)
 BFS_GRAPHS = tuple(SuiteMatrix(kind, size) for kind, size in (
     ("powerlaw", 1 << 18), ("uniform", 1 << 18), ("powerlaw", 2_000_000), ("uniform", 3_000_000), ("poisson2d", 700)))
 QUICK = tuple(SuiteMatrix(kind, size) for kind, size in (
     ("powerlaw", 1 << 12), ("uniform", 1 << 12), ("poisson2d", 64), ("lp", 1 << 10)))
 
 
-def wall(cp: Any, repeats: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
-    """Median seconds of ``fn(*args, **kwargs)`` between two device synchronisations, after one warm-up call."""
+def once(cp: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    """Seconds of one call of ``fn`` between two device synchronisations."""
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
     fn(*args, **kwargs)
-    times = []
-    for _ in range(repeats):
-        cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        fn(*args, **kwargs)
-        cp.cuda.Device().synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    cp.cuda.Device().synchronize()
+    return time.perf_counter() - t0
+
+
+def wall(cp: Any, repeats: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    """Median seconds of ``fn(*args, **kwargs)`` (:func:`once`), after one warm-up call."""
+    fn(*args, **kwargs)
+    return statistics.median(once(cp, fn, *args, **kwargs) for _ in range(repeats))
 
 
 def random_x(cp: Any, n: int, k: int, seed: int, dtype: str) -> tuple[Any, Any]:
@@ -119,10 +128,12 @@ def measure_fills(cp: Any, store: Store, device: str, name: str, A: Any, dtype: 
     cp.cuda.Device().synchronize()
     prep_sparse = time.perf_counter() - t0
     sort = SPARSE.prepare(A_dev, {"merge": "sort"})
+    choice = choose(fp, store=store, device=device, dtype=dtype, features=extract_features(A))
     t0 = time.perf_counter()
-    dense = DENSE.prepare(A_dev)
+    dense = DENSE.prepare(A_dev, {"kernel": choice.kernel, **choice.params})  # as plan(A, op="spmspv") does
     cp.cuda.Device().synchronize()
     prep_dense = time.perf_counter() - t0
+    nut = DENSE.prepare(A_dev, {"kernel": "nut"})
     cus = CuSparseStep(cp, A_dev)
     # Correctness first: both modes against SciPy at one fill.
     n = A.shape[1]
@@ -130,7 +141,7 @@ def measure_fills(cp: Any, store: Store, device: str, name: str, A: Any, dtype: 
     x = np.zeros(n)
     x[idx.get()] = val.get()
     want = A.astype(np.float64) @ x
-    for mode, prepared in ((SPARSE, sparse), (SPARSE, sort), (DENSE, dense)):
+    for mode, prepared in ((SPARSE, sparse), (SPARSE, sort), (DENSE, dense), (DENSE, nut)):
         got_idx, got_val = (a.get() for a in mode.run(prepared, idx, val))
         y = np.zeros(A.shape[0])
         y[got_idx] = got_val
@@ -150,16 +161,18 @@ def measure_fills(cp: Any, store: Store, device: str, name: str, A: Any, dtype: 
             "sparse": wall(cp, repeats, SPARSE.run, sparse, idx, val),
             "sparse_sort": wall(cp, repeats, SPARSE.run, sort, idx, val),
             "dense": wall(cp, repeats, DENSE.run, dense, idx, val),
+            "dense_nut": wall(cp, repeats, DENSE.run, nut, idx, val),
             "cusparse": wall(cp, repeats, cus, idx, val),
         }
         rows.append({"matrix": name, "fingerprint": fp, "rows": A.shape[0], "cols": n, "nnz": A.nnz, "dtype": dtype,
                      "fill": k / n, "x_nnz": k, **{f"{m}_s": v for m, v in t.items()}, "spmv_s": spmv,
+                     "dense_kernel": choice.kernel,
                      "faster": "sparse" if t["sparse"] < t["dense"] else "dense",
                      "prep_sparse_spmvs": prep_sparse / spmv, "prep_dense_spmvs": prep_dense / spmv,
                      "csc_vs_csr": SPARSE.structure_bytes(sparse) / (A.data.nbytes + A.indices.nbytes
                                                                     + A.indptr.nbytes),
-                     "nut_vs_csr": DENSE.structure_bytes(dense) / (A.data.nbytes + A.indices.nbytes
-                                                                  + A.indptr.nbytes)})
+                     "nut_vs_csr": DENSE.structure_bytes(nut) / (A.data.nbytes + A.indices.nbytes
+                                                                + A.indptr.nbytes)})
         for mode in ("sparse", "dense"):
             trials.append({"fingerprint": fp, "device": device, "dtype": dtype, "mode": mode,
                            "params": (sparse if mode == "sparse" else dense).params, "x_nnz": k, "x_seed": f_i,
@@ -169,15 +182,11 @@ def measure_fills(cp: Any, store: Store, device: str, name: str, A: Any, dtype: 
 
 
 def train(store: Store, device: str, dtype: str, out: Path, label: str) -> dict[str, Any]:
-    X, y, weight, groups, times = spmspv_selector.training_rows(store, device=device, dtype=dtype)
-    report = spmspv_selector.evaluate(X, y, weight, groups, times)
-    try:
-        model = spmspv_selector.ModeSelector().fit(X, y, sample_weight=weight, groups=groups)
-    except InvalidConfigError as exc:  # one mode won everywhere: nothing to learn, nothing shipped
-        print(f"selector not trained: {exc}", flush=True)
+    """The selector (:func:`tuner.spmspv_selector.train`), shipped into ``out`` with its report."""
+    model, report = spmspv_selector.train(store, device=device, dtype=dtype)
+    if model is None:
+        print(f"selector not trained: {report['not_trained']}", flush=True)
         return report
-    report["svm_params"] = {k: (v if isinstance(v, str) else float(v)) for k, v in model.best_params_.items()}
-    spmspv_selector.save(store, model, device=device, dtype=dtype, metrics=report)
     spmspv_selector.ship(model, device=device, dtype=dtype, metrics=report, folder=out)
     (out / f"{label}_spmspv_selector_{dtype}.json").write_text(json.dumps(report, indent=2))
     return report
@@ -189,7 +198,9 @@ def bfs_steps(cp: Any, G: Any, store: Store, repeats: int) -> tuple[list[dict[st
 
     B = frontier_matrix(G)
     ex = plan_spmspv(B, db=store)
-    cus = CuSparseStep(cp, cusp.csr_matrix(B))
+    B_dev = cusp.csr_matrix(B)
+    cus = CuSparseStep(cp, B_dev)
+    nut = DENSE.prepare(B_dev, {"kernel": "nut"})
     n = B.shape[0]
     levels = cp.full(n, -1, dtype=cp.int32)
     levels[0] = 0
@@ -199,6 +210,7 @@ def bfs_steps(cp: Any, G: Any, store: Store, repeats: int) -> tuple[list[dict[st
         depth += 1
         ones = cp.ones(frontier.shape[0], dtype=ex.dtype)
         t = {mode: wall(cp, repeats, ex.run, frontier, ones, mode=mode) for mode in ("sparse", "dense")}
+        t["dense_nut"] = wall(cp, repeats, DENSE.run, nut, frontier, ones)
         t["cusparse"] = wall(cp, repeats, cus, frontier, ones)
         chosen = ex.choose_mode(int(frontier.shape[0]))
         reached, _ = ex.run(frontier, ones, mode="sparse")
@@ -208,17 +220,21 @@ def bfs_steps(cp: Any, G: Any, store: Store, repeats: int) -> tuple[list[dict[st
         frontier = reached[levels[reached] < 0]
         levels[frontier] = depth
     want = levels.get()
-    totals = {m: sum(s[f"{m}_s"] for s in steps) for m in ("sparse", "dense", "cusparse")}
+    totals = {m: sum(s[f"{m}_s"] for s in steps) for m in ("sparse", "dense", "dense_nut", "cusparse")}
     totals["oracle"] = sum(min(s["sparse_s"], s["dense_s"]) for s in steps)
     totals["hybrid"] = sum(s[f"{s['chosen']}_s"] for s in steps)
-    end_to_end = {}
-    for label, mode in (("hybrid", None), ("sparse", "sparse"), ("dense", "dense")):
-        got = bfs(G, 0, mode=mode, executor=ex)
-        if not np.array_equal(got, want):
+    strategies = {"hybrid": None, "sparse": "sparse", "dense": "dense"}
+    for label, mode in strategies.items():  # right, and warm
+        if not np.array_equal(bfs(G, 0, mode=mode, executor=ex), want):
             raise AssertionError(f"bfs {label} levels differ from the step-by-step run")
-        end_to_end[label] = wall(cp, max(3, repeats // 3), bfs, G, 0, mode=mode, executor=ex)
+    runs: dict[str, list[float]] = {label: [] for label in strategies}
+    for _ in range(max(5, repeats // 2)):  # round-robin, so that clock and cache drift hit all alike
+        for label, mode in strategies.items():
+            runs[label].append(once(cp, bfs, G, 0, mode=mode, executor=ex))
+    end_to_end = {label: statistics.median(t) for label, t in runs.items()}
     summary = {"vertices": n, "edges": int(B.nnz), "levels": depth - 1, "reached": int((want >= 0).sum()),
                "selector": ex.selector_source, "crossover_fill": ex.crossover(),
+               "dense_kernel": ex.params["dense"]["kernel"],
                **{f"steps_total_{k}_s": v for k, v in totals.items()},
                **{f"bfs_{k}_s": v for k, v in end_to_end.items()}}
     return steps, summary
@@ -250,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     matrices = [(m.name, lambda m=m: m.build(args.dtype)) for m in (QUICK if args.quick else MATRICES)]
+    matrices += [(f"{m.name}-frontier", lambda m=m: frontier_matrix(m.build(args.dtype)))
+                 for m in (QUICK[:1] if args.quick else FRONTIER)]
     if args.shared:
         matrices += [(p.name.split(".")[0], lambda p=p: read_mtx(p, dtype=args.dtype))
                      for p in sorted(args.shared.glob("*.mtx.gz"))]

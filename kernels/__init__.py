@@ -9,6 +9,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
 from kernels.csr_scalar import CsrScalar
@@ -37,4 +41,9 @@ def get_family(name: str) -> Family:
         raise InvalidConfigError(f"unknown kernel {name!r}; known kernels: {sorted(REGISTRY)}") from None
 
 
-__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "get_family"]
+def config_key(kernel: str, params: Mapping[str, Any]) -> str:
+    """One string per (family, params): how trials, studies and the selector tell configs apart."""
+    return kernel + json.dumps(dict(params), sort_keys=True)
+
+
+__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "config_key", "get_family"]

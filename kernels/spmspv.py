@@ -11,8 +11,10 @@
     sorted, read and zeroed again. Cost O(active products), never O(rows).
   - ``sort``: products written out, radix-sorted by row, equal rows summed.
 
-- ``dense``: x is scattered into a zero-filled dense vector and the NuT kernel
-  (:mod:`kernels.nut`) computes the whole y; y's nonzeros are then found by a
+- ``dense``: x is scattered into a zero-filled dense vector and an SpMV family
+  computes the whole y: by default the paper's NuT (:mod:`kernels.nut`);
+  ``{"kernel": name, ...its params}`` runs another (:func:`tuner.spmspv.plan_spmspv`
+  runs the SpMV that ``plan()`` picks for A). y's nonzeros are then found by a
   prefix sum (``flatnonzero``). Cost O(nnz(A) + rows + cols) whatever x holds.
 
 Sparse x and y are ``(indices, values)``: int32 indices strictly increasing in
@@ -41,11 +43,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from kernels import REGISTRY, get_family
 from kernels._cuda import c_type, get_kernels, grid, require_cupy
-from kernels._family import Prepared
+from kernels._family import Family, Prepared
 from kernels._space import Param, Space
-from kernels.nut import STRUCTURE as NUT_STRUCTURE
-from kernels.nut import Nut, _stable_argsort
+from kernels.nut import _stable_argsort
+
+SCAN_BLOCK = 1 << 15
+"""Up to this many x entries, one block computes the sparse mode's offsets (else: counts, then a CuPy scan)."""
+
+SMALL_SORT = 4096
+"""Up to this many touched rows, one block sorts and collects them (``SMALL_SORT`` in spmspv.cu)."""
 
 SparseVector = tuple[Any, Any]
 """``(indices, values)``: int32 indices, strictly increasing, and values (NumPy or CuPy arrays)."""
@@ -129,7 +137,8 @@ class SparseMode(Mode):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         t = c_type(dtype)
-        return ("spmspv_counts", f"spmspv_spa<{t}>", f"spmspv_collect<{t}>", f"spmspv_gather<{t}>")
+        return ("spmspv_counts", "spmspv_offsets", f"spmspv_spa<{t}>", f"spmspv_collect_small<{t}>",
+                f"spmspv_collect<{t}>", f"spmspv_gather<{t}>")
 
     def structure_bytes(self, prepared: Prepared) -> int:
         ex = prepared.extra
@@ -163,23 +172,36 @@ class SparseMode(Mode):
         ex, block, dtype = prepared.extra, prepared.params["block_size"], prepared.dtype
         kernels, col_ptr = ex["kernels"], ex["col_ptr"]
         k = indices.shape[0]
-        counts = cupy.zeros(k + 1, dtype=cupy.int64)
-        kernels["spmspv_counts"]((grid(k, 256),), (256,), (np.int32(k), indices, col_ptr, counts))
-        offsets = cupy.cumsum(counts)  # offsets[e] = where x entry e's products start (not in place: unsafe)
+        spa = prepared.params["merge"] == "spa"
+        if spa and k <= SCAN_BLOCK:  # one block scans the counts and zeroes the counters: one launch
+            offsets = cupy.empty(k + 1, dtype=cupy.int64)
+            kernels["spmspv_offsets"]((1,), (1024,), (np.int32(k), indices, col_ptr, offsets, ex["counters"]))
+        else:
+            counts = cupy.empty(k + 1, dtype=cupy.int64)
+            kernels["spmspv_counts"]((grid(k + 1, 256),), (256,), (np.int32(k), indices, col_ptr, counts))
+            offsets = cupy.cumsum(counts)  # offsets[e] = where x entry e's products start (not in place: unsafe)
+            if spa:
+                ex["counters"].fill(0)
         head = (np.int32(k), offsets, indices, values, col_ptr, ex["row_idx"], ex["vals"])
         # Every product kernel reads the total from offsets[k] itself: no host round trip before it.
         blocks = (min(grid(min(prepared.nnz, k * ex["longest"]), block), ex["blocks_cap"]),)
         t = c_type(dtype)
-        if prepared.params["merge"] == "spa":
-            acc, mark, counters = ex["acc"], ex["mark"], ex["counters"]
-            kernels[f"spmspv_spa<{t}>"](blocks, (block,), (*head, acc, mark, ex["touched"], counters))
-            n = int(counters[0])  # the one wait: y's size
-            rows = cupy.sort(ex["touched"][:n])
-            sums = cupy.empty(n, dtype=dtype)
-            counters[1:].fill(0)
-            kernels[f"spmspv_collect<{t}>"]((grid(n, 256),), (256,), (np.int32(n), rows, acc, mark, sums,
-                                                                       counters, counters[1:]))
-            if not int(counters[1]):  # no sum cancelled to zero: y is complete
+        if spa:
+            acc, mark, counters, touched = ex["acc"], ex["mark"], ex["counters"], ex["touched"]
+            kernels[f"spmspv_spa<{t}>"](blocks, (block,), (*head, acc, mark, touched, counters))
+            rows = cupy.empty(SMALL_SORT, dtype=cupy.int32)
+            sums = cupy.empty(SMALL_SORT, dtype=dtype)
+            kernels[f"spmspv_collect_small<{t}>"]((1,), (1024,), (touched, acc, mark, rows, sums, counters))
+            n, zeros = (int(v) for v in counters.get())  # the one wait: y's size (and cancellations)
+            if n <= SMALL_SORT:
+                rows, sums = rows[:n], sums[:n]
+            else:  # too many rows for one block: sorted here, then collected
+                rows = cupy.sort(touched[:n])
+                sums = cupy.empty(n, dtype=dtype)
+                kernels[f"spmspv_collect<{t}>"]((grid(n, 256),), (256,), (np.int32(n), rows, acc, mark, sums,
+                                                                           counters, counters[1:]))
+                zeros = int(counters[1])
+            if not zeros:  # no sum cancelled to zero: y is complete
                 return rows, sums
         else:
             total = int(offsets[-1])
@@ -212,46 +234,65 @@ class SparseMode(Mode):
 
 class DenseMode(Mode):
     name = "dense"
-    summary = "x zero-filled into a dense vector, the NuT tiled SpMV, y's nonzeros found by a prefix sum"
-    space = Nut.space
-
-    def __init__(self, nut: Nut | None = None) -> None:
-        self.nut = nut or Nut()
+    summary = "x zero-filled into a dense vector, an SpMV family (the paper's NuT by default), y's nonzeros by a scan"
+    space = Space(
+        (
+            Param("kernel", tuple(sorted(REGISTRY)), "nut",
+                  "the SpMV family run on the zero-filled x; that family's own params go beside it"),
+        )
+    )
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         return (f"spmspv_scatter<{c_type(dtype)}>",)
 
+    def _new(self, A: Any, params: Mapping[str, Any] | None) -> Prepared:
+        own = dict(params or {})
+        kernel = own.pop("kernel", self.space.defaults()["kernel"])
+        family = get_family(str(kernel))
+        config = {"kernel": family.name, **family.space.validate(own, family=f"spmspv dense mode ({family.name})")}
+        return Prepared(self.name, config, tuple(A.shape), int(A.nnz), np.dtype(A.dtype), A)
+
+    @staticmethod
+    def _spmv(prepared: Prepared) -> tuple[Family, dict[str, Any]]:
+        """The SpMV family of this dense mode and its params."""
+        params = dict(prepared.params)
+        return get_family(params.pop("kernel")), params
+
     def structure_bytes(self, prepared: Prepared) -> int:
-        nut = prepared.extra.get("nut")
-        return 0 if nut is None else sum(int(nut.extra[k].nbytes) for k in NUT_STRUCTURE if k in nut.extra)
+        spmv = prepared.extra.get("spmv")
+        return 0 if spmv is None else spmv.extra_bytes
 
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
         m, n = prepared.shape
+        family, params = self._spmv(prepared)
         (name,) = self.name_expressions(prepared.dtype)
-        prepared.extra.update(nut=self.nut.prepare(prepared.A, prepared.params),
-                              x=cupy.zeros(n, dtype=prepared.dtype), y=cupy.empty(m, dtype=prepared.dtype),
+        prepared.extra.update(spmv=family.prepare(prepared.A, params), x=cupy.zeros(n, dtype=prepared.dtype),
+                              y=cupy.empty(m, dtype=prepared.dtype),
                               scatter=get_kernels(self.cu_file, (name,))[name])
 
     def _run(self, prepared: Prepared, indices: Any, values: Any) -> SparseVector:
         cupy = require_cupy()
         ex = prepared.extra
         x, y, scatter = ex["x"], ex["y"], ex["scatter"]
+        family, _ = self._spmv(prepared)
         k = np.int32(indices.shape[0])
         scatter((grid(k, 256),), (256,), (k, indices, values, np.bool_(False), x))
-        self.nut._run(ex["nut"], x, y)  # x and y are this mode's own buffers: the checks of run() hold
+        family._run(ex["spmv"], x, y)  # x and y are this mode's own buffers: the checks of run() hold
         scatter((grid(k, 256),), (256,), (k, indices, values, np.bool_(True), x))  # x all zero again
         rows = cupy.flatnonzero(y).astype(cupy.int32)
         return rows, y[rows]
 
     def _prepare_reference(self, prepared: Prepared) -> None:
-        prepared.extra["nut"] = self.nut.prepare_reference(prepared.A, prepared.params)
+        family, params = self._spmv(prepared)
+        prepared.extra["spmv"] = family.prepare_reference(prepared.A, params)
 
     def _run_reference(self, prepared: Prepared, indices: np.ndarray, values: np.ndarray) -> SparseVector:
+        family, _ = self._spmv(prepared)
         x = np.zeros(prepared.shape[1], dtype=prepared.dtype)
         x[indices] = values
-        nut = prepared.extra["nut"]
-        y = self.nut._run_reference(nut, x) if nut.nnz and nut.shape[0] else np.zeros(prepared.shape[0])
+        spmv = prepared.extra["spmv"]
+        y = family._run_reference(spmv, x) if spmv.nnz and spmv.shape[0] else np.zeros(prepared.shape[0])
         rows = np.flatnonzero(y)
         return rows, y[rows]
 

@@ -106,6 +106,8 @@ class RecommendationPublic(BaseModel):
     params: dict[str, ParamValue] = Field(description="its parameters")
     source: Source = Field(description="'tuned' (measured for this fingerprint), 'predicted' (model), 'default'")
     expected_gflops: float | None = Field(description="GFLOP/s measured (tuned) or predicted; null when unknown")
+    confidence: float | None = Field(None, ge=0, le=1, description="for a predicted config: the selector's "
+                                     "probability of its family; null otherwise")
     ratio_to_cusparse: float | None = Field(description="cuSPARSE time / this config's time, when measured")
     device: str = Field(description="the device the answer applies to")
     device_kind: str = Field(description="'gpu', or 'cpu-reference' (CPU references: not GPU figures)")

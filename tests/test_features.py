@@ -419,3 +419,17 @@ def test_shared_matrices_match_manifest(shared_dir: Path, row: dict[str, str]) -
     assert round(f["empty_row_frac"] * f["rows"]) == int(row["empty_rows"])
     assert f["npr_mean"] == pytest.approx(float(row["npr_mean"]), abs=6e-4)
     assert f["npr_std"] == pytest.approx(float(row["npr_std"]), abs=6e-4)
+
+
+@pytest.mark.gpu
+def test_features_on_the_gpu_equal_the_cpu_ones() -> None:
+    import cupyx.scipy.sparse as cusp
+
+    from tests.kernel_cases import CASES, load_shared, shared_cases
+
+    for A in [CASES[c]() for c in sorted(CASES)] + [load_shared(n) for n in shared_cases()]:
+        want, got = extract_features(A), extract_features(cusp.csr_matrix(A))
+        assert got.keys() == want.keys()
+        for name in want:
+            assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12), name
+        assert fingerprint(cusp.csr_matrix(A)) == fingerprint(A)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from db.store import Store
-from kernels import BASELINE, get_family
-from tuner.errors import StoreError
+from kernels import BASELINE, config_key, get_family
+from tuner.errors import InvalidConfigError, StoreError
 from tuner.executor import choose
 from tuner.features import FEATURE_NAMES
 from tuner.model import (
@@ -108,7 +111,7 @@ def test_auto_compares_classifiers_by_grouped_cv(table):
 
 def test_estimator_api():
     sel = KernelSelector(classifier="svm", random_state=3)
-    assert sel.get_params() == {"classifier": "svm", "cv": 5, "random_state": 3}
+    assert sel.get_params() == {"classifier": "svm", "cv": 5, "n_neighbors": 5, "coverage": 0.5, "random_state": 3}
     assert sel.set_params(classifier="random_forest") is sel and sel.classifier == "random_forest"
     twin = clone(sel)
     assert twin is not sel and twin.get_params() == sel.get_params()
@@ -164,9 +167,11 @@ def test_choose_predicted_default_and_tuned(store, table):
     sel = KernelSelector(classifier="random_forest").fit(table.X, table.kernels, table.params)
     save_model(store, sel, device=DEV_A, dtype=DTYPE)
     predicted = choose(fp_new, store=store, device=DEV_A, dtype=DTYPE, features=feats)
-    assert predicted.source == "predicted" and predicted.expected_gflops is None
-    kernel, params = sel.predict(table.X[:1])[0]  # as the registry reads it: missing params take defaults
-    assert (predicted.kernel, predicted.params) == (kernel, get_family(kernel).space.validate(params))
+    detail = sel.predict_details(table.X[:1])[0]  # as the registry reads it: missing params take defaults
+    assert predicted.source == "predicted" and predicted.expected_gflops == detail.expected_gflops
+    assert (predicted.kernel, predicted.params) == (detail.kernel, get_family(detail.kernel).space.validate(
+        detail.params))
+    assert predicted.confidence == detail.confidence and 0 < detail.confidence <= 1
     # without features, on another device, or with use_tuned=False and no model: unchanged behaviour
     assert choose(fp_new, store=store, device=DEV_A, dtype=DTYPE).source == "default"
     assert choose(fp_new, store=store, device=DEV_B, dtype=DTYPE, features=feats).source == "default"
@@ -178,6 +183,68 @@ def test_choose_predicted_default_and_tuned(store, table):
     # use_tuned=False (the benchmark's "never tuned"): what plan() would do for a new matrix
     assert choose(tuned_fp, store=store, device=DEV_A, dtype=DTYPE, features=feats, use_tuned=False).source == \
         "predicted"
+
+
+def test_params_are_scored_on_the_neighbours_measured_times():
+    """Matrices measured with every csr_vector config: the fastest threads_per_row follows npr_mean, the family
+    npr_cv; every other feature is constant, so the nearest matrices are those of similar npr_mean and npr_cv."""
+    rng = np.random.default_rng(4)
+    tprs = (2, 4, 8, 16, 32)
+
+    def matrices(n: int) -> np.ndarray:
+        X = np.ones((n, len(FEATURE_NAMES)))
+        X[:, FEATURE_NAMES.index("nnz")] = 1e6
+        X[:, MEAN], X[:, CV] = rng.random(n), rng.random(n)
+        return X
+
+    def fastest(row: np.ndarray) -> int:
+        return tprs[min(int(row[MEAN] * 5), 4)]
+
+    X = matrices(120)
+    measured = [{config_key("csr_vector", {"threads_per_row": t, "block_size": 256}):
+                 1e-4 * (1 + abs(np.log2(t / fastest(row)))) for t in tprs} for row in X]
+    params = [{"threads_per_row": fastest(row), "block_size": 256} for row in X]
+    kernels = np.where(X[:, CV] > 0.3, "csr_vector", "csr_scalar").astype(object)
+    sel = KernelSelector(classifier="random_forest", n_neighbors=3).fit(X, kernels, params, measured=measured)
+    assert len(sel.candidates_) == 5 and sel.log_fraction_.shape == (120, 5)
+    test = matrices(40)
+    details = sel.predict_details(test)
+    vector = [(row, p) for row, p in zip(test, details, strict=True) if p.kernel == "csr_vector"]
+    assert 20 <= len(vector) < 40
+    for _, p in vector:
+        assert p.basis == "neighbours" and 0 < p.confidence <= 1
+        # 2 * nnz / t of the neighbours: 20 GFLOP/s where the config is their fastest, 4 where it is 16x off
+        assert 4 - 1e-9 <= p.expected_gflops <= 20 + 1e-9
+    assert sum(p.params["threads_per_row"] == fastest(row) for row, p in vector) >= 0.8 * len(vector)
+    for p in details:
+        if p.kernel == "csr_scalar":  # never measured as a candidate: the nearest csr_scalar winner's params
+            assert p.basis == "nearest winner" and p.expected_gflops is None
+    with pytest.raises(InvalidConfigError, match="measured rows"):
+        KernelSelector().fit(X, kernels, params, measured=measured[:3])
+
+
+def test_recommend_command_says_where_the_answer_comes_from(store, table, tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+    from tuner.io import write_mtx
+
+    path = tmp_path / "m.mtx"
+    write_mtx(path, sp.random(50, 40, density=0.1, format="csr", random_state=0))
+    db = tmp_path / "s.db"
+    with Store(db) as s:
+        _fill(s, DEV_A, 30, seed=1)
+    run = CliRunner().invoke
+    default = run(app, ["recommend", str(path), "--db", str(db), "--device", DEV_A, "--json"])
+    assert default.exit_code == 0, default.output
+    assert json.loads(default.output)["source"] == "default" and json.loads(default.output)["kernel"] == BASELINE
+    assert run(app, ["train", "--db", str(db), "--cv", "3", "--no-evaluate"]).exit_code == 0
+    predicted = json.loads(run(app, ["recommend", str(path), "--db", str(db), "--device", DEV_A, "--json"]).output)
+    assert predicted["source"] == "predicted" and 0 < predicted["confidence"] <= 1 and predicted["nnz"] == 200
+    text = run(app, ["recommend", str(path), "--db", str(db), "--device", DEV_A], env={"COLUMNS": "200"}).output
+    assert "(predicted)" in text and "confidence in the family" in text
+    bad = run(app, ["recommend", str(path), "--db", str(db), "--device", DEV_A, "--dtype", "float16"])
+    assert bad.exit_code != 0 and "float16" in bad.output
 
 
 def test_train_command_saves_a_model_and_needs_a_device_when_ambiguous(tmp_path):
@@ -205,3 +272,19 @@ def test_a_prediction_the_registry_no_longer_knows_falls_back_to_the_default(sto
     save_model(store, sel, device=DEV_A, dtype=DTYPE)
     feats = dict(zip(FEATURE_NAMES, table.X[0], strict=True))
     assert choose("e" * 16, store=store, device=DEV_A, dtype=DTYPE, features=feats).source == "default"
+
+
+def test_a_model_pickled_by_an_older_version_gives_the_default_and_a_log_line(store, table, caplog):
+    import logging
+    import pickle
+
+    sel = KernelSelector(classifier="random_forest").fit(table.X, table.kernels, table.params)
+    del sel.candidates_  # as a selector pickled before the candidates existed
+    model_id = save_model(store, KernelSelector(classifier="random_forest").fit(table.X, table.kernels,
+                                                                                  table.params),
+                          device=DEV_A, dtype=DTYPE)
+    store.db["models"].update(model_id, {"blob": pickle.dumps(sel)})
+    feats = dict(zip(FEATURE_NAMES, table.X[0], strict=True))
+    with caplog.at_level(logging.WARNING, logger="tuner.model"):
+        assert choose("d" * 16, store=store, device=DEV_A, dtype=DTYPE, features=feats).source == "default"
+    assert "older version" in caplog.text

@@ -152,13 +152,14 @@ def test_evaluation_scores_the_selector_against_the_tuned_best_and_the_baselines
     with Store(memory=True) as store:
         _measured_store(store, 60)
         table = training_table(store, device=DEV_A, dtype=DTYPE)
-        result = evaluate_selector(store, table, device=DEV_A, dtype=DTYPE, classifier="random_forest", cv=3)
+        result = evaluate_selector(table, device=DEV_A, dtype=DTYPE, classifier="random_forest", cv=3)
     rows = {r.strategy: r for r in result.rows}
     assert (result.matrices, result.folds, result.classifier) == (60, 3, "random_forest")
     sel, upper = rows["selector: predicted config"], rows["selector: predicted family, best params"]
     assert sel.accuracy >= 0.8 and sel.matrices == upper.matrices == 60
-    # a right family comes with its tuned params (the nearest neighbour's), measured on every matrix
-    assert result.exact == round(sel.accuracy * 60)
+    # a right family comes with its tuned params (the best on the neighbours), measured on every matrix of that
+    # family; a wrong one with a config measured on the neighbours, often on this matrix too (the defaults)
+    assert round(sel.accuracy * 60) <= result.exact <= 60
     assert upper.geomean >= sel.geomean and 0 < sel.worst5 <= sel.geomean <= 1
     cusparse = rows[f"{BASELINE} default (no model)"]
     assert cusparse.accuracy == 0 and cusparse.geomean == pytest.approx(1e-4 / 1.5e-4)

@@ -657,7 +657,8 @@ def test_a_stored_selector_answers_predicted_for_a_complete_feature_vector(setti
         body = client.post("/recommend", json=features).json()
         assert body["source"] == "predicted" and body["kernel"] == "csr_vector"
         assert body["params"] == {"threads_per_row": 16, "block_size": 64}
+        assert body["confidence"] == 1.0  # one family only: a constant model, certain of it
         partial = client.post("/recommend", json={k: features[k] for k in ("rows", "cols", "nnz")}).json()
-        assert partial["source"] == "default"  # the model needs every feature
+        assert partial["source"] == "default" and partial["confidence"] is None  # the model needs every feature
         with mtx.open("rb") as f:
             assert client.post("/recommend", files={"file": ("poisson.mtx", f)}).json()["source"] == "predicted"

@@ -8,18 +8,21 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import shortest_path
 
 from db.store import Store
+from kernels import get_family
 from kernels.spmspv import DENSE, MODES, SPARSE
+from tests.conftest import REPO
 from tests.kernel_cases import CASES, load_shared, shared_cases
 from tuner import spmspv_selector
 from tuner.algorithms import bfs, frontier_matrix
-from tuner.errors import StoreError
+from tuner.errors import InvalidConfigError, StoreError
 from tuner.features import extract_features, fingerprint
 from tuner.generate import generate
 from tuner.io import as_csr
 from tuner.spmspv import SpMSpVExecutor, as_sparse_vector, plan_spmspv
 
 CONFIGS = [("sparse", {"merge": "spa"}), ("sparse", {"merge": "sort"}),
-           ("dense", {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}), ("dense", {})]
+           ("dense", {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}), ("dense", {}),
+           ("dense", {"kernel": "csr_vector", "threads_per_row": 4}), ("dense", {"kernel": "cusparse"})]
 
 
 def sparse_x(n: int, fill: float, seed: int, dtype: str = "float64") -> tuple[np.ndarray, np.ndarray]:
@@ -142,9 +145,31 @@ def test_plan_spmspv_without_gpu_runs_the_references_and_picks_modes_by_fill(mon
         assert y.shape == (3000,) and np.allclose(y, expected(A, *x))
     assert set(ex.memory) == {"csr_bytes", "sparse_vs_csr", "dense_vs_csr"}
     assert 0.9 < ex.memory["sparse_vs_csr"] < 1.2 and ex.memory["dense_vs_csr"] > 0.5
-    assert "dense from fill" in ex.explain()
+    assert "dense from fill" in ex.explain() and "the dense mode runs nut" in ex.explain()
     with pytest.raises(ValueError, match="unknown SpMSpV mode"):
         ex(few, mode="hybrid")
+
+
+def test_the_dense_mode_runs_any_family_and_names_a_bad_one() -> None:
+    A = generate("uniform", rows=500, seed=3)
+    prepared = DENSE.prepare_reference(A, {"kernel": "suraa", "threshold": 16})
+    assert prepared.params["kernel"] == "suraa" and prepared.params["threshold"] == 16
+    x = sparse_x(500, 0.2, 4)
+    check(A, DENSE.run_reference(prepared, *x), expected(A, *x), "float64")
+    assert DENSE.prepare_reference(A).params == {"kernel": "nut", **get_family("nut").space.defaults()}
+    with pytest.raises(InvalidConfigError, match="unknown kernel 'nope'"):
+        DENSE.prepare_reference(A, {"kernel": "nope"})
+    with pytest.raises(InvalidConfigError, match="spmspv dense mode \\(csr_vector\\)"):
+        DENSE.prepare_reference(A, {"kernel": "csr_vector", "rows_per_panel": 256})
+
+
+def test_the_small_sort_size_is_the_same_in_python_and_cuda() -> None:
+    import re
+
+    from kernels import spmspv
+
+    source = (REPO / "kernels" / "spmspv.cu").read_text()
+    assert int(re.search(r"#define SMALL_SORT (\d+)", source).group(1)) == spmspv.SMALL_SORT
 
 
 def test_plan_with_op_spmspv_and_an_unknown_op(monkeypatch) -> None:
@@ -262,6 +287,9 @@ def test_default_rule_and_lookup() -> None:
     assert spmspv_selector.lookup(table, 1e-9) == "sparse" and spmspv_selector.lookup(table, 1.0) == "dense"
     assert spmspv_selector.lookup(table, spmspv_selector.DEFAULT_CROSSOVER * 0.8) == "sparse"
     assert spmspv_selector.lookup(table, spmspv_selector.DEFAULT_CROSSOVER * 1.25) == "dense"
+    fills = np.array([1e-4, 1e-2, 1.0])  # midpoints 1e-3 and 0.1 on a log scale; a tie goes to the lower point
+    at = spmspv_selector.mode_lookup((fills, np.array(["a", "b", "c"])))
+    assert [at(f) for f in (0.0, 1e-4, 1e-3, 1.01e-3, 0.1, 0.11, 1.0, 5.0)] == ["a", "a", "a", "b", "b", "c", "c", "c"]
 
 
 # -- the GPU path against the references -------------------------------------------------------------
@@ -309,4 +337,62 @@ def test_gpu_executor_and_bfs() -> None:
         want = scipy_levels(G)
         for mode in (None, "sparse", "dense"):
             assert bfs(G, 0, mode=mode).tolist() == want.tolist(), (name, mode)
-    assert DENSE.structure_bytes(ex._prepared["dense"]) > 0
+    assert DENSE.structure_bytes(ex._prepared["dense"]) >= 0
+    assert ex.params["dense"]["kernel"] in ex.explain()  # the SpMV plan(A) runs: cuSPARSE or a prediction
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_sparse_mode_on_both_sides_of_its_one_block_paths(dtype: str) -> None:
+    """x entries below and above SCAN_BLOCK, touched rows below and above SMALL_SORT, and cancellation."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from kernels.spmspv import SCAN_BLOCK, SMALL_SORT
+
+    A = generate("uniform", rows=200_000, seed=5).astype(dtype)  # 16 entries a row
+    prepared = SPARSE.prepare(cusp.csr_matrix(A))
+    for k in (1, SMALL_SORT // 32, SMALL_SORT // 8, SCAN_BLOCK, SCAN_BLOCK + 1, 100_000):
+        idx, val = sparse_x(A.shape[1], k / A.shape[1], k, dtype)
+        got = tuple(cupy.asnumpy(a) for a in SPARSE.run(prepared, cupy.asarray(idx), cupy.asarray(val)))
+        check(A, got, expected(A, idx, val), dtype)
+        assert not prepared.extra["acc"].any() and not prepared.extra["mark"].any()
+    C = as_csr(sp.csr_matrix(np.array([[1.0, -1.0, 0.0], [1.0, 0.0, 2.0]], dtype=dtype)))  # row 0 cancels
+    small = SPARSE.prepare(cusp.csr_matrix(C))
+    idx, val = SPARSE.run(small, cupy.asarray([0, 1], dtype=cupy.int32), cupy.asarray([1.0, 1.0], dtype=dtype))
+    assert idx.tolist() == [1] and val.tolist() == [1.0]
+    n = 3 * SMALL_SORT  # many rows, half of them cancelling: the host-sorted path compacts as well
+    D = as_csr(sp.csr_matrix(sp.hstack([sp.eye(n), sp.diags(np.where(np.arange(n) % 2, 1.0, -1.0))]).astype(dtype)))
+    many = SPARSE.prepare(cusp.csr_matrix(D))
+    idx, val = SPARSE.run(many, cupy.arange(2 * n, dtype=cupy.int32), cupy.ones(2 * n, dtype=dtype))
+    assert idx.tolist() == list(range(1, n, 2)) and cupy.all(val == 2).item()
+
+
+def test_train_command_trains_saves_and_ships_the_spmspv_selector(tmp_path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from tuner import shipped
+    from tuner.cli import app
+
+    db = tmp_path / "s.db"
+    memory = synthetic_store()
+    with Store(db) as store:  # the synthetic measurements, in a file the command can open
+        store.add_device({"id": "GPU X (sm_90)", "name": "GPU X", "kind": "gpu"})
+        for m in memory.db["matrices"].rows:
+            store.add_matrix(m["fingerprint"], name=m["name"], rows=m["rows"], cols=m["cols"], nnz=m["nnz"],
+                             features=memory.matrix(m["fingerprint"])["features"])
+        store.add_spmspv_trials(memory.spmspv_trials(device="GPU X (sm_90)", dtype="float32"))
+    models = tmp_path / "models"
+    models.mkdir()
+    monkeypatch.setenv(shipped.ENV, str(models))
+    result = CliRunner().invoke(app, ["train", "--task", "spmspv", "--db", str(db), "--dtype", "float32", "--cv", "4",
+                                      "--ship", "--ship-dir", str(models)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "always sparse" in result.output and "saved the SpMSpV selector" in result.output
+    with Store(db) as store:
+        assert spmspv_selector.load(store, device="GPU X (sm_90)", dtype="float32")[1] == "trained"
+    assert spmspv_selector.load(None, device="GPU X (sm_90)", dtype="float32")[1] == "shipped"
+    other = CliRunner().invoke(app, ["train", "--task", "spmspv", "--db", str(db), "--dtype", "float64"])
+    assert other.exit_code == 1 and "both modes" in other.output
+    bad = CliRunner().invoke(app, ["train", "--task", "spmm", "--db", str(db)])
+    assert bad.exit_code == 1 and "unknown task 'spmm'" in bad.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -204,6 +205,52 @@ def report(
 
 @app.command()
 @_clean_errors
+def recommend(
+    matrix: Annotated[Path, typer.Argument(help="a Matrix Market file (.mtx, .mtx.gz)")],
+    db: DbOption = None,
+    dtype: Annotated[str, typer.Option(help="value type: float64 or float32")] = "float64",
+    device: Annotated[str | None, typer.Option(
+        help="device id, e.g. 'NVIDIA H200 (sm_90)' (default: this machine's GPU)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
+) -> None:
+    """Say which kernel and config plan() would run for MATRIX: tuned, predicted by the selector, or the default."""
+    from db.store import Store
+    from tuner.executor import choose
+    from tuner.features import extract_features, fingerprint
+    from tuner.io import read_mtx
+
+    check_dtype(dtype)
+    if device is None:
+        from tuner.backend import GpuBackend
+
+        device = GpuBackend().info.id  # NoDeviceError (a clear message) on a machine without a GPU
+    A = read_mtx(matrix, dtype=dtype)
+    with Store(db) as store:
+        choice = choose(fingerprint(A), store=store, device=device, dtype=dtype, features=extract_features(A))
+    rate = choice.expected_gflops
+    answer = {"matrix": str(matrix), "rows": A.shape[0], "cols": A.shape[1], "nnz": int(A.nnz), "device": device,
+              "dtype": dtype, "kernel": choice.kernel, "params": choice.params, "source": choice.source,
+              "expected_gflops": rate, "expected_time_s": choice.time_s or (2 * A.nnz / (rate * 1e9) if rate else None),
+              "confidence": choice.confidence,
+              "ratio_to_cusparse": choice.cusparse_time_s / choice.time_s if choice.cusparse_time_s and choice.time_s
+              else None}
+    if as_json:
+        console.print_json(json.dumps(answer))
+        return
+    console.print(f"[bold]{choice.kernel}[/] {_params(choice.params)} ({choice.source}) for {matrix.name}: "
+                  f"{A.shape[0]} x {A.shape[1]}, {A.nnz} nnz, {dtype} on {device}")
+    if answer["expected_time_s"]:
+        console.print(f"expected {answer['expected_time_s'] * 1e6:.1f} µs a product ({rate:.1f} GFLOP/s)")
+    if choice.confidence is not None:
+        console.print(f"the selector's confidence in the family: {choice.confidence:.0%}")
+    if answer["ratio_to_cusparse"]:
+        console.print(f"{answer['ratio_to_cusparse']:.2f}x cuSPARSE, as tuned")
+    if choice.source == "default":
+        console.print("nothing tuned and no selector for this device and dtype: cuSPARSE (run `tuner tune`)")
+
+
+@app.command()
+@_clean_errors
 def show(
     matrix: Annotated[str, typer.Argument(help="a .mtx path, a fingerprint (or prefix) or a stored name")],
     db: DbOption = None,
@@ -261,12 +308,17 @@ def train(
         help="also write the model as the selector shipped in the package for this device and dtype")] = False,
     ship_dir: Annotated[Path | None, typer.Option(
         help="folder for --ship (default: $SPMV_TUNER_MODELS, else the package's tuner/data)")] = None,
+    task: Annotated[str, typer.Option(
+        help="spmv: the kernel selector, from the tuned matrices; spmspv: the SpMSpV mode selector, from the "
+             "store's SpMSpV measurements (bench/spmspv.py writes them)")] = "spmv",
 ) -> None:
-    """Train the kernel selector from the store's best configs on a device and save it as a new model."""
+    """Train the kernel selector (or the SpMSpV mode selector) from the store on a device; save it as a new model."""
     from db.store import Store
     from tuner.model import KernelSelector, pick_device, save_model, ship_model, training_table
 
     check_dtype(dtype)
+    if task not in ("spmv", "spmspv"):
+        raise TunerError(f"unknown task {task!r}: spmv (the kernel selector) or spmspv (the SpMSpV mode selector)")
     with Store(db) as store:
         if corpus:
             from tuner.corpus import import_corpus
@@ -274,12 +326,15 @@ def train(
             for path in corpus:
                 _print_import(import_corpus(store, path))
         device = pick_device(store, device)
+        if task == "spmspv":
+            _train_spmspv(store, device=device, dtype=dtype, cv=cv, ship=ship, ship_dir=ship_dir)
+            return
         table = training_table(store, device=device, dtype=dtype)
         if len(table) < 2:
             raise TunerError(f"only {len(table)} tuned matrices with features on {device} in {dtype}; "
                              "tune more before training")
         model = KernelSelector(cv=cv, random_state=seed).fit(
-            table.X, table.kernels, table.params, groups=table.fingerprints
+            table.X, table.kernels, table.params, groups=table.fingerprints, measured=table.measured
         )
         out = Table(title=f"grouped {min(cv, len(table))}-fold CV accuracy on {len(table)} matrices "
                           f"({device}, {dtype})")
@@ -293,7 +348,7 @@ def train(
         if evaluate:  # (two or more matrices: one row per tuned matrix, checked above)
             from tuner.model_eval import evaluate_selector
 
-            result = evaluate_selector(store, table, device=device, dtype=dtype,
+            result = evaluate_selector(table, device=device, dtype=dtype,
                                        classifier=model.classifier_name_, cv=cv, random_state=seed)
             _print_evaluation(result)
             metrics["evaluation"] = result.as_metrics()
@@ -306,6 +361,28 @@ def train(
             path = ship_model(model, device=device, dtype=dtype, metrics=metrics, folder=ship_dir or shipped_dir())
             console.print(f"shipped as {path} ({path.stat().st_size / 1024:.0f} KiB): plan() predicts with it "
                           f"on {device} in {dtype} wherever the store has no model of its own")
+
+
+def _train_spmspv(store: Any, *, device: str, dtype: str, cv: int, ship: bool, ship_dir: Path | None) -> None:
+    from tuner import spmspv_selector
+
+    model, report = spmspv_selector.train(store, device=device, dtype=dtype, cv=cv)
+    out = Table(title=f"SpMSpV mode, out of fold by matrix: {report['rows']} measurements of {report['matrices']} "
+                      f"matrices ({device}, {dtype})")
+    for col in ("strategy", "right mode", "time vs per-call oracle", "worst matrix"):
+        out.add_column(col, justify="left" if col == "strategy" else "right")
+    for name, r in report["table"].items():
+        out.add_row(escape(name), f"{r['accuracy']:.1%}", f"{r['time_vs_oracle']:.3f}x",
+                    f"{r['worst_matrix_vs_oracle']:.3f}x")
+    console.print(out)
+    if model is None:
+        raise TunerError(f"SpMSpV selector not trained: {report['not_trained']}")
+    console.print(f"saved the SpMSpV selector (SVM {report['svm_params']}) for {device} in {dtype}")
+    if ship:
+        from tuner.shipped import shipped_dir
+
+        path = spmspv_selector.ship(model, device=device, dtype=dtype, metrics=report, folder=ship_dir or shipped_dir())
+        console.print(f"shipped as {path}: plan(A, op='spmspv') uses it on {device} in {dtype}")
 
 
 def _print_evaluation(result: Any) -> None:
@@ -370,6 +447,27 @@ def corpus_import(
     with Store(db) as store:
         for path in files:
             _print_import(import_corpus(store, path))
+
+
+@corpus_app.command("portfolio")
+@_clean_errors
+def corpus_portfolio(
+    output: Annotated[Path, typer.Argument(help="the portfolio file to write (JSON)")],
+    db: DbOption = None,
+    device: Annotated[str | None, typer.Option(help="device id in the store (default: its only gpu device)")]
+    = None,
+    per_family: Annotated[int, typer.Option(min=1, help="configs of each family with a large space")] = 6,
+) -> None:
+    """Write the configs that `tune-many --enqueue` measures on every matrix (see tuner.portfolio)."""
+    from db.store import Store
+    from tuner.model import pick_device
+    from tuner.portfolio import build_portfolio, write_portfolio
+
+    with Store(db) as store:
+        configs = build_portfolio(store, device=pick_device(store, device), per_family=per_family)
+    write_portfolio(output, configs)
+    counts = ", ".join(f"{k} {n}" for k, n in sorted(Counter(k for k, _ in configs).items()))
+    console.print(f"wrote {output}: {len(configs)} configs ({counts})")
 
 
 @app.command("kernels")

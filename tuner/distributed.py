@@ -50,8 +50,9 @@ from rich.table import Table
 from db.store import TRIAL_FIELDS
 from tuner.errors import InvalidConfigError, TunerError
 from tuner.io import check_dtype
+from tuner.portfolio import read_portfolio
 
-DEFAULT_ATTR = "default"  # a trial enqueued (by tune(total=N)) with a family's default config
+DEFAULT_ATTR = "default"  # a trial enqueued by tune(total=N): a family's default or a config of its `enqueue`
 SURPLUS_ATTR = "surplus"  # a trial asked past the budget and pruned unmeasured
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
 HEARTBEAT_S = 10  # a running trial beats this often...
@@ -267,6 +268,7 @@ def run_worker(
     poll_s: float = 1.0,
     start: int = 0,
     deadline: float | None = None,
+    enqueue: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> WorkerStats:
     """Bring the study of every source (on this backend's device model, in ``dtype``) to ``total`` finished trials.
 
@@ -278,7 +280,8 @@ def run_worker(
     study is done. A source with a ``key`` whose study is done is passed by
     without building its matrix. With ``deadline`` (a ``time.time()``), no
     trial starts after it and the rest of the list is left (``stats.left``)
-    for a later run.
+    for a later run. ``enqueue`` (a :mod:`tuner.portfolio`) is measured in every study (see
+    :func:`tuner.search.tune`).
     """
     from tuner.evaluate import ContextLostError
     from tuner.features import fingerprint
@@ -319,7 +322,7 @@ def run_worker(
             A = as_csr(src.load(dtype), dtype=dtype)
         result = tune(A, backend=backend, store=None, storage=storage, name=src.name, dtype=dtype, trials=total,
                       timeout=remaining(), total=total, kernels=kernels, seed=seed, on_trial=on_trial,
-                      summary=False, source=src.key)
+                      summary=False, source=src.key, enqueue=enqueue)
         finished(index, src, result.study, result.budget)
 
     def finished(index: int, src: Any, name: str, budget: Any) -> None:
@@ -383,6 +386,7 @@ def worker(
     grace: Annotated[int, typer.Option()] = GRACE_S,
     start: Annotated[int, typer.Option(help="index of the list to begin at (wrapping around)")] = 0,
     deadline: Annotated[float | None, typer.Option(help="time.time() after which no trial starts")] = None,
+    enqueue: Annotated[Path | None, typer.Option(help="portfolio file: configs measured in every study")] = None,
 ) -> None:
     """One worker (started by tune-many): JSON lines of progress on stdout."""
     from tuner.backend import get_backend
@@ -396,13 +400,14 @@ def worker(
     lost = []
     try:
         srcs = read_sources(sources or [], suite)
+        configs = read_portfolio(enqueue) if enqueue else []
         backend = get_backend(device)
         shared = open_shared_storage(storage, heartbeat=heartbeat, grace=grace,
                                      on_stale=lambda study, trial: lost.append(trial.number))
         emit({"ev": "start", "device": backend.info.id, "matrices": len(srcs), "pid": os.getpid()})
         stats = run_worker(srcs, storage=shared, backend=backend, dtype=dtype, total=trials_per_matrix,
                            kernels=kernels.split(",") if kernels else None, seed=seed, emit=emit, start=start,
-                           deadline=deadline)
+                           deadline=deadline, enqueue=configs)
         stats.lost = len(lost)
     except ContextLostError as exc:
         emit({"ev": "fatal", "message": str(exc)[:1000]})
@@ -471,6 +476,9 @@ def tune_many(
     = GRACE_S,
     time_limit: Annotated[float | None, typer.Option(
         min=0, help="seconds after which no trial starts; run the same command again to go on")] = None,
+    enqueue: Annotated[Path | None, typer.Option(
+        help="a portfolio file (`tuner corpus portfolio`): its configs are measured in every study, before "
+             "optuna's; raise --trials-per-matrix by their number")] = None,
 ) -> None:
     """Tune every matrix on every GPU of this host, sharing the studies through STORAGE with every other host."""
     from tuner.errors import InvalidConfigError as _Invalid
@@ -479,6 +487,8 @@ def tune_many(
     try:
         check_dtype(dtype)
         srcs = read_sources(sources or [], suite)
+        if enqueue is not None:
+            read_portfolio(enqueue)  # a bad file fails here, not in every worker
         if not srcs:
             raise _Invalid("nothing to tune: the sources hold no .mtx files (and no --suite was given)")
         if device == "gpu":
@@ -505,6 +515,8 @@ def tune_many(
         args += ["--suite", suite]
     if deadline is not None:
         args += ["--deadline", repr(deadline)]
+    if enqueue is not None:
+        args += ["--enqueue", str(enqueue.resolve())]
     root = str(Path(__file__).resolve().parents[1])
     pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     pool = [_Worker(k, label, {**os.environ, "PYTHONPATH": pythonpath, **env}) for k, (label, env) in enumerate(slots)]

@@ -49,7 +49,7 @@ class Executor:
         self.dtype = np.dtype(A.dtype)
         self.fingerprint = fingerprint
         self.kernel, self.params, self.source = choice.kernel, choice.params, choice.source
-        self.expected_gflops = choice.expected_gflops
+        self.expected_gflops, self.confidence = choice.expected_gflops, choice.confidence
         self.prepare_s: float | None = None
         self._host = A if backend is None else None
         self.device = "cpu (SciPy)" if backend is None else backend.info.id
@@ -90,7 +90,10 @@ class Executor:
                        "(run `tuner tune` to tune it)",
             "cpu": "no CUDA GPU (or CuPy) here: SciPy computes y on the CPU",
         }[self.source]
-        speed = f"{self.expected_gflops:.1f} GFLOP/s when tuned" if self.expected_gflops else "speed unknown"
+        when = "as the nearest tuned matrices measured it" if self.source == "predicted" else "when tuned"
+        speed = f"{self.expected_gflops:.1f} GFLOP/s {when}" if self.expected_gflops else "speed unknown"
+        if self.confidence is not None:
+            speed += f"; the selector's confidence in the family: {self.confidence:.0%}"
         return (f"{self.kernel} {self.params} for a {self.shape[0]}x{self.shape[1]} {self.dtype} matrix "
                 f"with {self.nnz} nonzeros on {self.device}: {why}; {speed}.")
 
@@ -102,7 +105,8 @@ class Executor:
 @dataclass(frozen=True)
 class Choice:
     """A kernel config and where it came from ('tuned', 'predicted' or 'default'); for a tuned one, the
-    times of it and of cuSPARSE the store holds (``cusparse_time_s`` may be unknown)."""
+    times of it and of cuSPARSE the store holds (``cusparse_time_s`` may be unknown); for a predicted one,
+    the GFLOP/s its neighbours measured (may be unknown) and the selector's probability of the family."""
 
     kernel: str
     params: dict[str, Any]
@@ -110,6 +114,7 @@ class Choice:
     expected_gflops: float | None = None
     time_s: float | None = None
     cusparse_time_s: float | None = None
+    confidence: float | None = None
 
 
 def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
@@ -129,9 +134,10 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
 
         model = find_model(store, device=device, dtype=dtype)
         if model is not None:
-            kernel, params = model.predict(features)[0]
+            p = model.predict_details(features)[0]
             try:  # a model trained before the registry changed may name what no longer exists
-                return Choice(kernel, get_family(kernel).space.validate(params, family=kernel), "predicted")
+                return Choice(p.kernel, get_family(p.kernel).space.validate(p.params, family=p.kernel), "predicted",
+                              expected_gflops=p.expected_gflops, confidence=p.confidence)
             except InvalidConfigError:
                 pass
     return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
@@ -153,14 +159,17 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         return plan_spmspv(A, dtype=dtype, db=db)
     if op != "spmv":
         raise ValueError(f"unknown op {op!r}: 'spmv' (dense x) or 'spmspv' (sparse x)")
-    A = as_csr(A, dtype=dtype)
+    given, A = A, as_csr(A, dtype=dtype)
     fp = fingerprint(A)
     if not gpu_available():
         return Executor(A=A, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fp)
     backend = GpuBackend()
     store = db if isinstance(db, Store) else Store(db)
-    # only a model needs them
-    features = extract_features(A) if may_predict(store, backend.info.id, str(A.dtype)) else None
+    # only a model needs them; on the GPU for a canonical CuPy CSR matrix already there
+    on_gpu = type(given).__module__.startswith("cupyx") and getattr(given, "format", None) == "csr" and \
+        given.has_canonical_format
+    features = extract_features(given if on_gpu else A) if may_predict(store, backend.info.id, str(A.dtype)) \
+        else None
     choice = choose(fp, store=store, device=backend.info.id, dtype=str(A.dtype), features=features)
     return Executor(A=A, choice=choice, backend=backend, fingerprint=fp)
 

@@ -5,7 +5,9 @@ nonzeros spread over rows (SURAA's and PCSR's row classes, load imbalance) and
 columns, how far they sit from the diagonal, and how they cluster into column
 panels (Hong et al.'s clustering factors, which drive the tile choice of
 ``nut``). Everything is computed from ``indptr`` and ``indices`` only, in one
-vectorized NumPy pass (a fraction of a second for 10 M nonzeros).
+vectorized pass: NumPy for a SciPy matrix (a fraction of a second for 10 M
+nonzeros), CuPy on the GPU for a ``cupyx.scipy.sparse`` matrix already there
+(the same operations, the same values up to float rounding).
 
 Input is the canonical CSR form that :func:`tuner.io.as_csr` produces: int32
 indices, sorted columns within each row, no duplicates.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -72,20 +74,36 @@ FEATURE_NAMES: tuple[str, ...] = (
 _INT32_LIMIT = 2**31
 
 
-def _csr_arrays(A: sp.csr_matrix | sp.csr_array) -> tuple[int, int, NDArray[np.int32], NDArray[np.int32]]:
-    """Check that ``A`` is canonical CSR and return (rows, cols, indptr, indices) as int32.
+def _csr_arrays(A: Any) -> tuple[Any, int, int, Any, Any]:
+    """Check that ``A`` is canonical CSR and return (xp, rows, cols, indptr, indices), int32 arrays of ``xp``
+    (NumPy for a SciPy matrix, CuPy for a ``cupyx.scipy.sparse`` one).
 
     A non-canonical matrix would silently give wrong clustering factors and a
     fingerprint that differs from its canonical twin, so it is refused.
     """
-    if not sp.issparse(A) or A.format != "csr" or A.ndim != 2:
-        raise MatrixFormatError(f"expected a 2-D scipy.sparse CSR matrix, got {type(A).__name__}")
+    if type(A).__module__.startswith("cupyx"):
+        import cupy
+
+        xp, is_csr = cupy, getattr(A, "format", None) == "csr"
+    else:
+        xp, is_csr = np, sp.issparse(A) and A.format == "csr" and A.ndim == 2
+    if not is_csr:
+        raise MatrixFormatError(f"expected a 2-D SciPy or CuPy sparse CSR matrix, got {type(A).__name__}")
     m, n = A.shape
     if max(m, n, A.nnz) >= _INT32_LIMIT:
         raise MatrixFormatError(f"shape {A.shape} with {A.nnz} entries does not fit int32 indices")
     if not A.has_canonical_format:
         raise MatrixFormatError("CSR matrix has unsorted or duplicate column indices; canonicalise it first")
-    return m, n, np.asarray(A.indptr, dtype=np.int32), np.asarray(A.indices, dtype=np.int32)
+    return xp, m, n, xp.asarray(A.indptr, dtype=xp.int32), xp.asarray(A.indices, dtype=xp.int32)
+
+
+def _xp(a: Any) -> Any:
+    """The array module of ``a``: NumPy, or CuPy for a CuPy array."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+
+    return cupy.get_array_module(a)
 
 
 def freedman_diaconis_segments(npr: NDArray[np.integer]) -> tuple[int, int]:
@@ -100,13 +118,14 @@ def freedman_diaconis_segments(npr: NDArray[np.integer]) -> tuple[int, int]:
     of the rows alike) or ``max == min`` (all alike) gives ``k = 1``, one
     segment of all rows, since the rule has no spread to measure there.
     """
-    npr = np.asarray(npr)
+    xp = _xp(npr) if not isinstance(npr, list | tuple) else np
+    npr = xp.asarray(npr)
     m = npr.size
     if m == 0:
         return 0, 0
     lo, hi = int(npr.min()), int(npr.max())
-    q25, q75 = np.percentile(npr, [25, 75])
-    iqr = float(q75 - q25)
+    q25, q75 = (float(q) for q in xp.percentile(npr, xp.asarray([25.0, 75.0])))
+    iqr = q75 - q25
     if m < 2 or iqr == 0 or hi == lo:
         k = 1
     else:
@@ -114,27 +133,28 @@ def freedman_diaconis_segments(npr: NDArray[np.integer]) -> tuple[int, int]:
     return math.ceil(m / k), k
 
 
-def _spread(counts: NDArray[np.integer], total: int) -> tuple[float, float]:
+def _spread(counts: Any, total: int) -> tuple[float, float]:
     """Population std and coefficient of variation of ``counts`` (summing to ``total``); 0 when undefined."""
     if counts.size == 0 or total == 0:
         return 0.0, 0.0
-    std = float(np.std(counts))
+    std = float(_xp(counts).std(counts.astype(np.float64)))
     return std, std / (total / counts.size)
 
 
-def _gini(npr: NDArray[np.integer], nnz: int) -> float:
+def _gini(npr: Any, nnz: int) -> float:
     """Gini coefficient of the row lengths: mean absolute difference / (2·mean), 0 when all are equal.
 
     Uses the sorted form ``Σ (2i − m − 1)·x_(i) / (m·Σx)`` (i = 1..m), O(m log m).
     """
     m = npr.size
-    if nnz == 0 or npr.min() == npr.max():
+    if nnz == 0 or int(npr.min()) == int(npr.max()):
         return 0.0
-    weights = np.arange(1 - m, m, 2, dtype=np.float64)
-    return float(weights @ np.sort(npr).astype(np.float64)) / (m * nnz)
+    xp = _xp(npr)
+    weights = xp.arange(1 - m, m, 2, dtype=np.float64)
+    return float(weights @ xp.sort(npr).astype(np.float64)) / (m * nnz)
 
 
-def _clustering_factors(indptr: NDArray[np.int32], indices: NDArray[np.int32]) -> list[float]:
+def _clustering_factors(indptr: Any, indices: Any) -> list[float]:
     """Hong et al.'s clustering factor ``nnz / non-empty (row, col // w) segments`` for each width.
 
     With sorted columns, entry ``i + 1`` opens a new segment exactly when it
@@ -148,26 +168,31 @@ def _clustering_factors(indptr: NDArray[np.int32], indices: NDArray[np.int32]) -
     starts = indptr[1:-1]
     starts = starts[(starts > 0) & (starts < nnz)]
     change[starts - 1] = np.iinfo(np.int32).max  # a new row always opens a new segment
-    return [nnz / (1 + np.count_nonzero(change >= w)) for w in CF_WIDTHS]
+    xp = _xp(change)
+    return [nnz / (1 + int(xp.count_nonzero(change >= w))) for w in CF_WIDTHS]
 
 
-def extract_features(A: sp.csr_matrix | sp.csr_array) -> dict[str, float]:
-    """The feature vector of a canonical CSR matrix: keys exactly :data:`FEATURE_NAMES`, finite floats.
+def extract_features(A: Any) -> dict[str, float]:
+    """The feature vector of a canonical CSR matrix (SciPy, or CuPy: computed on the GPU): keys exactly
+    :data:`FEATURE_NAMES`, finite floats.
 
     Values do not matter, only structure. Every ratio is defined as 0 where its
     denominator is 0 (no rows, no columns, no nonzeros), so degenerate
     matrices (0×0, all-zero, one row, one column) still give a full vector.
     """
-    m, n, indptr, indices = _csr_arrays(A)
-    nnz = indices.size
-    npr = np.diff(indptr)
+    xp, m, n, indptr, indices = _csr_arrays(A)
+    nnz = int(indices.size)
+    npr = xp.diff(indptr)
 
     # Signed distance of each entry from the diagonal, in the int32 row-id buffer itself.
-    offset = np.repeat(np.arange(m, dtype=np.int32), npr)
+    if xp is np:
+        offset = np.repeat(np.arange(m, dtype=np.int32), npr)
+    else:  # CuPy's repeat takes no device array of counts: each entry's row by a search of indptr
+        offset = (xp.searchsorted(indptr, xp.arange(nnz, dtype=xp.int32), side="right") - 1).astype(xp.int32)
     offset -= indices
 
     npr_std, npr_cv = _spread(npr, nnz)
-    col_std, col_cv = _spread(np.bincount(indices, minlength=n), nnz)
+    col_std, col_cv = _spread(xp.bincount(indices, minlength=n), nnz)
     seg_size, seg_count = freedman_diaconis_segments(npr)
     diag_len = min(m, n)
     features = {
@@ -175,18 +200,18 @@ def extract_features(A: sp.csr_matrix | sp.csr_array) -> dict[str, float]:
         "cols": n,
         "nnz": nnz,
         "density": nnz / (m * n) if nnz else 0,
-        "npr_min": npr.min() if m else 0,
-        "npr_max": npr.max() if m else 0,
+        "npr_min": int(npr.min()) if m else 0,
+        "npr_max": int(npr.max()) if m else 0,
         "npr_mean": nnz / m if m else 0,
         "npr_std": npr_std,
         "npr_cv": npr_cv,
         "npr_gini": _gini(npr, nnz),
-        "empty_row_frac": np.count_nonzero(npr == 0) / m if m else 0,
-        "long_row_frac": np.count_nonzero(npr > LONG_ROW) / m if m else 0,
+        "empty_row_frac": int(xp.count_nonzero(npr == 0)) / m if m else 0,
+        "long_row_frac": int(xp.count_nonzero(npr > LONG_ROW)) / m if m else 0,
         "fd_seg_count": seg_count,
         "fd_seg_size": seg_size,
         "bandwidth": max(int(offset.max()), -int(offset.min())) if nnz else 0,
-        "diag_frac": np.count_nonzero(offset == 0) / diag_len if diag_len else 0,
+        "diag_frac": int(xp.count_nonzero(offset == 0)) / diag_len if diag_len else 0,
         "col_std": col_std,
         "col_cv": col_cv,
         **dict(zip((f"cf_{w}" for w in CF_WIDTHS), _clustering_factors(indptr, indices), strict=True)),
@@ -194,14 +219,16 @@ def extract_features(A: sp.csr_matrix | sp.csr_array) -> dict[str, float]:
     return {name: float(features[name]) for name in FEATURE_NAMES}
 
 
-def fingerprint(A: sp.csr_matrix | sp.csr_array) -> str:
+def fingerprint(A: Any) -> str:
     """Hex BLAKE2b-128 of the structure: shape (2 × LE int64), then indptr and indices (LE int32).
 
     Values are left out on purpose: the kernels' speed depends on the
     structure and the dtype, not on the numbers, so a matrix with the same
     structure and new values reuses the tuning already stored for it.
     """
-    m, n, indptr, indices = _csr_arrays(A)
+    xp, m, n, indptr, indices = _csr_arrays(A)
+    if xp is not np:
+        indptr, indices = indptr.get(), indices.get()
     h = hashlib.blake2b(digest_size=16)
     h.update(np.array([m, n], dtype="<i8"))
     h.update(np.ascontiguousarray(indptr, dtype="<i4"))

@@ -4,8 +4,14 @@
 a classifier's answer (a Pipeline: log1p of the count-like features, a
 StandardScaler, then gradient boosting, a random forest or an SVM, picked by
 cross-validation grouped by matrix fingerprint, see :func:`select_model`); the
-family's parameters are those of the nearest tuned training matrix of that
-family in the scaled feature space.
+family's parameters are chosen on the ``n_neighbors`` most similar training
+matrices (in the scaled feature space): among the family's configs measured on
+most training matrices (the corpus measures a :mod:`tuner.portfolio` on every
+one), the config with the best mean log of t_best / t there. Where none was
+measured on enough of them, the params of the nearest matrix that the family
+won. Each prediction carries the classifier's probability of the family
+(``confidence``) and the GFLOP/s the neighbours measured for the config
+(:meth:`KernelSelector.predict_details`).
 
 Models are stored in the ``models`` table (:func:`save_model`,
 :func:`load_latest`), one versioned row per (device, dtype) training run;
@@ -45,13 +51,14 @@ from sklearn.base import BaseEstimator
 from sklearn.compose import ColumnTransformer
 from sklearn.dummy import DummyClassifier
 from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit, cross_val_score
-from sklearn.neighbors import NearestNeighbors
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import SVC
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from kernels import config_key
 from tuner.errors import InvalidConfigError, StoreError
 from tuner.features import FEATURE_NAMES
 
@@ -62,12 +69,14 @@ __all__ = [
     "CLASSIFIERS",
     "COUNT_FEATURES",
     "KernelSelector",
+    "Prediction",
     "TrainingTable",
     "find_model",
     "grouped_split",
     "latest_row",
     "load_latest",
     "load_shipped",
+    "measured_times",
     "model_row",
     "save_model",
     "select_model",
@@ -93,7 +102,7 @@ def _classifier(name: str, random_state: int | None) -> Any:
     if name == "random_forest":
         return RandomForestClassifier(n_estimators=200, random_state=random_state)
     if name == "svm":
-        return SVC(C=10.0, gamma="scale", random_state=random_state)
+        return SVC(C=10.0, gamma="scale", probability=True, random_state=random_state)
     raise InvalidConfigError(f"unknown classifier {name!r}; choose one of {['auto', *CLASSIFIERS]}")
 
 
@@ -143,6 +152,17 @@ def select_model(
     return max(ranked, key=lambda n: scores[n]["mean"]), scores
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """What the selector says of one matrix."""
+
+    kernel: str
+    params: dict[str, Any]
+    confidence: float  # the classifier's probability of this family
+    expected_gflops: float | None  # what the neighbours measured for this config (None: not measured on them)
+    basis: str  # 'neighbours' (the config scored best on the nearest matrices) or 'nearest winner'
+
+
 class KernelSelector(BaseEstimator):
     """Predicts ``(kernel, params)`` for a matrix from its feature vector (columns as in FEATURE_NAMES).
 
@@ -152,13 +172,20 @@ class KernelSelector(BaseEstimator):
         ``"auto"`` compares them by grouped cross-validation in ``fit`` and keeps the best.
     cv : int
         Folds of that cross-validation.
+    n_neighbors : int
+        Training matrices on which a family's candidate configs are scored.
+    coverage : float
+        A config is a candidate when it was measured on at least this fraction of the training matrices.
     random_state : int or None
         Seed of the classifiers.
     """
 
-    def __init__(self, *, classifier: str = "auto", cv: int = 5, random_state: int | None = 0) -> None:
+    def __init__(self, *, classifier: str = "auto", cv: int = 5, n_neighbors: int = 5, coverage: float = 0.5,
+                 random_state: int | None = 0) -> None:
         self.classifier = classifier
         self.cv = cv
+        self.n_neighbors = n_neighbors
+        self.coverage = coverage
         self.random_state = random_state
 
     def fit(
@@ -169,15 +196,18 @@ class KernelSelector(BaseEstimator):
         *,
         groups: Sequence[Any] | None = None,
         feature_names: Sequence[str] | None = None,
+        measured: Sequence[Mapping[str, float]] | None = None,
     ) -> KernelSelector:
         """Learn from rows of features, each row's best kernel and its params; ``groups`` (default: one per
-        row) are the matrix fingerprints that cross-validation keeps together."""
+        row) are the matrix fingerprints that cross-validation keeps together; ``measured`` (per row: config
+        key (:func:`kernels.config_key`) to seconds) are the times the params are scored by."""
         X, y = validate_data(self, X, np.asarray(y_kernel, dtype=object), reset=True, dtype=np.float64)
         names = list(FEATURE_NAMES if feature_names is None else feature_names)
         if len(names) != X.shape[1]:
             raise InvalidConfigError(f"X has {X.shape[1]} columns but {len(names)} feature names were given")
-        if len(params_per_row) != len(y):
-            raise InvalidConfigError(f"{len(y)} kernels but {len(params_per_row)} params")
+        if len(params_per_row) != len(y) or (measured is not None and len(measured) != len(y)):
+            raise InvalidConfigError(f"{len(y)} kernels but {len(params_per_row)} params and "
+                                     f"{'no' if measured is None else len(measured)} measured rows")
         groups = list(range(len(y))) if groups is None else list(groups)
         self.classes_ = np.unique(y)
         self.feature_names_in_ = np.asarray(names, dtype=object)
@@ -193,15 +223,41 @@ class KernelSelector(BaseEstimator):
         else:
             self.classifier_name_ = self.classifier
             estimator = _classifier(self.classifier, self.random_state)
-        self.pipeline_ = _pipeline(estimator, names).fit(X, y)
-        scaled = self.pipeline_[:-1].transform(X)
-        self.neighbours_: dict[str, tuple[NearestNeighbors, list[dict[str, Any]]]] = {}
+        with warnings.catch_warnings():  # SVC(probability=True): deprecated in 1.9, gone in 1.11 (pinned)
+            warnings.filterwarnings("ignore", message="The `probability` parameter", category=FutureWarning)
+            self.pipeline_ = _pipeline(estimator, names).fit(X, y)
+        self.train_scaled_ = self.pipeline_[:-1].transform(X)  # where the neighbours are looked for
+        self.winners_: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}  # family -> rows it won, params
         for kernel in self.classes_:
             rows = np.flatnonzero(y == kernel)
-            nn = NearestNeighbors(n_neighbors=1).fit(scaled[rows])
-            self.neighbours_[str(kernel)] = (nn, [dict(params_per_row[i]) for i in rows])
+            self.winners_[str(kernel)] = (rows, [dict(params_per_row[i]) for i in rows])
+        self._fit_candidates(X[:, names.index("nnz")] if "nnz" in names else None,
+                             [{}] * len(y) if measured is None else measured)
         self.n_train_ = len(y)
         return self
+
+    def _fit_candidates(self, nnz: np.ndarray | None, measured: Sequence[Mapping[str, float]]) -> None:
+        """The configs measured on ``coverage`` of the rows, and each row's log(t_best / t) and log(nnz / t)."""
+        counts: dict[str, int] = {}
+        for row in measured:
+            for key in row:
+                counts[key] = counts.get(key, 0) + 1
+        keys = sorted(k for k, c in counts.items() if c >= self.coverage * len(measured))
+        self.candidates_: list[tuple[str, dict[str, Any]]] = []
+        for key in keys:
+            brace = key.index("{")
+            self.candidates_.append((key[:brace], json.loads(key[brace:])))
+        times = np.array([[row.get(k, np.nan) for k in keys] for row in measured], dtype=float).reshape(
+            len(measured), len(keys))
+        best = np.array([min(row.values()) if row else np.nan for row in measured], dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.log_fraction_ = np.log(best[:, None] / times)
+            self.log_rate_ = np.log(nnz[:, None] / times) if nnz is not None else np.full_like(times, np.nan)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        """Fitted by this version of the class (a pickle of an older one lacks the candidates)."""
+        return all(hasattr(self, a) for a in ("pipeline_", "train_scaled_", "winners_", "candidates_",
+                                              "log_fraction_"))
 
     def _as_array(self, X: Any) -> Any:
         """Mappings (one matrix's features, or a list of them) become rows in ``feature_names_in_`` order."""
@@ -214,22 +270,45 @@ class KernelSelector(BaseEstimator):
                 raise InvalidConfigError(f"features lack {exc.args[0]!r}") from None
         return X
 
-    def predict(self, X: Any) -> list[tuple[str, dict[str, Any]]]:
-        """``(kernel, params)`` per row of X (an array, or feature mappings)."""
-        check_is_fitted(self, ["pipeline_", "neighbours_"])
+    def predict_details(self, X: Any) -> list[Prediction]:
+        """A :class:`Prediction` per row of X (an array, or feature mappings)."""
+        check_is_fitted(self)
         X = self._as_array(X)
         with warnings.catch_warnings():
             # Fitted on a plain array with FEATURE_NAMES order: a plain array is the expected input.
             warnings.filterwarnings("ignore", message="X does not have valid feature names")
             X = validate_data(self, X, reset=False, dtype=np.float64)
-        kernels = self.pipeline_.predict(X)
         scaled = self.pipeline_[:-1].transform(X)
+        classifier = self.pipeline_[-1]
+        kernels, proba = classifier.predict(scaled), classifier.predict_proba(scaled)
+        classes = list(classifier.classes_)
+        # Squared distances to every training matrix (a few hundred): plain NumPy, microseconds a row.
+        dist = ((scaled[:, None, :] - self.train_scaled_[None, :, :]) ** 2).sum(axis=2)
+        near = np.argsort(dist, axis=1, kind="stable")[:, : self.n_neighbors]
         out = []
-        for kernel, row in zip(kernels, scaled, strict=True):
-            nn, params = self.neighbours_[str(kernel)]
-            index = int(nn.kneighbors(row[None, :], return_distance=False)[0, 0])
-            out.append((str(kernel), dict(params[index])))
+        for kernel, d, p, nb in zip(kernels, dist, proba, near, strict=True):
+            confidence = float(p[classes.index(kernel)])
+            mine = [j for j, (k, _) in enumerate(self.candidates_) if k == kernel]
+            scores = self.log_fraction_[np.ix_(nb, mine)]
+            enough = np.isfinite(scores).sum(axis=0) * 2 >= len(nb)
+            if mine and enough.any():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # columns of NaN only: not enough anyway
+                    mean = np.where(enough, np.nanmean(scores, axis=0), -np.inf)
+                j = mine[int(np.argmax(mean))]
+                rate = self.log_rate_[nb, j]
+                rate = rate[np.isfinite(rate)]
+                gflops = float(2 * np.exp(rate.mean()) / 1e9) if rate.size else None
+                out.append(Prediction(str(kernel), dict(self.candidates_[j][1]), confidence, gflops, "neighbours"))
+                continue
+            rows, params = self.winners_[str(kernel)]
+            out.append(Prediction(str(kernel), dict(params[int(np.argmin(d[rows]))]), confidence, None,
+                                  "nearest winner"))
         return out
+
+    def predict(self, X: Any) -> list[tuple[str, dict[str, Any]]]:
+        """``(kernel, params)`` per row of X (an array, or feature mappings)."""
+        return [(p.kernel, p.params) for p in self.predict_details(X)]
 
     def score(self, X: Any, y_kernel: Sequence[str]) -> float:
         """Accuracy of the predicted family."""
@@ -250,13 +329,26 @@ class TrainingTable:
     params: list[dict[str, Any]]
     times: np.ndarray
     skipped: list[str]  # tuned matrices left out because features are missing
+    measured: list[dict[str, float]]  # per row: config key -> fastest verified time (measured_times)
 
     def __len__(self) -> int:
         return len(self.fingerprints)
 
 
+def measured_times(store: Store, *, device: str, dtype: str) -> dict[str, dict[str, float]]:
+    """Fingerprint → config key (:func:`kernels.config_key`) → fastest verified time on (device, dtype)."""
+    out: dict[str, dict[str, float]] = {}
+    rows = store.db.execute(
+        "select fingerprint, kernel, params, min(time_s) from trials where device = ? and dtype = ? "
+        "and state = 'ok' and verified = 1 group by fingerprint, kernel, params", [device, dtype])
+    for fp, kernel, params, time_s in rows:
+        out.setdefault(fp, {})[config_key(kernel, json.loads(params))] = time_s
+    return out
+
+
 def training_table(store: Store, *, device: str, dtype: str) -> TrainingTable:
-    """The store's best configs on ``device`` in ``dtype`` joined with the matrices' features."""
+    """The store's best configs on ``device`` in ``dtype`` joined with the matrices' features and times."""
+    measured = measured_times(store, device=device, dtype=dtype)
     fps, rows, kernels, params, times, skipped = [], [], [], [], [], []
     for best in store.db["best"].rows_where("device = ? and dtype = ?", [device, dtype], order_by="fingerprint"):
         feats = next(iter(store.db["features"].rows_where("fingerprint = ?", [best["fingerprint"]])), None)
@@ -270,7 +362,8 @@ def training_table(store: Store, *, device: str, dtype: str) -> TrainingTable:
         params.append(json.loads(best["params"]))
         times.append(best["time_s"])
     X = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
-    return TrainingTable(fps, X, np.asarray(kernels, dtype=object), params, np.asarray(times, dtype=float), skipped)
+    return TrainingTable(fps, X, np.asarray(kernels, dtype=object), params, np.asarray(times, dtype=float), skipped,
+                         [measured.get(fp, {}) for fp in fps])
 
 
 def grouped_split(
@@ -330,10 +423,18 @@ def ship_model(model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any
 
 def _unpickle(row: Mapping[str, Any], features: Sequence[str]) -> Any:
     """The model of a ``models`` row (or a shipped header with its blob); None when trained on other
-    ``features``. The blob is a pickle: only load stores and packages you trust."""
+    ``features``, or pickled by an older version of its class that this one cannot use (logged: retrain it).
+    The blob is a pickle: only load stores and packages you trust."""
     if row.get("blob") is None or json.loads(row["features"]) != list(features):
         return None  # trained on another feature set: unusable until retrained
-    return pickle.loads(row["blob"])
+    try:
+        model = pickle.loads(row["blob"])
+        check_is_fitted(model)
+    except (AttributeError, ImportError, NotFittedError) as exc:  # a class or function renamed since
+        _log.warning("model %s (%s, %s) was saved by an older version and cannot be used (%s); run `tuner "
+                     "train` again", row.get("id", "shipped"), row.get("device"), row.get("dtype"), exc)
+        return None
+    return model
 
 
 def latest_row(store: Store, *, device: str, dtype: str, task: str = "spmv", select: str = "*"

@@ -36,7 +36,7 @@ from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 
 from db.store import Store
-from kernels import BASELINE, REGISTRY, Family, get_family
+from kernels import BASELINE, REGISTRY, Family, config_key, get_family
 from tuner.backend import Backend, DeviceInfo, Timing
 from tuner.distributed import (
     DEFAULT_ATTR,
@@ -70,10 +70,6 @@ def registry_version() -> str:
 
 def study_name(fp: str, device: DeviceInfo, dtype: str) -> str:
     return f"{fp}|{device.id}|{dtype}|r{registry_version()}"
-
-
-def config_key(kernel: str, params: dict[str, Any]) -> str:
-    return kernel + json.dumps(params, sort_keys=True)
 
 
 @dataclass
@@ -125,6 +121,7 @@ def tune(
     total: int | None = None,
     summary: bool = True,
     source: str | None = None,
+    enqueue: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> TuneResult:
     """Tune SpMV for ``A`` on ``backend``: ``trials`` more trials (or until ``timeout`` seconds).
 
@@ -140,7 +137,9 @@ def tune(
     ``summary=False`` skips the final re-timing. ``source`` (a generated
     matrix's :attr:`~tuner.suites.SuiteMatrix.key`) is kept in the study's
     user attrs (:data:`SOURCE_ATTR`), so a later run finds the study without
-    building the matrix.
+    building the matrix. ``enqueue`` (``(kernel, params)`` pairs, e.g. a
+    :mod:`tuner.portfolio`) is measured right after the defaults, each config
+    once per study; those of families outside ``kernels`` are left out.
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]
     A = as_csr(A, dtype=dtype)
@@ -185,10 +184,13 @@ def tune(
         untried = [f for f in families if f.name not in tried]
         if total is not None:  # no more defaults than the budget has places left
             untried = untried[: max(0, total - sum(t.state != TrialState.PRUNED for t in current))]
-        for f in untried:
-            study.enqueue_trial({"kernel": f.name, **_prefixed(f, f.space.defaults())},
+        queue = [(f, f.space.defaults()) for f in untried]
+        names = {f.name for f in families}
+        queue += [(get_family(k), p) for k, p in enqueue if k in names]
+        for f, params in queue:  # skip_if_exists: a config the study holds (or has queued) is not queued again
+            study.enqueue_trial({"kernel": f.name, **_prefixed(f, params)},
                                 user_attrs={DEFAULT_ATTR: True} if total is not None else None,
-                                skip_if_exists=total is not None)
+                                skip_if_exists=total is not None or bool(enqueue))
     restricted = {f.name for f in families} != set(REGISTRY)
     rng = np.random.default_rng(seed + len(seen))
     deadline = time.monotonic() + timeout if timeout else float("inf")

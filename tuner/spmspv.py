@@ -1,9 +1,10 @@
 """``plan(A, op="spmspv")``: y = A·x for a sparse x, in the mode that suits this call.
 
 The executor keeps both representations of A, built once: CSC for the sparse
-mode and the NuT tiles for the dense mode (:mod:`kernels.spmspv`), and picks a
-mode per call from x's fill (nnz(x) / cols) through a table that the mode
-selector (:mod:`tuner.spmspv_selector`) filled for this matrix at plan time.
+mode and, for the dense mode, what its SpMV needs (:mod:`kernels.spmspv`): the
+config ``plan(A)`` would run, or the paper's NuT tiles. It picks a mode per
+call from x's fill (nnz(x) / cols) through a table that the mode selector
+(:mod:`tuner.spmspv_selector`) filled for this matrix at plan time.
 Without a GPU the same API runs both modes' CPU references.
 
 x may be an ``(indices, values)`` tuple of NumPy or CuPy arrays, or a SciPy or
@@ -95,6 +96,7 @@ class SpMSpVExecutor:
         self.dtype = np.dtype(A.dtype)
         self.fingerprint, self.device, self.selector_source = fingerprint, device, selector_source
         self.table = table
+        self._mode_at = spmspv_selector.mode_lookup(table)
         self.last_mode: str | None = None
         params = params or {}
         if on_gpu:
@@ -114,7 +116,7 @@ class SpMSpVExecutor:
 
     def choose_mode(self, x_nnz: int) -> str:
         """The mode for an x with ``x_nnz`` nonzeros: the plan-time table at fill x_nnz / cols."""
-        return spmspv_selector.lookup(self.table, x_nnz / max(self.shape[1], 1))
+        return self._mode_at(x_nnz / max(self.shape[1], 1))
 
     def __call__(self, x: Any, *, dense: bool = False, mode: str | None = None) -> Any:
         """y = A·x; ``mode`` ('sparse' or 'dense') overrides the selector for this call."""
@@ -150,8 +152,11 @@ class SpMSpVExecutor:
         cross = self.crossover()
         at = f"dense from fill {cross:.2g} on" if cross is not None else "sparse at every fill"
         mem = ", ".join(f"{k[:-7]} {v:.2f}x CSR" for k, v in self.memory.items() if k.endswith("_vs_csr"))
+        dense = dict(self.params["dense"])
+        spmv = dense.pop("kernel")
         return (f"SpMSpV for a {self.shape[0]}x{self.shape[1]} {self.dtype} matrix with {self.nnz} nonzeros on "
-                f"{where} ({self.device}): modes chosen by {rule}, {at}; memory {mem}.")
+                f"{where} ({self.device}): modes chosen by {rule}, {at}; the dense mode runs {spmv} {dense}; "
+                f"memory beyond the CSR: {mem}.")
 
     def __repr__(self) -> str:
         return f"<SpMSpVExecutor {self.shape} selector={self.selector_source!r} last_mode={self.last_mode!r}>"
@@ -161,20 +166,29 @@ def plan_spmspv(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Sto
                 params: Mapping[str, Mapping[str, Any]] | None = None) -> SpMSpVExecutor:
     """Prepare y = A·x for sparse x (see :func:`tuner.executor.plan` with ``op="spmspv"``).
 
-    ``params`` may set each mode's parameters (``{"sparse": {...}, "dense": {...}}``).
+    ``params`` may set each mode's parameters (``{"sparse": {...}, "dense": {"kernel": ..., ...}}``). On a
+    GPU the dense mode runs, unless told otherwise, the SpMV that ``plan(A)`` runs (tuned, predicted or
+    cuSPARSE): on Hopper that beats the paper's NuT on most matrices (``{"dense": {"kernel": "nut"}}``
+    runs NuT). Without a GPU the dense mode's reference is NuT's.
     """
     A = as_csr(A, dtype=dtype)
     fp = fingerprint(A)
     on_gpu = gpu_available()
     device = "cpu (references)"
     selector, source = None, "default"
+    features = extract_features(A)
+    params = dict(params or {})
     if on_gpu:
         from tuner.backend import GpuBackend
+        from tuner.executor import choose
 
         device = GpuBackend().info.id
         store = db if isinstance(db, Store) else Store(db)
         selector, source = spmspv_selector.load(store, device=device, dtype=str(A.dtype))
-    table = selector.crossover_table(extract_features(A)) if selector else spmspv_selector.default_table()
+        if "dense" not in params:  # the SpMV that plan(A) would run: tuned, predicted or cuSPARSE
+            choice = choose(fp, store=store, device=device, dtype=str(A.dtype), features=features)
+            params["dense"] = {"kernel": choice.kernel, **choice.params}
+    table = selector.crossover_table(features) if selector else spmspv_selector.default_table()
     return SpMSpVExecutor(A, on_gpu=on_gpu, table=table, selector_source=source, device=device, fingerprint=fp,
                           params=params)
 

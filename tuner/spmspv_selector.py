@@ -24,7 +24,8 @@ with ``task = 'spmspv'``; a selector for the GPU measured here ships in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import bisect
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +50,9 @@ MATRIX_FEATURES: tuple[str, ...] = ("nnz", "rows", "cols", "col_std", *(f"cf_{w}
 SELECTOR_FEATURES: tuple[str, ...] = (*MATRIX_FEATURES, "fill")
 """A row of the selector: the matrix features and x's nonzero fraction (nnz(x) / cols)."""
 
-_LOGGED = ("nnz", "rows", "cols", "col_std", "fill")
-"""Columns that span orders of magnitude: log10 before scaling (fill from 1e-6 to 1)."""
+_COUNTS = ("nnz", "rows", "cols", "col_std")
+"""Columns that span orders of magnitude from 0 on: log10(1 + x) before scaling (col_std is 0 for a matrix
+whose columns all hold as many entries, e.g. the transpose of a uniform graph)."""
 
 DEFAULT_CROSSOVER = 0.05
 """Fill below which the sparse mode runs when no selector is trained for this GPU and dtype."""
@@ -64,13 +66,19 @@ TASK = "spmspv"
 """The selector's ``task`` in the ``models`` table and in shipped file names."""
 
 
-def _log10(X: np.ndarray) -> np.ndarray:
-    return np.log10(np.maximum(X, 1e-12))
+def _log10_1p(X: np.ndarray) -> np.ndarray:
+    return np.log10(1 + np.maximum(X, 0))
+
+
+def _log10_fill(X: np.ndarray) -> np.ndarray:
+    return np.log10(np.clip(X, 1e-9, 1))
 
 
 def _pipeline(C: float = 10.0, gamma: float | str = "scale") -> Pipeline:
-    logged = [SELECTOR_FEATURES.index(name) for name in _LOGGED]
-    log = ColumnTransformer([("log10", FunctionTransformer(_log10), logged)], remainder="passthrough")
+    counts = [SELECTOR_FEATURES.index(name) for name in _COUNTS]
+    fill = [SELECTOR_FEATURES.index("fill")]
+    log = ColumnTransformer([("counts", FunctionTransformer(_log10_1p), counts),
+                             ("fill", FunctionTransformer(_log10_fill), fill)], remainder="passthrough")
     return Pipeline([("log", log), ("scale", StandardScaler()), ("svm", SVC(C=C, gamma=gamma))])
 
 
@@ -132,12 +140,21 @@ def default_table() -> tuple[np.ndarray, np.ndarray]:
     return FILL_GRID, np.where(FILL_GRID < DEFAULT_CROSSOVER, "sparse", "dense")
 
 
-def lookup(table: tuple[np.ndarray, np.ndarray], fill: float) -> str:
-    """The mode of the table's grid point nearest to ``fill`` (on a log scale)."""
+def mode_lookup(table: tuple[np.ndarray, np.ndarray]) -> Callable[[float], str]:
+    """fill -> the mode of the table's grid point nearest to the fill on a log scale (a tie: the lower point).
+
+    A bisection over the geometric midpoints of the grid, precomputed: a microsecond a call (BFS asks once a
+    step, thousands of times on a large-diameter graph).
+    """
     fills, modes = table
-    i = int(np.clip(np.searchsorted(fills, fill), 1, len(fills) - 1))
-    nearer = i if np.log(fills[i] / max(fill, 1e-300)) < np.log(max(fill, 1e-300) / fills[i - 1]) else i - 1
-    return str(modes[nearer])
+    cuts = np.sqrt(fills[1:] * fills[:-1]).tolist()
+    names = [str(m) for m in modes]
+    return lambda fill: names[bisect.bisect_left(cuts, fill)]
+
+
+def lookup(table: tuple[np.ndarray, np.ndarray], fill: float) -> str:
+    """The mode of the table's grid point nearest to ``fill`` (see :func:`mode_lookup`)."""
+    return mode_lookup(table)(fill)
 
 
 # -- training data, evaluation -----------------------------------------------------------------------
@@ -201,6 +218,22 @@ def evaluate(X: np.ndarray, y: np.ndarray, weight: np.ndarray, groups: Sequence[
         table[name] = {"accuracy": float(np.mean(choice == y)), "time_vs_oracle": float(t.sum() / oracle.sum()),
                        "worst_matrix_vs_oracle": float(max(per_matrix))}
     return {"rows": len(y), "matrices": n_groups, "table": table}
+
+
+def train(store: Store, *, device: str, dtype: str, cv: int = 5) -> tuple[ModeSelector | None, dict[str, Any]]:
+    """Evaluate (:func:`evaluate`), fit on every row and save to ``models`` the selector for (device, dtype)
+    from the store's ``spmspv_trials``. Returns ``(model, report)``; the model is None (nothing saved) when
+    one mode won every measurement (nothing to learn). StoreError when nothing is measured."""
+    X, y, weight, groups, times = training_rows(store, device=device, dtype=dtype)
+    report = evaluate(X, y, weight, groups, times, cv=cv)
+    try:
+        model = ModeSelector(cv=cv).fit(X, y, sample_weight=weight, groups=groups)
+    except InvalidConfigError as exc:
+        report["not_trained"] = str(exc)
+        return None, report
+    report["svm_params"] = {k: (v if isinstance(v, str) else float(v)) for k, v in model.best_params_.items()}
+    save(store, model, device=device, dtype=dtype, metrics=report)
+    return model, report
 
 
 # -- storage: the models table and the shipped files of the SpMV selector (tuner.model), task 'spmspv' ---------

@@ -112,6 +112,7 @@ def recommendation(
         params=choice.params,
         source=choice.source,
         expected_gflops=choice.expected_gflops,
+        confidence=choice.confidence,
         ratio_to_cusparse=ratio(choice.cusparse_time_s, choice.time_s),
         device=device,
         device_kind=device_kind,
