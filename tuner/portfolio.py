@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernels import REGISTRY, get_family
+from kernels import REGISTRY, config_key, get_family
 from tuner.errors import InvalidConfigError
 
 if TYPE_CHECKING:
@@ -41,27 +41,14 @@ FORMAT = "spmv-tuner-portfolio"
 Config = tuple[str, dict[str, Any]]
 
 
-def _key(kernel: str, params: dict[str, Any]) -> str:
-    return kernel + json.dumps(params, sort_keys=True)
-
-
 def build_portfolio(store: Store, *, device: str, dtypes: Sequence[str] = ("float64", "float32"),
                     exhaustive_up_to: int = 32, per_family: int = 6, within: float = 0.03,
                     near_best: float = 0.10) -> list[Config]:
     """The portfolio for ``device`` from the store's verified trials in ``dtypes`` (see the module's doc)."""
-    times: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)  # (fingerprint, dtype) -> key -> time
-    params_of: dict[str, Config] = {}
-    rows = store.db.execute(
-        f"select fingerprint, dtype, kernel, params, min(time_s) from trials where device = ? and dtype in "
-        f"({', '.join('?' * len(dtypes))}) and state = 'ok' and verified = 1 group by 1, 2, 3, 4",
-        [device, *dtypes])
-    for fp, dtype, kernel, params, time_s in rows:
-        if kernel not in REGISTRY:
-            continue
-        p = json.loads(params)
-        key = _key(kernel, p)
-        times[fp, dtype][key] = time_s
-        params_of[key] = (kernel, p)
+    from tuner.model import measured_times  # scikit-learn only here, not in the workers that read a portfolio
+
+    times = {(fp, dtype): row for dtype in dtypes  # (fingerprint, dtype) -> config key -> time
+             for fp, row in measured_times(store, device=device, dtype=dtype).items()}
     out: list[Config] = []
     for name in sorted(REGISTRY):
         space = get_family(name).space
@@ -78,7 +65,7 @@ def build_portfolio(store: Store, *, device: str, dtypes: Sequence[str] = ("floa
             for k, t in mine.items():
                 if t <= (1 + within) * family_best:
                     good[k].add(matrix)
-        chosen = [_key(name, space.defaults())]
+        chosen = [config_key(name, space.defaults())]
         covered: set[tuple[str, str]] = set(good.get(chosen[0], ()))
         while len(chosen) < per_family and good:
             k = max(sorted(good), key=lambda k: len(good[k] - covered))
@@ -86,7 +73,7 @@ def build_portfolio(store: Store, *, device: str, dtypes: Sequence[str] = ("floa
                 break
             chosen.append(k)
             covered |= good.pop(k)
-        out += [params_of.get(k, (name, space.defaults())) for k in chosen]
+        out += [(name, json.loads(k[len(name):])) for k in chosen]
     return out
 
 
