@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -319,4 +320,10 @@ class ErrorPublic(BaseModel):
     errors: list[dict[str, Any]] | None = Field(None, description="each validation error: loc, msg, type")
 
 
-__all__ = [name for name in dir() if name.endswith(("Public", "Create", "Options", "Query")) or name == "FeatureVector"]
+def error_responses(descriptions: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
+    """A route's OpenAPI ``responses``: each error status with its description and the ErrorPublic body."""
+    return {code: {"model": ErrorPublic, "description": what} for code, what in descriptions.items()}
+
+
+__all__ = [name for name in dir() if name.endswith(("Public", "Create", "Options", "Query"))
+           or name in ("FeatureVector", "error_responses")]

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from service.deps import JobsDep
-from service.models import ErrorPublic, JobPublic, JobsPublic
+from service.models import JobPublic, JobsPublic, error_responses
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -24,7 +24,7 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic,
-            responses={404: {"model": ErrorPublic, "description": "unknown job"}})
+            responses=error_responses({404: "unknown job"}))
 async def read_job(jobs: JobsDep, job_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
     """A job's state (queued, running, done, failed), its progress in trials and, when done, its result."""
     job = jobs.get(job_id)

@@ -11,10 +11,10 @@ from service.deps import StoreDep
 from service.models import (
     FINGERPRINT_MAX,
     Dtype,
-    ErrorPublic,
     MatricesPublic,
     MatrixDetailPublic,
     TrialsPublic,
+    error_responses,
     ratio,
 )
 
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/matrices", tags=["matrices"])
 Skip = Annotated[int, Query(ge=0, le=2**62, description="rows to skip")]
 Limit = Annotated[int, Query(ge=1, le=1000, description="rows to return")]
 Fingerprint = Annotated[str, Path(min_length=1, max_length=FINGERPRINT_MAX, description="a stored fingerprint")]
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorPublic, "description": "unknown fingerprint"}}
+_NOT_FOUND = error_responses({404: "unknown fingerprint"})
 
 
 def _matrix_or_404(store: Store, fingerprint: str) -> dict[str, Any]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -13,10 +11,10 @@ from db.store import Store
 from service.bodies import body_kind, read_json
 from service.deps import ServiceState, service_state, thread_store
 from service.models import (
-    ErrorPublic,
     FeatureVector,
     RecommendationPublic,
     RecommendQuery,
+    error_responses,
     feature_vector_problems,
     ratio,
 )
@@ -44,15 +42,12 @@ _OPENAPI = {
         },
     }
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorPublic, "description": what}
-    for code, what in {
-        400: "malformed JSON or multipart body",
-        413: "body or matrix larger than the server accepts",
-        415: "neither JSON nor multipart",
-        422: "invalid feature vector, unreadable matrix file or unknown device",
-    }.items()
-}
+_ERRORS = error_responses({
+    400: "malformed JSON or multipart body",
+    413: "body or matrix larger than the server accepts",
+    415: "neither JSON nor multipart",
+    422: "invalid feature vector, unreadable matrix file or unknown device",
+})
 
 
 def read_query(request: Request) -> RecommendQuery:

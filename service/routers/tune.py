@@ -17,7 +17,7 @@ from kernels import REGISTRY
 from service.bodies import BodyValidationError, body_kind, read_json, validation_errors
 from service.deps import JobsDep, StateDep, StoreDep, TokenDep
 from service.jobs import QueueFullError, ShuttingDownError
-from service.models import ErrorPublic, JobPublic, TuneCreate, TuneOptions
+from service.models import JobPublic, TuneCreate, TuneOptions, error_responses
 from service.settings import Settings
 from service.uploads import FILE_FIELD, read_upload, receive_upload
 from tuner.io import as_csr, matrix_name
@@ -46,20 +46,17 @@ _BODY = {
         },
     }
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorPublic, "description": what}
-    for code, what in {
-        400: "malformed JSON or multipart body",
-        401: "missing or wrong token",
-        403: "no token configured on the server",
-        404: "unknown fingerprint",
-        409: "the store knows the fingerprint but the server holds no copy of the matrix",
-        413: "body or matrix larger than the server accepts",
-        415: "neither JSON nor multipart",
-        422: "invalid options or unreadable matrix file",
-        429: "too many jobs waiting",
-    }.items()
-}
+_ERRORS = error_responses({
+    400: "malformed JSON or multipart body",
+    401: "missing or wrong token",
+    403: "no token configured on the server",
+    404: "unknown fingerprint",
+    409: "the store knows the fingerprint but the server holds no copy of the matrix",
+    413: "body or matrix larger than the server accepts",
+    415: "neither JSON nor multipart",
+    422: "invalid options or unreadable matrix file",
+    429: "too many jobs waiting",
+})
 
 
 def _kept(settings: Settings, fingerprint: str) -> Path:
