@@ -122,13 +122,14 @@ def measure_fills(cp: Any, store: Store, device: str, name: str, A: Any, dtype: 
 
     A_dev = cusp.csr_matrix(A)
     fp = fingerprint(A)
-    store.add_matrix(fp, name=name, rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=extract_features(A))
+    features = extract_features(A)
+    store.add_matrix(fp, name=name, rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
     t0 = time.perf_counter()
     sparse = SPARSE.prepare(A_dev)
     cp.cuda.Device().synchronize()
     prep_sparse = time.perf_counter() - t0
     sort = SPARSE.prepare(A_dev, {"merge": "sort"})
-    choice = choose(fp, store=store, device=device, dtype=dtype, features=extract_features(A))
+    choice = choose(fp, store=store, device=device, dtype=dtype, features=features)
     t0 = time.perf_counter()
     dense = DENSE.prepare(A_dev, {"kernel": choice.kernel, **choice.params})  # as plan(A, op="spmspv") does
     cp.cuda.Device().synchronize()

@@ -46,4 +46,10 @@ def config_key(kernel: str, params: Mapping[str, Any]) -> str:
     return kernel + json.dumps(dict(params), sort_keys=True)
 
 
-__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "config_key", "get_family"]
+def config_of(key: str) -> tuple[str, dict[str, Any]]:
+    """``(kernel, params)`` back from a :func:`config_key`."""
+    brace = key.index("{")
+    return key[:brace], json.loads(key[brace:])
+
+
+__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "config_key", "config_of", "get_family"]

@@ -283,10 +283,10 @@ def test_spmspv_trials_are_validated() -> None:
 
 
 def test_default_rule_and_lookup() -> None:
-    table = spmspv_selector.default_table()
-    assert spmspv_selector.lookup(table, 1e-9) == "sparse" and spmspv_selector.lookup(table, 1.0) == "dense"
-    assert spmspv_selector.lookup(table, spmspv_selector.DEFAULT_CROSSOVER * 0.8) == "sparse"
-    assert spmspv_selector.lookup(table, spmspv_selector.DEFAULT_CROSSOVER * 1.25) == "dense"
+    mode_at = spmspv_selector.mode_lookup(spmspv_selector.default_table())
+    assert mode_at(1e-9) == "sparse" and mode_at(1.0) == "dense"
+    assert mode_at(spmspv_selector.DEFAULT_CROSSOVER * 0.8) == "sparse"
+    assert mode_at(spmspv_selector.DEFAULT_CROSSOVER * 1.25) == "dense"
     fills = np.array([1e-4, 1e-2, 1.0])  # midpoints 1e-3 and 0.1 on a log scale; a tie goes to the lower point
     at = spmspv_selector.mode_lookup((fills, np.array(["a", "b", "c"])))
     assert [at(f) for f in (0.0, 1e-4, 1e-3, 1.01e-3, 0.1, 0.11, 1.0, 5.0)] == ["a", "a", "a", "b", "b", "c", "c", "c"]

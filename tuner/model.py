@@ -58,7 +58,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import SVC
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from kernels import config_key
+from kernels import config_key, config_of
 from tuner.errors import InvalidConfigError, StoreError
 from tuner.features import FEATURE_NAMES
 
@@ -243,10 +243,7 @@ class KernelSelector(BaseEstimator):
             for key in row:
                 counts[key] = counts.get(key, 0) + 1
         keys = sorted(k for k, c in counts.items() if c >= self.coverage * len(measured))
-        self.candidates_: list[tuple[str, dict[str, Any]]] = []
-        for key in keys:
-            brace = key.index("{")
-            self.candidates_.append((key[:brace], json.loads(key[brace:])))
+        self.candidates_: list[tuple[str, dict[str, Any]]] = [config_of(key) for key in keys]
         times = np.array([[row.get(k, np.nan) for k in keys] for row in measured], dtype=float).reshape(
             len(measured), len(keys))
         best = np.array([min(row.values()) if row else np.nan for row in measured], dtype=float)

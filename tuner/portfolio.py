@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernels import REGISTRY, config_key, get_family
+from kernels import REGISTRY, config_key, config_of, get_family
 from tuner.errors import InvalidConfigError
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def build_portfolio(store: Store, *, device: str, dtypes: Sequence[str] = ("floa
                 break
             chosen.append(k)
             covered |= good.pop(k)
-        out += [(name, json.loads(k[len(name):])) for k in chosen]
+        out += [config_of(k) for k in chosen]
     return out
 
 

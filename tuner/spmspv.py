@@ -176,12 +176,12 @@ def plan_spmspv(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Sto
     on_gpu = gpu_available()
     device = "cpu (references)"
     selector, source = None, "default"
-    features = extract_features(A)
     params = dict(params or {})
-    if on_gpu:
+    if on_gpu:  # (without a GPU no selector applies and the dense mode is NuT's reference: no features needed)
         from tuner.backend import GpuBackend
         from tuner.executor import choose
 
+        features = extract_features(A)
         device = GpuBackend().info.id
         store = db if isinstance(db, Store) else Store(db)
         selector, source = spmspv_selector.load(store, device=device, dtype=str(A.dtype))

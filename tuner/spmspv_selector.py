@@ -152,10 +152,6 @@ def mode_lookup(table: tuple[np.ndarray, np.ndarray]) -> Callable[[float], str]:
     return lambda fill: names[bisect.bisect_left(cuts, fill)]
 
 
-def lookup(table: tuple[np.ndarray, np.ndarray], fill: float) -> str:
-    """The mode of the table's grid point nearest to ``fill`` (see :func:`mode_lookup`)."""
-    return mode_lookup(table)(fill)
-
 
 # -- training data, evaluation -----------------------------------------------------------------------
 
