@@ -7,7 +7,10 @@ Algorithm 4 with the long-row change of Algorithm 6). One thread block per row
 block stages ``data[j] * x[indices[j]]`` in shared memory with coalesced loads,
 then reduces each row with a group of ``g`` threads, ``g`` chosen per block by a
 decision tree on ``nt / rows_in_block`` (see :func:`threads_per_row`); a long
-row is reduced by the whole block, chunk by chunk.
+row is reduced by the whole block, chunk by chunk. With ``long_chunks`` > 0 a
+long row is cut into pieces of ``long_chunks * shared_size`` nonzeros, a block
+each, so that a few very long rows do not leave one SM working after the rest
+of the GPU is done (the paper's one block per long row is ``long_chunks = 0``).
 
 The greedy packing is sequential as written in the paper; :func:`row_blocks`
 computes exactly the same blocks without a loop over rows: the end of the block
@@ -43,6 +46,7 @@ SHARED_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
 THREADS_PER_BLOCK = (64, 128, 256, 512, 1024)
 TREE_T1 = (2, 4, 8)
 TREE_T2 = (8, 32, 128, 1024)
+LONG_CHUNKS = (0, 1, 2, 4, 8, 16)
 
 # Hopper (H100/H200): 228 KB of shared memory and 2048 resident threads per SM,
 # at most 32 resident blocks per SM, 227 KB per block with opt-in.
@@ -100,6 +104,13 @@ SPACE = Space(
             32,
             "decision tree: the most threads per row of a multi-row block (the largest power of two "
             "<= min(nt/rows, tree_t2)); a one-row block always uses all nt threads",
+        ),
+        Param(
+            "long_chunks",
+            LONG_CHUNKS,
+            0,
+            "a long row is cut into pieces of at most long_chunks * shared_size nonzeros, one block each, "
+            "added up in order by the piece that finishes last (0: one block per long row, the paper)",
         ),
     )
 )
@@ -177,11 +188,40 @@ def threads_per_row(block_row_start: Any, nt: int, tree_t1: int, tree_t2: int, x
     return g.astype(xp.int32)
 
 
+def long_row_span(params: dict[str, Any]) -> int:
+    """Most nonzeros of a long row one block sums (0: no limit, a long row is one block)."""
+    return int(params["long_chunks"]) * int(params["shared_size"])
+
+
+def split_long_rows(indptr: Any, starts: Any, tpr: Any, span: int, xp: Any = np) -> dict[str, Any]:
+    """Cut every one-row block of more than ``span`` nonzeros into ceil(nnz / span) piece blocks.
+
+    The pieces of a row are consecutive blocks that all start at that row, so
+    ``block_row_start`` repeats it (a block's rows end at ``max(next start, its
+    start + 1)``); ``block_piece`` numbers them 0, 1, ... (0 for every other
+    block). Vectorized: block j of the result is the original block
+    ``searchsorted(cumulative pieces, j, "right")``.
+    """
+    rows = xp.diff(starts)
+    nnz = xp.diff(indptr.astype(xp.int64)[starts])
+    pieces = xp.ones(rows.shape, dtype=xp.int64)
+    if span:
+        pieces = xp.where((rows == 1) & (nnz > span), -(-nnz // span), 1)
+    last = xp.cumsum(pieces)
+    n_blocks = int(last[-1]) if pieces.size else 0
+    owner = xp.searchsorted(last, xp.arange(n_blocks, dtype=xp.int64), side="right")
+    out_starts = xp.empty(n_blocks + 1, dtype=xp.int32)
+    out_starts[:n_blocks] = starts[owner]
+    out_starts[n_blocks] = starts[-1]
+    piece = xp.arange(n_blocks, dtype=xp.int64) - (last - pieces)[owner]
+    return {"block_row_start": out_starts, "block_tpr": tpr[owner], "block_piece": piece.astype(xp.int32)}
+
+
 def block_table(indptr: Any, params: dict[str, Any], xp: Any = np) -> dict[str, Any]:
-    """``{"block_row_start", "block_tpr"}``: the block table the kernel reads, on NumPy or CuPy."""
+    """``{"block_row_start", "block_tpr", "block_piece"}``: the block table the kernel reads, on NumPy or CuPy."""
     starts = row_blocks(indptr, params["shared_size"], params["nt"], xp)
     tpr = threads_per_row(starts, params["nt"], params["tree_t1"], params["tree_t2"], xp)
-    return {"block_row_start": starts, "block_tpr": tpr}
+    return split_long_rows(indptr, starts, tpr, long_row_span(params), xp)
 
 
 def _pow2_ceil(v: np.ndarray) -> np.ndarray:
@@ -215,7 +255,14 @@ class Ipcsr(Family):
         if need > DEFAULT_SMEM_LIMIT and kernel.max_dynamic_shared_size_bytes < need:
             # Only ever raised: a smaller config prepared later must not break this one.
             kernel.max_dynamic_shared_size_bytes = need
-        prepared.extra.update(block_table(prepared.A.indptr, prepared.params, cupy))
+        table = block_table(prepared.A.indptr, prepared.params, cupy)
+        prepared.extra.update(table)
+        # A counter (zero between products: the last piece's atomicInc wraps it) and a partial sum
+        # for every block, used by the pieces of long rows only.
+        split = bool((table["block_piece"] > 0).any())
+        n = table["block_piece"].size if split else 1
+        prepared.extra["counters"] = cupy.zeros(n, dtype=cupy.uint32)
+        prepared.extra["partials"] = cupy.zeros(n, dtype=prepared.dtype)
         prepared.extra["kernel"] = kernel
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
@@ -224,47 +271,73 @@ class Ipcsr(Family):
         e["kernel"](
             (n_blocks,),
             (p["nt"],),
-            (e["block_row_start"], e["block_tpr"], A.indptr, A.indices, A.data, x, out, np.int32(p["shared_size"])),
+            (
+                e["block_row_start"], e["block_tpr"], e["block_piece"], A.indptr, A.indices, A.data, x, out,
+                np.int32(p["shared_size"]), np.int32(long_row_span(p)), e["counters"], e["partials"],
+            ),
             shared_mem=self.shared_bytes(p, prepared.dtype),
         )
 
     def _prepare_reference(self, prepared: Prepared) -> None:
-        """The block table, and for every entry the slot (row, lane) that sums it on the GPU.
+        """The block table, and for every entry the slot (piece, lane) that sums it on the GPU.
 
-        Lane of entry j of a row starting at rs in a block of g threads per row:
-        ``((j - rs) % shared_size) % g`` (the row is staged chunk by chunk; lane l
-        sums the chunk's entries l, l+g, ...; in increasing j, as the kernel
-        does). A row's lanes then go through the halving tree over g lanes; lanes
-        at or past ``width = min(g, shared_size, pow2ceil(row length))`` only
-        ever hold exact zeros, so the reference keeps ``width`` lanes per row and
-        its tree adds the same numbers in the same order (adding 0 is exact).
+        A piece is a row, or one ``span``-long piece of a long row that the table
+        splits (its k-th ``span`` nonzeros). Lane of entry j at offset ``o = j - rs``
+        in its row, in a block of g threads per row: ``(o % shared_size) % g``
+        (the row is staged chunk by chunk, and a piece starts at a multiple of
+        shared_size; lane l sums the chunk's entries l, l+g, ...; in increasing j,
+        as the kernel does). A piece's lanes then go through the halving tree over
+        g lanes; lanes at or past ``width = min(g, shared_size, pow2ceil(piece
+        length))`` only ever hold exact zeros, so the reference keeps ``width``
+        lanes per piece and its tree adds the same numbers in the same order
+        (adding 0 is exact). A row's pieces are then added in order, as the last
+        piece block does.
         """
         A, p = prepared.A, prepared.params
         table = block_table(A.indptr, p, np)
         prepared.extra.update(table)
         indptr = A.indptr.astype(np.int64)
         length = np.diff(indptr)
-        g_row = np.repeat(table["block_tpr"], np.diff(table["block_row_start"])).astype(np.int64)
-        width = np.minimum(_pow2_ceil(np.maximum(length, 1)), np.minimum(g_row, p["shared_size"]))
-        slot_start = np.zeros(prepared.shape[0] + 1, dtype=np.int64)
-        np.cumsum(width, out=slot_start[1:])
+        first = table["block_piece"] == 0  # the blocks of row_blocks, before long rows are split
+        starts = np.append(table["block_row_start"][:-1][first], prepared.shape[0])
+        g_row = np.repeat(table["block_tpr"][first], np.diff(starts)).astype(np.int64)
+        span = long_row_span(p)
+        pieces = np.maximum(-(-length // span), 1) if span else np.ones_like(length)
+        pieces = np.where(g_row == p["nt"], pieces, 1)  # only a one-row block is split
+        piece_start = np.zeros(prepared.shape[0] + 1, dtype=np.int64)
+        np.cumsum(pieces, out=piece_start[1:])
         rows = row_ids(A.indptr)
         offset = np.arange(prepared.nnz, dtype=np.int64) - indptr[rows]
+        k = offset // span if span else np.zeros_like(offset)
+        k = np.where(pieces[rows] > 1, k, 0)
+        piece = piece_start[rows] + k
+        piece_row = np.repeat(np.arange(prepared.shape[0]), pieces)
+        piece_len = np.bincount(piece, minlength=int(piece_start[-1]))
+        g_piece = g_row[piece_row]
+        width = np.minimum(_pow2_ceil(np.maximum(piece_len, 1)), np.minimum(g_piece, p["shared_size"]))
+        slot_start = np.zeros(width.size + 1, dtype=np.int64)
+        np.cumsum(width, out=slot_start[1:])
         lane = (offset % p["shared_size"]) % g_row[rows]
         prepared.extra["width"] = width.astype(np.int32)
         prepared.extra["slot_start"] = slot_start
-        prepared.extra["slot"] = slot_start[rows] + lane
+        prepared.extra["slot"] = slot_start[piece] + lane
+        prepared.extra["piece_start"] = piece_start
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         e = prepared.extra
         partial = segment_sums(e["slot"], products(prepared.A, x), int(e["slot_start"][-1]))
-        y = np.zeros(prepared.shape[0])
+        sums = np.zeros(e["width"].size)
         for w in np.unique(e["width"]).tolist():  # at most log2(shared_size) + 1 distinct widths
-            rows = np.flatnonzero(e["width"] == w)
-            lanes = partial[e["slot_start"][rows, None] + np.arange(w)]
+            pieces = np.flatnonzero(e["width"] == w)
+            lanes = partial[e["slot_start"][pieces, None] + np.arange(w)]
             offset = w // 2
             while offset:
                 lanes[:, :offset] += lanes[:, offset : 2 * offset]
                 offset //= 2
-            y[rows] = lanes[:, 0]
+            sums[pieces] = lanes[:, 0]
+        count = np.diff(e["piece_start"])
+        y = np.zeros(prepared.shape[0])
+        for k in range(int(count.max(initial=0))):  # a row's pieces in order, as the last piece adds them
+            rows = np.flatnonzero(count > k)
+            y[rows] += sums[e["piece_start"][rows] + k]
         return y

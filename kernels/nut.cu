@@ -18,6 +18,9 @@
 // the first entry of each row inside a stretch are negative, so no thread ever needs
 // to know where its stretch began.
 //
+// The index and value matrices are read once per product, with the streaming hint
+// (__ldcs, evict first), so they do not push x out of L2.
+//
 // Tunables are runtime values (rows per panel and columns per tile set the dynamic
 // shared memory, threads per tile = blockDim.x), so one compilation per value type
 // serves every config: nut_spmv<float>, nut_spmv<double>.
@@ -61,16 +64,16 @@ __global__ void nut_spmv(const int n_panels,
                 const int count = min(s, e - k * s);
                 const int* idx = enc_idx + tile_ptr[t] + k;
                 const T* val = enc_val + tile_ptr[t] + k;
-                int code = ~__ldg(idx);  // a stretch always starts with a negative word
+                int code = ~__ldcs(idx);  // a stretch always starts with a negative word
                 int row = code >> 16;
-                T sum = __ldg(val) * xs[code & 0xFFFF];
+                T sum = __ldcs(val) * xs[code & 0xFFFF];
                 // The first row of a stretch may have begun in the previous stretch and the
                 // last may go on in the next: those are added atomically. A row that starts
                 // and ends inside this stretch belongs to this thread alone in this tile.
                 bool owned = false;
                 for (int j = 1; j < count; ++j) {
-                    const int word = __ldg(idx + (long long)j * w);
-                    const T v = __ldg(val + (long long)j * w);
+                    const int word = __ldcs(idx + (long long)j * w);
+                    const T v = __ldcs(val + (long long)j * w);
                     if (word < 0) {
                         if (owned) {
                             ys[row] += sum;

@@ -14,6 +14,8 @@
 //   2. per tile: the values and columns (loaded one tile ahead, 16-byte vectors
 //      where W allows) times x, transposed through shared memory so lane l holds
 //      entries l*W .. l*W+W-1 (no transposition when W is the vector width);
+//      values and columns are read once, so with the streaming hint (__ldcs,
+//      evict first): they do not push x out of L2;
 //      the walk over the rows after the tile's first row r0: a bit of the segment
 //      descriptor for every row starting inside the tile, r1 (the row of the
 //      next tile's first entry: the last row whose start is <= the tile's end),
@@ -101,16 +103,16 @@ __device__ __forceinline__ void load_tile(const V* __restrict__ val, const int* 
         const int p0 = (j * T + lane) * N;
         if constexpr (N > 1) {
             if (p0 + N <= len) {
-                unpack<N>(__ldg(reinterpret_cast<const typename Vec<V, N>::type*>(val + ts + p0)), v + j * N);
-                unpack<N>(__ldg(reinterpret_cast<const typename IVec<N>::type*>(colidx + ts + p0)), c + j * N);
+                unpack<N>(__ldcs(reinterpret_cast<const typename Vec<V, N>::type*>(val + ts + p0)), v + j * N);
+                unpack<N>(__ldcs(reinterpret_cast<const typename IVec<N>::type*>(colidx + ts + p0)), c + j * N);
                 continue;
             }
         }
 #pragma unroll
         for (int u = 0; u < N; ++u) {
             const bool in = p0 + u < len;
-            v[j * N + u] = in ? __ldg(&val[ts + p0 + u]) : V(0);
-            c[j * N + u] = in ? __ldg(&colidx[ts + p0 + u]) : 0;
+            v[j * N + u] = in ? __ldcs(&val[ts + p0 + u]) : V(0);
+            c[j * N + u] = in ? __ldcs(&colidx[ts + p0 + u]) : 0;
         }
     }
 }

@@ -98,3 +98,30 @@ def test_report_cli_and_bad_input(results, tmp_path):
     assert result.exit_code == 1 and "nothing to benchmark" in result.output
     result = runner.invoke(app, ["bench", "--suite", "huge", "--device", "cpu-reference"])
     assert result.exit_code == 1 and "known suites" in result.output
+
+
+def test_family_trials_tune_every_family_and_enqueued_configs_are_measured(tmp_path):
+    """--family-trials N: each family gets its own N-trial search after the joint one; --enqueue
+    configs are measured as given (a portfolio's ipcsr config fills the newer params' defaults)."""
+    import optuna
+
+    from db.store import Store
+    from kernels import config_key, config_of, get_family
+    from tuner.backend import get_backend
+    from tuner.bench import bench_matrix, sources
+    from tuner.features import fingerprint
+    from tuner.storage import default_storage, open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    (src,) = [s for s in sources([], "small") if s.name.startswith("powerlaw")]
+    store = Store(tmp_path / "b.db")
+    backend = get_backend("cpu-reference")
+    portfolio = [("ipcsr", get_family("ipcsr").space.validate({"shared_size": 512, "nt": 64}))]
+    rows = bench_matrix(src, backend=backend, store=store, storage=open_storage(default_storage(store.path)),
+                        dtype="float64", trials=1, family_trials=4, enqueue=portfolio)
+    assert {r["kernel"] for r in rows} == set(REGISTRY) | {PLAN_LABEL}
+    trials = store.trials(fingerprint(src.load("float64")), device=backend.info.id, dtype="float64")
+    measured = {config_key(t["kernel"], t["params"]) for t in trials if t["state"] == "ok"}
+    for name in REGISTRY:  # the default and at least one config of the family's own search
+        assert len({k for k in measured if config_of(k)[0] == name}) >= 2, name
+    assert config_key(*portfolio[0]) in measured

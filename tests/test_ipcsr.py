@@ -26,8 +26,10 @@ from kernels.ipcsr import (
     THREADS_PER_BLOCK,
     Ipcsr,
     block_table,
+    long_row_span,
     paper_shared_size,
     row_blocks,
+    split_long_rows,
     threads_per_row,
 )
 from tests.kernel_cases import CASES, load_shared, shared_cases
@@ -38,18 +40,18 @@ FAMILY = Ipcsr()
 DTYPES = ("float64", "float32")
 
 # A few configs that reach every branch: each nt, the smallest and largest staging area
-# (16384 values is > 48 KB in both dtypes), every tree threshold.
+# (16384 values is > 48 KB in both dtypes), every tree threshold, long rows whole and in pieces.
 CONFIGS = [
-    {"shared_size": 512, "nt": 64, "tree_t1": 2, "tree_t2": 32},
+    {"shared_size": 512, "nt": 64, "tree_t1": 2, "tree_t2": 32, "long_chunks": 1},
     {"shared_size": 16384, "nt": 128, "tree_t1": 8, "tree_t2": 1024},
     SPACE.defaults(),
-    {"shared_size": 8192, "nt": 512, "tree_t1": 4, "tree_t2": 128},
-    {"shared_size": 512, "nt": 1024, "tree_t1": 2, "tree_t2": 8},
+    {"shared_size": 8192, "nt": 512, "tree_t1": 4, "tree_t2": 128, "long_chunks": 16},
+    {"shared_size": 512, "nt": 1024, "tree_t1": 2, "tree_t2": 8, "long_chunks": 2},
 ]
 GPU_CONFIGS = [
-    {"shared_size": s, "nt": nt, "tree_t1": t1, "tree_t2": t2}
+    {"shared_size": s, "nt": nt, "tree_t1": t1, "tree_t2": t2, "long_chunks": c}
     for nt in THREADS_PER_BLOCK
-    for s, t1, t2 in ((512, 2, 32), (16384, 8, 1024), (4096, 4, 128))
+    for s, t1, t2, c in ((512, 2, 32, 1), (16384, 8, 1024, 0), (4096, 4, 128, 4), (512, 4, 128, 0))
 ]
 
 
@@ -88,8 +90,20 @@ def greedy_blocks(lengths, shared_size: int, nt: int) -> list[int]:
     return starts
 
 
-def check_invariants(indptr: np.ndarray, table: dict, shared_size: int, nt: int) -> None:
-    starts, tpr = table["block_row_start"], table["block_tpr"]
+def check_invariants(indptr: np.ndarray, table: dict, shared_size: int, nt: int, span: int = 0) -> None:
+    piece = table["block_piece"]
+    assert piece.dtype == np.int32 and len(piece) == len(table["block_tpr"])
+    first = piece == 0
+    whole = np.append(table["block_row_start"][:-1][first], table["block_row_start"][-1])
+    # The pieces of a long row: consecutive blocks 0..P-1 at the row's start, P = ceil(nnz / span).
+    owner = np.cumsum(first) - 1
+    count = np.bincount(owner, minlength=len(whole) - 1)
+    np.testing.assert_array_equal(piece, np.arange(len(piece)) - np.repeat(np.cumsum(count) - count, count))
+    np.testing.assert_array_equal(table["block_row_start"][:-1], whole[owner])
+    nnz = np.diff(indptr.astype(np.int64)[whole])
+    expected = np.where((np.diff(whole) == 1) & (nnz > span), -(-nnz // max(span, 1)), 1) if span else 1
+    np.testing.assert_array_equal(count, expected)
+    starts, tpr = whole, table["block_tpr"][first]
     m = len(indptr) - 1
     assert starts.dtype == np.int32 and tpr.dtype == np.int32
     assert starts[0] == 0 and starts[-1] == m and len(tpr) == len(starts) - 1
@@ -108,7 +122,7 @@ def test_space_and_paper_default():
     assert paper_shared_size(256, 4) == 4096
     assert paper_shared_size(1024, 8) == 8192  # 2 blocks per SM: 114 KB each = 14592 doubles
     assert paper_shared_size(64, 8) == 512  # 32 blocks per SM (also the Hopper cap): 912 doubles
-    assert SPACE.defaults() == {"shared_size": 2048, "nt": 256, "tree_t1": 2, "tree_t2": 32}
+    assert SPACE.defaults() == {"shared_size": 2048, "nt": 256, "tree_t1": 2, "tree_t2": 32, "long_chunks": 0}
     assert SHARED_SIZES == (512, 1024, 2048, 4096, 8192, 16384)
     assert FAMILY.name_expressions("float32") == ("ipcsr<float>",)
     assert FAMILY.name_expressions(np.float64) == ("ipcsr<double>",)
@@ -137,7 +151,7 @@ def test_hand_made_blocks_small_sizes():
 def test_hand_made_reference_small_sizes_sums_chunked_long_row():
     """The same matrix through the reference with shared_size 8 (not a tunable value): chunks of 8."""
     A = from_lengths(LENGTHS_15, cols=12)
-    params = {"shared_size": 8, "nt": 4, "tree_t1": 2, "tree_t2": 32}
+    params = {"shared_size": 8, "nt": 4, "tree_t1": 2, "tree_t2": 32, "long_chunks": 0}
     prepared = Prepared("ipcsr", params, A.shape, A.nnz, A.dtype, A)
     FAMILY._prepare_reference(prepared)
     np.testing.assert_array_equal(prepared.extra["block_row_start"], BLOCKS_15)
@@ -180,6 +194,51 @@ def test_long_row_wider_block_than_staging_area():
     np.testing.assert_array_equal(p.extra["block_tpr"], [1024])
     np.testing.assert_array_equal(p.extra["slot"], np.arange(600) % 512)
     assert p.extra["width"][0] == 512
+
+
+def test_long_rows_cut_into_pieces():
+    """LENGTHS_15 with shared_size 8, span 8 (long_chunks 1): rows 9 (10 nonzeros) and 11 (8) are
+    one-row blocks; only row 9 is longer than the span, so it gets 2 pieces."""
+    indptr = np.concatenate(([0], np.cumsum(LENGTHS_15))).astype(np.int32)
+    starts = row_blocks(indptr, 8, 4)
+    tpr = threads_per_row(starts, 4, 2, 32)
+    table = split_long_rows(indptr, starts, tpr, 8)
+    np.testing.assert_array_equal(table["block_row_start"], [0, 4, 8, 9, 9, 10, 11, 12, 14, 15])
+    np.testing.assert_array_equal(table["block_piece"], [0, 0, 0, 0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(table["block_tpr"], [1, 1, 4, 4, 4, 4, 4, 2, 4])
+    check_invariants(indptr, table, 8, 4, span=8)
+    # span 4 (not a tunable value): row 9 in 3 pieces, rows 11 (8) and 14 (5, alone) in 2; rows 12-13
+    # (0 + 4 nonzeros) share a block, so they stay whole
+    table = split_long_rows(indptr, starts, tpr, 4)
+    np.testing.assert_array_equal(table["block_piece"], [0, 0, 0, 0, 1, 2, 0, 0, 1, 0, 0, 1])
+    check_invariants(indptr, table, 8, 4, span=4)
+    unsplit = split_long_rows(indptr, starts, tpr, 0)
+    np.testing.assert_array_equal(unsplit["block_row_start"], starts)
+    assert not unsplit["block_piece"].any()
+
+
+def test_pieces_reference_adds_each_piece_then_the_pieces_in_order():
+    """One row of 1100 entries, shared_size 512, 64 threads, long_chunks 1: pieces of 512, 512 and 76
+    entries, each summed by 64 lanes and a tree, then added in order. Entry 0 is 1e16 and entry 512
+    is -1e16, all others 1 (the spacing of doubles near 1e16 is 2, so 1e16 + 1 == 1e16):
+
+    - pieces: lane 0 of piece 0 loses its 7 ones (1e16), the other 63 lanes hold 8 each, so the
+      piece is 1e16 + 504; piece 1 likewise -1e16 + 504; piece 2 is 76: y = 1008 + 76 = 1084;
+    - whole (long_chunks 0): lane 0 runs over the row, 1e16, its 7 ones lost, then -1e16 gives 0,
+      and its 9 later ones count: 9 + 1082 from the other lanes = 1091.
+    """
+    n = 1100
+    vals = np.full(n, 1.0)
+    vals[0], vals[512] = 1e16, -1e16
+    A = as_csr(sp.csr_matrix((vals, np.arange(n), [0, n]), shape=(1, n)))
+    params = {"shared_size": 512, "nt": 64, "long_chunks": 1}
+    p = FAMILY.prepare_reference(A, params)
+    np.testing.assert_array_equal(p.extra["block_piece"], [0, 1, 2])
+    np.testing.assert_array_equal(p.extra["width"], [64, 64, 64])
+    np.testing.assert_array_equal(p.extra["slot"][[0, 64, 512, 1024]], [0, 0, 64, 128])  # lane 0 of each piece
+    assert FAMILY.run_reference(p, np.ones(n))[0] == 1084.0
+    whole = FAMILY.prepare_reference(A, {**params, "long_chunks": 0})
+    assert FAMILY.run_reference(whole, np.ones(n))[0] == 1091.0
 
 
 def test_nt_bounds_rows_per_block_with_empty_rows():
@@ -232,13 +291,15 @@ def test_builder_equals_the_greedy_on_random_rows(lengths, shared_size, nt):
 
 @pytest.mark.parametrize("params", CONFIGS, ids=lambda p: "-".join(map(str, p.values())))
 def test_blocks_on_every_shared_matrix(params, shared_dir):
+    params = SPACE.validate(params)
     for name in shared_cases():
         A = matrix(name)
         table = block_table(A.indptr, params)
-        check_invariants(A.indptr, table, params["shared_size"], params["nt"])
+        check_invariants(A.indptr, table, params["shared_size"], params["nt"], long_row_span(params))
         if A.shape[0] <= 200_000:  # the oracle is a Python loop over rows
             expected = greedy_blocks(np.diff(A.indptr), params["shared_size"], params["nt"])
-            assert table["block_row_start"].tolist() == expected, name
+            whole = table["block_row_start"][np.append(table["block_piece"] == 0, True)]
+            assert whole.tolist() == expected, name
 
 
 # -- the reference's y ---------------------------------------------------------------------------------
@@ -250,7 +311,7 @@ def test_reference_on_hard_cases(name, dtype):
     for params in CONFIGS:
         p = FAMILY.prepare_reference(A, params)
         if A.nnz and A.shape[0]:
-            check_invariants(A.indptr, p.extra, params["shared_size"], params["nt"])
+            check_invariants(A.indptr, p.extra, params["shared_size"], params["nt"], long_row_span(p.params))
         y = FAMILY.run_reference(p, ref.x)
         assert y.dtype == np.dtype(dtype) and y.shape == (A.shape[0],)
         ok, _, msg = ref.check(y)
@@ -287,7 +348,7 @@ def test_builder_is_fast_on_a_million_rows():
             f"{len(table['block_tpr'])} blocks in {elapsed:.3f} s"
         )
         assert elapsed < 5.0
-        check_invariants(indptr, table, params["shared_size"], params["nt"])
+        check_invariants(indptr, table, params["shared_size"], params["nt"], long_row_span(params))
 
 
 # -- GPU -------------------------------------------------------------------------------------------------
@@ -299,7 +360,7 @@ def _gpu_compare(A, dtype: str, params: dict) -> None:
     expected_prep = FAMILY.prepare_reference(A, params)
     expected = FAMILY.run_reference(expected_prep, ref.x)
     prepared = FAMILY.prepare(cusp.csr_matrix(A), params)
-    for key in ("block_row_start", "block_tpr"):
+    for key in ("block_row_start", "block_tpr", "block_piece"):
         if key in expected_prep.extra:
             got = prepared.extra[key]
             assert isinstance(got, cupy.ndarray), key
@@ -366,3 +427,26 @@ def test_gpu_large_shared_config_survives_a_smaller_one():
     for prepared in (big, small, big):
         ok, _, msg = ref.check(FAMILY.run(prepared, cupy.asarray(ref.x)).get())
         assert ok, msg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_pieces_of_long_rows_repeat_exactly(dtype):
+    """The pieces' tickets wrap back to 0: every product gives the reference's y again (float64: its bits)."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    A = matrix("huge_row", dtype)
+    params = {"shared_size": 512, "nt": 64, "long_chunks": 1}
+    ref = Reference.build(A, dtype, seed=6)
+    expected_prep = FAMILY.prepare_reference(A, params)
+    assert expected_prep.extra["block_piece"].max() >= 2, "the case must cut a row into several pieces"
+    expected = FAMILY.run_reference(expected_prep, ref.x)
+    prepared = FAMILY.prepare(cusp.csr_matrix(A), params)
+    x = cupy.asarray(ref.x)
+    for _ in range(3):
+        y = FAMILY.run(prepared, x).get()
+        assert ref.check(y)[0]
+        if dtype == "float64":
+            np.testing.assert_array_equal(y, expected)
+    assert not prepared.extra["counters"].any()

@@ -1,8 +1,12 @@
 """The benchmark harness: tuned kernels against cuSPARSE on a matrix suite, in one process.
 
-For each matrix: tune (or reuse what the store holds), then time in the same
-run, interleaved, cuSPARSE's best config, every family's best config, and the
-config ``plan()`` would pick without tuning; cold (L2 flushed between repeats)
+For each matrix: tune (or reuse what the store holds): one search over every
+family, then optionally ``family_trials`` more trials for each family alone (a
+joint search of a few dozen trials spends most of them on the families leading
+early, so the others would be timed near their defaults), and any ``enqueue``
+configs (a :mod:`tuner.portfolio`); then time in the same run, interleaved,
+cuSPARSE's best config, every family's best config, and the config ``plan()``
+would pick without tuning; cold (L2 flushed between repeats)
 and warm. Every figure is a ratio to cuSPARSE measured in that same run, and the
 bandwidth is a fraction of the copy bandwidth measured in that same run. A
 matrix that fails is recorded with its error and the run goes on.
@@ -103,15 +107,19 @@ def _git_commit() -> str:
 
 
 def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, dtype: str,
-                 trials: int) -> list[dict[str, Any]]:
+                 trials: int, family_trials: int = 0,
+                 enqueue: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[dict[str, Any]]:
     """Rows (one per timed config) for one matrix; raises on failure (the caller records it)."""
     A = src.load(dtype)
     fp = fingerprint(A)
     device = backend.info.id
     stored = store.best_per_kernel(fp, device=device, dtype=dtype)
+    common = {"backend": backend, "store": store, "storage": storage, "name": src.name, "dtype": dtype,
+              "summary": False}
     if trials > 0 or not stored:  # with nothing stored, at least every family's default is measured
-        tune(A, backend=backend, store=store, storage=storage, name=src.name, dtype=dtype,
-             trials=max(trials, len(REGISTRY)))
+        tune(A, **common, trials=max(trials, len(REGISTRY)) + len(enqueue), enqueue=enqueue)
+    for family in REGISTRY if family_trials > 0 else ():
+        tune(A, **common, trials=family_trials, kernels=[family])
     bests = store.best_per_kernel(fp, device=device, dtype=dtype)
     feats = extract_features(A)
     untuned = choose(fp, store=store, device=device, dtype=dtype, use_tuned=False, features=feats)
@@ -144,7 +152,8 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
 
 
 def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage: Any, dtype: str = "float64",
-              trials: int = 40, out_dir: str | Path = "bench/results", label: str = "matrices",
+              trials: int = 40, family_trials: int = 0, enqueue: Sequence[tuple[str, dict[str, Any]]] = (),
+              out_dir: str | Path = "bench/results", label: str = "matrices",
               on_matrix: Callable[[Source, str], None] | None = None) -> tuple[Path, Path]:
     """Benchmark every source; write ``<date>_<device>_<label>_<dtype>.csv`` and ``.json`` into ``out_dir``."""
     env = environment(backend)
@@ -155,7 +164,8 @@ def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage
     rows: list[dict[str, Any]] = []
     for src in srcs:
         try:
-            rows += bench_matrix(src, backend=backend, store=store, storage=storage, dtype=dtype, trials=trials)
+            rows += bench_matrix(src, backend=backend, store=store, storage=storage, dtype=dtype, trials=trials,
+                                 family_trials=family_trials, enqueue=enqueue)
             status = "ok"
         except Exception as exc:  # one matrix failing must not end the run: record it
             status = f"{type(exc).__name__}: {exc}"

@@ -146,6 +146,10 @@ def bench(
     suite: Annotated[str | None, typer.Option(
         help="a named generated suite: small, large, corpus or corpus-smoke")] = None,
     trials: Annotated[int, typer.Option(help="trials per matrix (0: reuse what the store holds)")] = 40,
+    family_trials: Annotated[int, typer.Option(
+        help="then this many trials for each family alone, so every family is tuned")] = 0,
+    enqueue: Annotated[Path | None, typer.Option(
+        help="portfolio file (`tuner corpus portfolio`): configs measured on every matrix")] = None,
     dtype: DtypeOption = "float64",
     out: Annotated[Path, typer.Option(help="folder for the result CSV and JSON")] = Path("bench/results"),
     db: DbOption = None,
@@ -159,9 +163,11 @@ def bench(
     from tuner.backend import get_backend
     from tuner.bench import run_bench, sources
     from tuner.errors import InvalidConfigError
+    from tuner.portfolio import read_portfolio
     from tuner.storage import default_storage, open_storage
 
     check_dtype(dtype)
+    configs = read_portfolio(enqueue) if enqueue else []
     srcs = sources(matrices or [], suite)
     if not srcs:
         raise InvalidConfigError("nothing to benchmark: give .mtx files, folders, or --suite NAME "
@@ -180,7 +186,8 @@ def bench(
             progress.update(task, advance=1, description=f"matrices (last: {src.name})")
 
         csv_path, json_path = run_bench(srcs, backend=backend, store=store, storage=study_storage, dtype=dtype,
-                                        trials=trials, out_dir=out, label=suite or "matrices",
+                                        trials=trials, family_trials=family_trials, enqueue=configs,
+                                        out_dir=out, label=suite or "matrices",
                                         on_matrix=on_matrix)
     console.print(f"wrote {csv_path} and {json_path}; `tuner report {json_path}` draws the plots")
 
