@@ -25,6 +25,12 @@
 // launching that row's blocks as a child grid suraa_row_child into the
 // fire-and-forget stream; the host grid then skips the G1 rows' blocks.
 //
+// Layout: every kernel takes `sorted`. 0: the rows are read where they are in the
+// matrix (row perm[pos]); 1 (layout "sorted"): the matrix arrays passed are a copy
+// with the rows in the sorted order, so the row at sorted position pos is read at
+// row pos of the copy (contiguous reads for a run of positions), and y is still
+// written at perm[pos].
+//
 // Tunables are kernel arguments (and the PARENT switch a template argument), so
 // one compilation per value type serves every config. Build with -rdc=true
 // (relocatable device code, linked with cudadevrt).
@@ -42,6 +48,14 @@ __device__ __forceinline__ T suraa_warp_sum(T v)
         v += __shfl_down_sync(0xffffffffu, v, offset);
     }
     return v;
+}
+
+// [begin, end) of the row at sorted position pos (row = perm[pos]) in the arrays passed (see Layout).
+__device__ __forceinline__ int2 suraa_extent(const int* __restrict__ indptr, const int sorted,
+                                             const long long pos, const int row)
+{
+    const long long r = sorted ? pos : (long long)row;
+    return make_int2(indptr[r], indptr[r + 1]);
 }
 
 // Thread t of `group` threads sums the row's entries t, t + group, t + 2*group, ...
@@ -86,6 +100,7 @@ __device__ __forceinline__ T suraa_group_sum(T sum, const int group)
 template <typename T>
 __global__ void suraa_scalar(const int begin, const int end,
                              const int* __restrict__ perm,
+                             const int sorted,
                              const int* __restrict__ indptr,
                              const int* __restrict__ indices,
                              const T* __restrict__ data,
@@ -95,7 +110,8 @@ __global__ void suraa_scalar(const int begin, const int end,
     const long long pos = (long long)begin + (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (pos >= end) return;
     const int row = perm[pos];
-    y[row] = suraa_row_partial(indptr[row], indptr[row + 1], 0, 1, indices, data, x);
+    const int2 e = suraa_extent(indptr, sorted, pos, row);
+    y[row] = suraa_row_partial(e.x, e.y, 0, 1, indices, data, x);
 }
 
 // G2 (and G1 in "block" mode): `group` threads per row, blockDim.x / group rows
@@ -103,6 +119,7 @@ __global__ void suraa_scalar(const int begin, const int end,
 template <typename T>
 __global__ void suraa_vector(const int begin, const int end, const int group,
                              const int* __restrict__ perm,
+                             const int sorted,
                              const int* __restrict__ indptr,
                              const int* __restrict__ indices,
                              const T* __restrict__ data,
@@ -118,7 +135,8 @@ __global__ void suraa_vector(const int begin, const int end, const int group,
     T sum = 0;
     if (active) {
         row = perm[pos];
-        sum = suraa_row_partial(indptr[row], indptr[row + 1], t, group, indices, data, x);
+        const int2 e = suraa_extent(indptr, sorted, pos, row);
+        sum = suraa_row_partial(e.x, e.y, t, group, indices, data, x);
     }
     sum = suraa_group_sum(sum, group);  // all threads, active or not
     if (active && t == 0) y[row] = sum;
@@ -148,6 +166,7 @@ template <typename T>
 __global__ void suraa_parent(const int end, const int cap,
                              unsigned int* __restrict__ fallbacks,
                              const int* __restrict__ perm,
+                             const int sorted,
                              const int* __restrict__ indptr,
                              const int* __restrict__ indices,
                              const T* __restrict__ data,
@@ -157,8 +176,9 @@ __global__ void suraa_parent(const int end, const int cap,
     const long long pos = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (pos >= end) return;
     const int row = perm[pos];
-    const int begin = indptr[row];
-    const int stop = indptr[row + 1];
+    const int2 e = suraa_extent(indptr, sorted, pos, row);
+    const int begin = e.x;
+    const int stop = e.y;
     const int npr = stop - begin;
     if (npr == 0) {
         y[row] = T(0);
@@ -256,6 +276,7 @@ __device__ __forceinline__ void suraa_rows_parent(const int4* __restrict__ bins,
                                                   T* __restrict__ partials,
                                                   unsigned int* __restrict__ fallbacks,
                                                   const int* __restrict__ perm,
+                                                  const int sorted,
                                                   const int* __restrict__ indptr,
                                                   const int* __restrict__ indices,
                                                   const T* __restrict__ data,
@@ -273,8 +294,9 @@ __device__ __forceinline__ void suraa_rows_parent(const int4* __restrict__ bins,
     const int child_width = bin.z > width ? width : bin.z;
     const int slot = bin.w + (pos - bin.x) * pieces;
     const int row = perm[pos];
-    const int begin = indptr[row];
-    const int end = indptr[row + 1];
+    const int2 e = suraa_extent(indptr, sorted, pos, row);
+    const int begin = e.x;
+    const int end = e.y;
     suraa_row_child<T><<<pieces, child_width, 0, cudaStreamFireAndForget>>>(
         pos, row, begin, end, pieces, slot, counters, partials, indices, data, x, y);
     if (cudaGetLastError() != cudaSuccess) {
@@ -294,6 +316,7 @@ __global__ void __launch_bounds__(512, 4) suraa_rows(const int4* __restrict__ bi
                            T* __restrict__ partials,
                            unsigned int* __restrict__ fallbacks,
                            const int* __restrict__ perm,
+                           const int sorted,
                            const int* __restrict__ indptr,
                            const int* __restrict__ indices,
                            const T* __restrict__ data,
@@ -303,7 +326,7 @@ __global__ void __launch_bounds__(512, 4) suraa_rows(const int4* __restrict__ bi
     if constexpr (PARENT) {
         if ((int)blockIdx.x < parent_blocks) {
             suraa_rows_parent(bins, n_bins, first_pos, counters, partials, fallbacks,
-                              perm, indptr, indices, data, x, y);
+                              perm, sorted, indptr, indices, data, x, y);
             return;
         }
     }
@@ -320,7 +343,8 @@ __global__ void __launch_bounds__(512, 4) suraa_rows(const int4* __restrict__ bi
         if (pos >= bin.y || pos < first_pos) return;  // uniform over the block
         const int piece = rel - (pos - bin.x) * pieces;
         const int row = perm[pos];
-        suraa_row_piece(pos, row, indptr[row], indptr[row + 1], piece, pieces, b - piece,
+        const int2 e = suraa_extent(indptr, sorted, pos, row);
+        suraa_row_piece(pos, row, e.x, e.y, piece, pieces, b - piece,
                         counters, partials, indices, data, x, y);
         return;
     }
@@ -333,7 +357,8 @@ __global__ void __launch_bounds__(512, 4) suraa_rows(const int4* __restrict__ bi
     T sum = 0;
     if (active) {
         row = perm[pos];
-        sum = suraa_row_partial(indptr[row], indptr[row + 1], t, threads, indices, data, x);
+        const int2 e = suraa_extent(indptr, sorted, pos, row);
+        sum = suraa_row_partial(e.x, e.y, t, threads, indices, data, x);
     }
     if (threads <= 32) {  // uniform over the block: one bin per block
         sum = suraa_subwarp_sum(sum, threads);

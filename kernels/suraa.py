@@ -113,6 +113,7 @@ __all__ = [
 ]
 
 GROUPINGS = ("row", "segment")
+LAYOUTS = ("original", "sorted")
 G1_MODES = ("block", "dynamic")
 MAX_CHILD_THREADS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 DEFAULT_BUDGET = 8192
@@ -261,6 +262,21 @@ def _argsort_stable(xp: Any, key: Any) -> Any:
     """Stable argsort as int32 (CuPy's argsort is always stable and takes no ``kind``)."""
     order = np.argsort(key, kind="stable") if xp is np else xp.argsort(key)
     return order.astype(xp.int32)
+
+
+def sorted_copy(indptr: Any, indices: Any, data: Any, perm: Any, xp: Any = np) -> tuple[Any, Any, Any]:
+    """(indptr, indices, data) of the matrix with its rows in the order ``perm`` (``A[perm]``), NumPy or CuPy.
+
+    Entry j of the copy belongs to the copy's row ``i = searchsorted(indptr', j, "right") - 1``
+    and comes from entry ``indptr[perm[i]] + (j - indptr'[i])``: one gather, no loop over rows.
+    """
+    npr = xp.diff(indptr.astype(xp.int64))[perm]
+    out_ptr = xp.zeros(perm.size + 1, dtype=xp.int64)
+    xp.cumsum(npr, out=out_ptr[1:])
+    j = xp.arange(int(out_ptr[-1]), dtype=xp.int64)
+    i = xp.searchsorted(out_ptr, j, side="right") - 1
+    src = indptr.astype(xp.int64)[perm][i] + (j - out_ptr[i])
+    return out_ptr.astype(indptr.dtype), indices[src], data[src]
 
 
 def row_order(A: Any) -> np.ndarray:
@@ -451,6 +467,11 @@ class Suraa(Family):
                 "streams", STREAMS, 4, "streams for G1 and the G2 launches (1: all on the caller's stream)",
                 when={"grouping": ("segment",)},
             ),
+            Param(
+                "layout", LAYOUTS, "original",
+                "original: rows read where they are (the paper); sorted: a copy of the matrix with its rows in "
+                "the sorted order, read contiguously (one more CSR in GPU memory)",
+            ),
         )
     )
 
@@ -482,6 +503,7 @@ class Suraa(Family):
         dec = self._decompose_rows(cupy, npr, first, prepared)
         config = self._row_launch_config(dec, p)
         name = self.name_expressions(prepared.dtype)[4 if config["parent_blocks"] else 3]
+        self._lay_out(prepared, dec.perm)
         prepared.extra.update(
             perm=dec.perm,
             **{k: cupy.asarray(v) for k, v in dec.arrays().items()},
@@ -493,16 +515,34 @@ class Suraa(Family):
         )
 
     def _run_rows(self, prepared: Prepared, x: Any, out: Any) -> None:
-        A, ex = prepared.A, prepared.extra
+        ex = prepared.extra
         ex["kernel"](
             (ex["grid_blocks"],), (prepared.params["scalar_block"],),
             (
                 ex["bins"], np.int32(ex["bins"].shape[0]), np.int32(ex["parent_blocks"]),
                 np.int32(ex["first_pos"]), np.int32(ex["skip_blocks"]),
                 ex["counters"], ex["partials"], ex["fallbacks"],
-                ex["perm"], A.indptr, A.indices, A.data, x, out,
+                ex["perm"], *self._matrix_args(prepared), x, out,
             ),
         )
+
+    @staticmethod
+    def _lay_out(prepared: Prepared, perm: Any) -> None:
+        """Layout "sorted": keep the copy of the matrix in the sorted order in ``extra`` (counted in its bytes)."""
+        if prepared.params["layout"] == "sorted":
+            cupy = require_cupy()
+            A = prepared.A
+            indptr, indices, data = sorted_copy(A.indptr, A.indices, A.data, perm, cupy)
+            prepared.extra.update(sorted_indptr=indptr, sorted_indices=indices, sorted_data=data)
+
+    @staticmethod
+    def _matrix_args(prepared: Prepared) -> tuple[Any, ...]:
+        """The kernels' ``sorted`` flag and the matrix arrays they read (see the Layout note in suraa.cu)."""
+        ex = prepared.extra
+        if "sorted_indptr" in ex:
+            return np.int32(1), ex["sorted_indptr"], ex["sorted_indices"], ex["sorted_data"]
+        A = prepared.A
+        return np.int32(0), A.indptr, A.indices, A.data
 
     def _prepare_segments(self, prepared: Prepared) -> None:
         cupy = require_cupy()
@@ -512,6 +552,7 @@ class Suraa(Family):
         npr, key = _sort_key(cupy, A.indptr, A.indices, prepared.shape[1])
         perm = _argsort_stable(cupy, key)
         dec = self._decompose_segments(npr[perm].get(), p)
+        self._lay_out(prepared, perm)
         n_side = len(dec.g2_launches) + int(dec.group_bounds[1] > 0)
         n_streams = min(p["streams"], n_side) if p["streams"] > 1 else 0
         streams = tuple(cupy.cuda.Stream(non_blocking=True) for _ in range(n_streams))
@@ -528,9 +569,9 @@ class Suraa(Family):
 
     def _run_segments(self, prepared: Prepared, x: Any, out: Any) -> None:
         cupy = require_cupy()
-        A, p, ex = prepared.A, prepared.params, prepared.extra
+        p, ex = prepared.params, prepared.extra
         scalar, vector, parent = ex["kernels"]
-        tail = (ex["perm"], A.indptr, A.indices, A.data, x, out)
+        tail = (ex["perm"], *self._matrix_args(prepared), x, out)
         g1_end, g2_end, m = ex["g1_end"], ex["g2_end"], prepared.shape[0]
         caller = cupy.cuda.get_current_stream()
         streams = ex["streams"]

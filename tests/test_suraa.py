@@ -31,6 +31,7 @@ from kernels.suraa import (
     G1_MODES,
     G3_ENTRIES,
     LAUNCH_KEYS,
+    LAYOUTS,
     SCALAR_BLOCKS,
     THRESHOLDS,
     Suraa,
@@ -38,6 +39,7 @@ from kernels.suraa import (
     decompose_rows,
     row_order,
     row_threads,
+    sorted_copy,
     threads_per_row,
 )
 from tests.kernel_cases import CASES, load_shared, shared_cases
@@ -67,7 +69,7 @@ CONFIGS = (
     seg(max_child_threads=2048, threshold=32, vector_cap=256, g1_mode="block"),
     row(g1_mode="dynamic", max_child_threads=1024, threshold=16, g3_entries=2, scalar_block=64),
     row(g1_mode="dynamic", max_child_threads=65536, threshold=64, g3_entries=8, scalar_block=512),
-    row(threshold=32, g3_entries=4, scalar_block=128),
+    row(threshold=32, g3_entries=4, scalar_block=128, layout="sorted"),
 )
 """A representative subset of the space for the CPU invariants (test_kernels samples the whole space)."""
 
@@ -82,14 +84,18 @@ GPU_CONFIGS = tuple(
         strict=True,
     )
 ) + tuple(
-    row(g1_mode=mode, threshold=t, max_child_threads=mct, g3_entries=e, scalar_block=block)
-    for (mode, t), mct, e, block in zip(
+    row(g1_mode=mode, threshold=t, max_child_threads=mct, g3_entries=e, scalar_block=block, layout=layout)
+    for (mode, t), mct, e, block, layout in zip(
         itertools.product(G1_MODES, THRESHOLDS),
         (1024, 65536, 8192, 2048, 32768, 4096),
         (2, 4, 8, 8, 2, 4),
         (64, 128, 512, 256, 64, 512),
+        LAYOUTS * 3,
         strict=True,
     )
+) + (
+    seg(g1_mode="dynamic", max_child_threads=2048, threshold=16, vector_cap=256, layout="sorted"),
+    seg(g1_mode="block", threshold=32, vector_cap=1024, scalar_block=64, streams=1, layout="sorted"),
 )
 """Each grouping with each g1_mode and threshold; the other parameters (every value of each) varied along."""
 
@@ -383,18 +389,35 @@ def test_reference_sums_a_multi_block_row_by_pieces():
     assert FAMILY.run_reference(prepared, x)[0] == n * (n + 1) / 2
 
 
+# -- layout "sorted" ---------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_sorted_copy_is_the_matrix_in_the_sorted_row_order(name):
+    """The copy layout "sorted" reads equals SciPy's A[perm] for both groupings' perm (empty rows,
+    a huge row, one row, one column, no entries)."""
+    A = case(name)
+    for params in (row(), seg()):
+        perm = FAMILY.prepare_reference(A, params).extra.get("perm", np.arange(A.shape[0], dtype=np.int32))
+        indptr, indices, data = sorted_copy(A.indptr, A.indices, A.data, perm)
+        expected = A[perm]
+        assert indptr.dtype == A.indptr.dtype and indices.dtype == A.indices.dtype and data.dtype == A.data.dtype
+        np.testing.assert_array_equal(indptr, expected.indptr)
+        np.testing.assert_array_equal(indices, expected.indices)
+        np.testing.assert_array_equal(data, expected.data)
+
+
 # -- the space ---------------------------------------------------------------------------
 def test_space_and_instantiations():
     defaults = FAMILY.space.defaults()
-    assert defaults == {"grouping": "row", "g1_mode": "block", "threshold": 32, "g3_entries": 4, "scalar_block": 256}
+    assert defaults == {"grouping": "row", "g1_mode": "block", "threshold": 32, "g3_entries": 4, "scalar_block": 256,
+                        "layout": "original"}
     # The default on the hand-made matrix: rows 5, 9 (12 and 9 nonzeros) get 4 threads, rows 2, 6, 7 one.
     assert FAMILY.prepare_reference(row_hand_matrix()).extra["bins"].tolist() == ROW_BINS_256[:4] + [
         [5, 7, 4, 12], [7, 10, 1, 13]
     ]
     configs = FAMILY.space.configs()
     # row: (7 budgets + block mode) · 3 thresholds · 3 g3_entries · 4 blocks;
-    # segment: (7 + 1) · 3 thresholds · 4 caps · 4 blocks · 2 streams.
-    assert len(configs) == 8 * 3 * 3 * 4 + 8 * 3 * 4 * 4 * 2 == 1056
+    # segment: (7 + 1) · 3 thresholds · 4 caps · 4 blocks · 2 streams; both times 2 layouts.
+    assert len(configs) == (8 * 3 * 3 * 4 + 8 * 3 * 4 * 4 * 2) * 2 == 2112
     assert {c["grouping"] for c in configs[:: -(-len(configs) // 40)]} == {"row", "segment"}  # test_kernels' sample
     names = (
         "suraa_scalar<float>", "suraa_vector<float>", "suraa_parent<float>",
@@ -747,3 +770,24 @@ def test_gpu_repeated_runs_follow_the_callers_stream(params):
     for ref, y in zip(refs, ys, strict=True):
         ok, _, msg = ref.check(y.get())
         assert ok, msg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grouping", ["row", "segment"])
+def test_gpu_sorted_layout_copies_the_matrix_once_and_gives_the_same_y(grouping):
+    """Layout "sorted": the GPU copy equals the CPU one, its bytes are counted, and y is the
+    original layout's, bit for bit (the same entries summed in the same order)."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    A = case("huge_row")
+    d_A = cusp.csr_matrix(A)
+    x = cupy.asarray(Reference.build(A, "float64", seed=7).x)
+    params = {"grouping": grouping}
+    original = FAMILY.prepare(d_A, params)
+    copied = FAMILY.prepare(d_A, {**params, "layout": "sorted"})
+    perm = copied.extra["perm"].get()
+    for key, value in zip(("indptr", "indices", "data"), sorted_copy(A.indptr, A.indices, A.data, perm), strict=True):
+        np.testing.assert_array_equal(copied.extra[f"sorted_{key}"].get(), value)
+    assert copied.extra_bytes - original.extra_bytes == A.indptr.nbytes + A.indices.nbytes + A.data.nbytes
+    np.testing.assert_array_equal(FAMILY.run(copied, x).get(), FAMILY.run(original, x).get())
