@@ -125,3 +125,12 @@ def test_family_trials_tune_every_family_and_enqueued_configs_are_measured(tmp_p
     for name in REGISTRY:  # the default and at least one config of the family's own search
         assert len({k for k in measured if config_of(k)[0] == name}) >= 2, name
     assert config_key(*portfolio[0]) in measured
+
+
+def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
+    from tuner.bench import _git_commit
+
+    monkeypatch.setenv("SPMV_GIT_COMMIT", "f" * 40)
+    assert _git_commit() == "f" * 40
+    monkeypatch.delenv("SPMV_GIT_COMMIT")
+    assert _git_commit() != "f" * 40

@@ -97,13 +97,19 @@ def environment(backend: Backend) -> dict[str, Any]:
 
 
 def _git_commit() -> str:
-    """The checkout's commit, or ``$SPMV_GIT_COMMIT`` where the tree was copied without its history."""
+    """``$SPMV_GIT_COMMIT`` when set, else the checkout's commit.
+
+    The variable wins: a tree copied to another machine may carry a stale ``.git``
+    whose HEAD is not the code that ran.
+    """
+    if commit := os.environ.get("SPMV_GIT_COMMIT"):
+        return commit
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=Path(__file__).resolve().parent).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         out = ""
-    return out if re.fullmatch(r"[0-9a-f]{40}", out) else os.environ.get("SPMV_GIT_COMMIT", "unknown")
+    return out if re.fullmatch(r"[0-9a-f]{40}", out) else "unknown"
 
 
 def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, dtype: str,
