@@ -11,6 +11,9 @@ row is reduced by the whole block, chunk by chunk. With ``long_chunks`` > 0 a
 long row is cut into pieces of ``long_chunks * shared_size`` nonzeros, a block
 each, so that a few very long rows do not leave one SM working after the rest
 of the GPU is done (the paper's one block per long row is ``long_chunks = 0``).
+The piece that finishes last adds the pieces' sums in order (deterministic);
+the counters and partial sums it uses are scratch of the prepared matrix, so two
+of its products must not run at once (products queued on one stream never do).
 
 The greedy packing is sequential as written in the paper; :func:`row_blocks`
 computes exactly the same blocks without a loop over rows: the end of the block

@@ -67,6 +67,15 @@ G1 row, which launches that row's blocks as a child grid (dynamic parallelism),
 and the host grid skips the G1 rows' blocks. Launches per SpMV: one from the host
 in both modes (plus one device-side child launch per G1 row in dynamic mode).
 
+``layout`` (both groupings): ``"original"`` (the paper) reads the row at sorted
+position ``pos`` where it is, row ``perm[pos]`` of the matrix, so neighbouring
+positions read scattered rows (a 32-byte sector of the row pointer, values and
+columns for a few useful bytes); ``"sorted"`` keeps a copy of the matrix with its
+rows in the sorted order (:func:`sorted_copy`, built once on the GPU, counted in
+``extra_bytes``) and reads row ``pos`` of it, so a run of positions reads
+contiguous memory; y is written at ``perm[pos]`` either way. The sums, and so
+the reference, are the same in both.
+
 The decomposition (``DECOMPOSITION_KEYS[grouping]`` in ``prepared.extra``) is the
 same on both paths: CuPy arrays on the GPU, NumPy arrays in the reference. The
 GPU path also keeps ``fallbacks`` (uint32 counter): G1 rows whose child launch
