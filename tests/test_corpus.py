@@ -108,33 +108,25 @@ def test_export_filters_by_device_and_dtype_and_is_deterministic(source, tmp_pat
         export_corpus(source, tmp_path / "c.jsonl.gz", device="nope")
 
 
+NOT_A_CORPUS = (
+    ("plain.txt", b"hello", "plain.txt"),
+    ("other.jsonl.gz", gzip.compress(b'{"format": "something else"}\n'), "not an spmv-tuner corpus"),
+    ("newer.jsonl.gz", gzip.compress(b'{"format": "spmv-tuner-corpus", "version": 99}\n'), "version 99"),
+    ("broken.jsonl.gz", gzip.compress(b'{"format": "spmv-tuner-corpus", "version": 1}\n{"trial": \n'), "line 2"),
+    ("empty.jsonl.gz", gzip.compress(b""), "empty"),
+    ("binary.jsonl.gz", gzip.compress(b"\xff\xfe\x00garbage\n"), "cannot read the corpus"),
+)
+"""(file name, its bytes, what the error must say) for files that import_corpus refuses."""
+
+
 def test_a_file_that_is_not_a_corpus_is_refused_with_its_name(tmp_path):
     with Store(memory=True) as store:
-        plain = tmp_path / "plain.txt"
-        plain.write_text("hello")
-        with pytest.raises(InvalidConfigError, match="plain.txt"):
-            import_corpus(store, plain)
-        other = tmp_path / "other.jsonl.gz"
-        other.write_bytes(gzip.compress(b'{"format": "something else"}\n'))
-        with pytest.raises(InvalidConfigError, match="not an spmv-tuner corpus"):
-            import_corpus(store, other)
-        newer = tmp_path / "newer.jsonl.gz"
-        newer.write_bytes(gzip.compress(b'{"format": "spmv-tuner-corpus", "version": 99}\n'))
-        with pytest.raises(InvalidConfigError, match="version 99"):
-            import_corpus(store, newer)
-        broken = tmp_path / "broken.jsonl.gz"
-        broken.write_bytes(gzip.compress(b'{"format": "spmv-tuner-corpus", "version": 1}\n{"trial": \n'))
-        with pytest.raises(InvalidConfigError, match="line 2"):
-            import_corpus(store, broken)
-        assert store.db["trials"].count == 0
-        empty = tmp_path / "empty.jsonl.gz"
-        empty.write_bytes(gzip.compress(b""))
-        with pytest.raises(InvalidConfigError, match="empty"):
-            import_corpus(store, empty)
-        binary = tmp_path / "binary.jsonl.gz"
-        binary.write_bytes(gzip.compress(b"\xff\xfe\x00garbage\n"))
-        with pytest.raises(InvalidConfigError, match="cannot read the corpus"):
-            import_corpus(store, binary)
+        for name, content, message in NOT_A_CORPUS:
+            path = tmp_path / name
+            path.write_bytes(content)
+            with pytest.raises(InvalidConfigError, match=message):
+                import_corpus(store, path)
+            assert store.db["trials"].count == 0, name
 
 
 def _lines(path: Path) -> list[bytes]:
