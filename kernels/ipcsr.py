@@ -300,20 +300,17 @@ class Ipcsr(Family):
         table = block_table(A.indptr, p, np)
         prepared.extra.update(table)
         indptr = A.indptr.astype(np.int64)
-        length = np.diff(indptr)
         first = table["block_piece"] == 0  # the blocks of row_blocks, before long rows are split
         starts = np.append(table["block_row_start"][:-1][first], prepared.shape[0])
-        g_row = np.repeat(table["block_tpr"][first], np.diff(starts)).astype(np.int64)
+        per_block = np.diff(starts)
+        g_row = np.repeat(table["block_tpr"][first], per_block).astype(np.int64)
+        pieces = np.repeat(np.bincount(np.cumsum(first) - 1), per_block)  # a split block holds one row
         span = long_row_span(p)
-        pieces = np.maximum(-(-length // span), 1) if span else np.ones_like(length)
-        pieces = np.where(g_row == p["nt"], pieces, 1)  # only a one-row block is split
         piece_start = np.zeros(prepared.shape[0] + 1, dtype=np.int64)
         np.cumsum(pieces, out=piece_start[1:])
         rows = row_ids(A.indptr)
         offset = np.arange(prepared.nnz, dtype=np.int64) - indptr[rows]
-        k = offset // span if span else np.zeros_like(offset)
-        k = np.where(pieces[rows] > 1, k, 0)
-        piece = piece_start[rows] + k
+        piece = piece_start[rows] + np.where(pieces[rows] > 1, offset // max(span, 1), 0)
         piece_row = np.repeat(np.arange(prepared.shape[0]), pieces)
         piece_len = np.bincount(piece, minlength=int(piece_start[-1]))
         g_piece = g_row[piece_row]
