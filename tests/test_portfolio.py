@@ -114,3 +114,10 @@ def test_cli_writes_it_and_tune_many_measures_it_in_every_study(tuned: Store, tm
                           str(tmp_path / "missing.json")], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 1 and "cannot read the portfolio" in bad.stdout + bad.stderr
+
+
+def test_the_benchmark_options_file_is_a_valid_portfolio() -> None:
+    """bench/options.json (the README's `tuner bench --enqueue`): every config valid, none a family default."""
+    configs = read_portfolio(REPO / "bench" / "options.json")
+    assert configs and len({(k, json.dumps(p, sort_keys=True)) for k, p in configs}) == len(configs)
+    assert all(p != get_family(k).space.defaults() for k, p in configs)

@@ -116,3 +116,11 @@ def test_tune_many_takes_a_suite_and_a_time_limit(tmp_path):
     assert again.returncode == 0 and "studies complete: 9 of 9" in again.stdout
     rows = [line.split("│") for line in again.stdout.splitlines() if line.startswith("│")]
     assert [int(r[5]) for r in rows] == [9, 9]  # each worker passed every study by its key, building nothing
+
+
+def test_the_graphs_suite_is_power_law_graphs_over_10m_rows():
+    """Issue #5's NuT target is stated for power-law matrices of more than 10 M rows."""
+    graphs = SUITES["graphs"]
+    assert {m.kind for m in graphs} == {"powerlaw"} and len({m.options for m in graphs}) == len(graphs)
+    for m in graphs:
+        assert m.size > 10_000_000 and approx_nnz(m.kind, m.size, dict(m.options)) > 1e8

@@ -144,7 +144,7 @@ def _print_summary(result: Any) -> None:
 def bench(
     matrices: Annotated[list[Path] | None, typer.Argument(help=".mtx files or folders of them")] = None,
     suite: Annotated[str | None, typer.Option(
-        help="a named generated suite: small, large, corpus or corpus-smoke")] = None,
+        help="a named generated suite: small, large, graphs, corpus or corpus-smoke")] = None,
     trials: Annotated[int, typer.Option(help="trials per matrix (0: reuse what the store holds)")] = 40,
     family_trials: Annotated[int, typer.Option(
         help="then this many trials for each family alone, so every family is tuned")] = 0,
@@ -171,7 +171,7 @@ def bench(
     srcs = sources(matrices or [], suite)
     if not srcs:
         raise InvalidConfigError("nothing to benchmark: give .mtx files, folders, or --suite NAME "
-                                 "(small, large, corpus, corpus-smoke)")
+                                 "(small, large, graphs, corpus, corpus-smoke)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     backend = get_backend(device)
     store = Store(db)

@@ -463,7 +463,7 @@ def tune_many(
     sources: Annotated[list[Path] | None, typer.Argument(
         help=".mtx files, folders of them, or manifests (a path a line)")] = None,
     suite: Annotated[str | None, typer.Option(
-        help="also a named generated suite (small, large, corpus, corpus-smoke), built by each worker")] = None,
+        help="also a named generated suite (small, large, graphs, corpus, corpus-smoke), built by each worker")] = None,
     gpus: Annotated[str | None, typer.Option(help="GPU indices, one worker each (default: every GPU here)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="worker processes, with --device cpu-reference")] = None,
     dtype: Annotated[str, typer.Option(help="value type: float64 or float32")] = "float64",

@@ -2,7 +2,8 @@
 
 ``small`` runs anywhere in seconds (CI, ``--device cpu-reference``); ``large``
 is sized for a GPU: 10 M to 100 M nonzeros, x well above a 50 MB L2 for the
-power-law and LP cases. ``corpus`` (:func:`corpus`) is the selector's training
+power-law and LP cases; ``graphs``: power-law graphs of 12 M and 16 M rows
+(over 100 M nonzeros each). ``corpus`` (:func:`corpus`) is the selector's training
 set and ``corpus-smoke`` one small matrix of each kind from it, to try the
 corpus pipeline on a CPU. Each entry is (kind, size, options, seed):
 deterministic, so two runs of a suite measure the same matrices, and a worker
@@ -191,6 +192,10 @@ SUITES: dict[str, tuple[SuiteMatrix, ...]] = {
         SuiteMatrix("emptyrows", 6_000_000),     # 70 % empty, ~36 M nnz
         SuiteMatrix("lp", 400_000),              # 400 k x 3.2 M, ~10 M nnz, x = 26 MB
         SuiteMatrix("tallskinny", 20_000_000),   # 20 M x 20 k, ~50 M nnz
+    ),
+    "graphs": (  # power-law graphs over 10 M rows: x (96-128 MB in float64) far above L2
+        SuiteMatrix("powerlaw", 12_000_000),                                      # ~129 M nnz
+        SuiteMatrix("powerlaw", 16_000_000, options=(("shape", 1.3), ("minimum", 2))),  # heavier tail
     ),
     "corpus": _CORPUS,
     "corpus-smoke": _smoke(_CORPUS),
