@@ -4,7 +4,10 @@
 // the reference); every array below is described there. In short:
 //
 //   panel_ptr[p] .. panel_ptr[p+1]          the rows of panel p (at most max_rows of them)
-//   panel_tile_ptr[p] .. panel_tile_ptr[p+1] the tiles of panel p
+//   panel_order                              the panels in the order the blocks take them: band by band,
+//                                            most nonzeros first (a panel holding a hub row starts at once
+//                                            instead of last, when it would finish long after the others)
+//   panel_tile_ptr[g] .. panel_tile_ptr[g+1] the tiles of group g = panel * slabs + slab
 //   tile_cols[tile_col_ptr[t] ..]            tile t's active columns (the indirection array)
 //   tile_nnz[t], tile_ptr[t]                  tile t's entries and where its encoded block starts
 //   enc_idx / enc_val                         the index and value matrices of every tile
@@ -21,13 +24,24 @@
 // The index and value matrices are read once per product, with the streaming hint
 // (__ldcs, evict first), so they do not push x out of L2.
 //
+// Column slabs and row bands (beyond the paper): with slabs > 1 every panel's tiles are grouped by
+// column slab (slab s = columns [s*n/slabs, (s+1)*n/slabs)), tile group g = panel * slabs + slab,
+// and a launch takes one slab of the panels of one band: its x gathers then stay inside one slab, which
+// can stay in L2 while the launch runs. The first slab's launch writes y, the others add to it
+// (accumulate); a band's panels are launched slab after slab, so the band's y can stay in L2 too.
+//
 // Tunables are runtime values (rows per panel and columns per tile set the dynamic
 // shared memory, threads per tile = blockDim.x), so one compilation per value type
 // serves every config: nut_spmv<float>, nut_spmv<double>.
 
 template <typename T>
 __global__ void nut_spmv(const int n_panels,
+                         const int panel0,
+                         const int slab,
+                         const int slabs,
+                         const int accumulate,
                          const int max_rows,
+                         const int* __restrict__ panel_order,
                          const int* __restrict__ panel_ptr,
                          const int* __restrict__ panel_tile_ptr,
                          const int* __restrict__ tile_col_ptr,
@@ -46,12 +60,16 @@ __global__ void nut_spmv(const int n_panels,
     const int nt = blockDim.x;
     const int k = threadIdx.x;
 
-    for (int p = blockIdx.x; p < n_panels; p += gridDim.x) {
+    for (int b = blockIdx.x; b < n_panels; b += gridDim.x) {
+        const int p = panel_order[panel0 + b];
+        const int group = p * slabs + slab;
+        const int t_begin = panel_tile_ptr[group];
+        const int t_end = panel_tile_ptr[group + 1];
+        if (accumulate && t_begin == t_end) continue;  // nothing to add (the same in the whole block)
         const int r0 = panel_ptr[p];
         const int nr = panel_ptr[p + 1] - r0;
         for (int i = k; i < nr; i += nt) ys[i] = T(0);
-        const int t_end = panel_tile_ptr[p + 1];
-        for (int t = panel_tile_ptr[p]; t < t_end; ++t) {
+        for (int t = t_begin; t < t_end; ++t) {
             const int c0 = tile_col_ptr[t];
             const int nc = tile_col_ptr[t + 1] - c0;
             __syncthreads();  // ys is zeroed and the previous tile's readers of xs are done
@@ -60,13 +78,15 @@ __global__ void nut_spmv(const int n_panels,
             const int e = tile_nnz[t];
             const int s = (e + nt - 1) / nt;  // stretch length
             const int w = (e + s - 1) / s;    // stretches (threads at work) in this tile
+            int row = -1;  // the last row of this thread's stretch and its sum, added below
+            T sum = T(0);
             if (k < w) {
                 const int count = min(s, e - k * s);
                 const int* idx = enc_idx + tile_ptr[t] + k;
                 const T* val = enc_val + tile_ptr[t] + k;
                 int code = ~__ldcs(idx);  // a stretch always starts with a negative word
-                int row = code >> 16;
-                T sum = __ldcs(val) * xs[code & 0xFFFF];
+                row = code >> 16;
+                sum = __ldcs(val) * xs[code & 0xFFFF];
                 // The first row of a stretch may have begun in the previous stretch and the
                 // last may go on in the next: those are added atomically. A row that starts
                 // and ends inside this stretch belongs to this thread alone in this tile.
@@ -88,11 +108,25 @@ __global__ void nut_spmv(const int n_panels,
                         sum += v * xs[word];
                     }
                 }
-                atomicAdd(&ys[row], sum);
             }
+            // The threads of a warp whose stretches end in the same row (a row longer than a stretch: they
+            // are consecutive lanes) add their sums up first, and the lowest of them adds the total: a hub
+            // row's tile sends one atomic a warp to ys, not one a thread.
+            const int lane = k & 31;
+            const unsigned peers = __match_any_sync(0xffffffffu, row);
+            const int end = 32 - __clz(peers);  // one past the last lane ending in this row
+            for (int d = 1; d < 32; d <<= 1) {
+                const T o = __shfl_down_sync(0xffffffffu, sum, d);
+                if (lane + d < end) sum += o;
+            }
+            if (row >= 0 && lane == __ffs(peers) - 1) atomicAdd(&ys[row], sum);
         }
         __syncthreads();  // every tile's sums are in ys
-        for (int i = k; i < nr; i += nt) y[r0 + i] = ys[i];
+        if (accumulate) {
+            for (int i = k; i < nr; i += nt) y[r0 + i] += ys[i];
+        } else {
+            for (int i = k; i < nr; i += nt) y[r0 + i] = ys[i];
+        }
         // The next panel (grid-stride) zeroes only the ys[i] this thread just read, and its
         // first tile starts with __syncthreads, so no barrier is needed here.
     }

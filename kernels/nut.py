@@ -13,7 +13,25 @@ Panels. ``rows_per_panel`` rows each, unless that gives fewer than 2 x SMs
 panels (a small matrix would leave the GPU idle): then the rows are cut into
 2 x SMs panels of about equal nonzeros, and any panel longer than
 ``rows_per_panel`` rows is cut again, so a panel always fits the shared y.
-``panel_ptr`` holds the panel starts (rows), ``panel_tile_ptr`` each panel's first tile.
+``panel_ptr`` holds the panel starts (rows), ``panel_tile_ptr`` each tile group's first tile.
+
+Slabs and bands (beyond the paper; ``slabs=1``, the default, is the paper's
+tiling). With ``slabs`` > 1 the columns are cut into equal slabs (column c is in
+slab ``c * slabs // n``) and a panel's tiles into one group per slab: tile
+group ``g = panel * slabs + slab``, its tiles ``panel_tile_ptr[g] ..
+panel_tile_ptr[g+1]`` (a panel's active columns of one slab, cut into tiles as
+above; so with one slab a group is a panel). The panels are cut into ``bands``
+of about equal rows (``band_ptr``, panel indices), and each band is run slab
+after slab, one launch each: the first slab's launch writes the band's y, the
+others add to it. Why: on a GPU whose L2 holds a slab of x but not all of it (a
+power-law graph of tens of millions of rows), a launch gathers x from one slab
+only, so its x stays in L2 instead of being fetched from DRAM again and again;
+the band's y, read and written once per slab, stays there too. The price is a
+launch per (band, slab), y added to ``slabs - 1`` times, and more, smaller tiles.
+
+Order. Inside a band the blocks take the panels by ``panel_order``: most
+nonzeros first, so the panel of a hub row (a block's worth of work many times
+over) starts at once rather than last.
 
 Tiles. ``tile_cols[tile_col_ptr[t]:tile_col_ptr[t+1]]`` are tile t's active
 columns, ascending (the indirection array: x slot i of the tile is
@@ -62,11 +80,14 @@ from tuner.errors import InvalidConfigError, NoDeviceError
 ROWS_PER_PANEL = (256, 512, 1024, 2048, 4096, 8192)
 COLS_PER_TILE = (1024, 2048, 4096, 8192, 16384)
 THREADS = (128, 256, 512, 1024)
+SLABS = (1, 2, 4, 8)
+BANDS = (1, 2, 4, 8, 16)
 DEFAULT_SMS = 132
 """SMs assumed when no GPU is visible (H100 SXM and H200)."""
 
 STRUCTURE = (
     "panel_ptr",
+    "panel_order",
     "panel_tile_ptr",
     "tile_col_ptr",
     "tile_cols",
@@ -102,6 +123,9 @@ class Nut(Family):
             Param("rows_per_panel", ROWS_PER_PANEL, 2048, "rows of a panel at most (its y lives in shared memory)"),
             Param("cols_per_tile", COLS_PER_TILE, 4096, "active columns of a tile (its x lives in shared memory)"),
             Param("threads", THREADS, 1024, "threads per block; each takes one stretch of a tile's entries"),
+            Param("slabs", SLABS, 1, "column slabs: a launch gathers x from one slab (1: the paper's tiling)"),
+            Param("bands", BANDS, 1, "row bands, each run slab after slab so its y stays in L2",
+                  when={"slabs": SLABS[1:]}),
         )
     )
 
@@ -146,17 +170,20 @@ class Nut(Family):
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         ex = prepared.extra
-        n_panels = len(ex["panel_ptr"]) - 1
-        ex["kernel"](
-            (n_panels,),
-            (prepared.params["threads"],),
-            (
-                np.int32(n_panels), np.int32(ex["max_panel_rows"]), ex["panel_ptr"], ex["panel_tile_ptr"],
-                ex["tile_col_ptr"], ex["tile_cols"], ex["tile_nnz"], ex["tile_ptr"], ex["enc_idx"],
-                ex["enc_val"], x, out,
-            ),
-            shared_mem=ex["shared_bytes"],
-        )
+        slabs = ex["slabs"]
+        for p0, p1 in zip(ex["band_ptr"][:-1], ex["band_ptr"][1:], strict=True):
+            for slab in range(slabs):
+                ex["kernel"](
+                    (p1 - p0,),
+                    (prepared.params["threads"],),
+                    (
+                        np.int32(p1 - p0), np.int32(p0), np.int32(slab), np.int32(slabs), np.int32(slab > 0),
+                        np.int32(ex["max_panel_rows"]), ex["panel_order"], ex["panel_ptr"], ex["panel_tile_ptr"],
+                        ex["tile_col_ptr"], ex["tile_cols"], ex["tile_nnz"], ex["tile_ptr"], ex["enc_idx"],
+                        ex["enc_val"], x, out,
+                    ),
+                    shared_mem=ex["shared_bytes"],
+                )
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
@@ -192,6 +219,8 @@ def build(
     cols_per_tile: int,
     threads: int,
     num_sms: int,
+    slabs: int = 1,
+    bands: int = 1,
     xp: Any = np,
 ) -> dict[str, Any]:
     """The NuT structure of a CSR matrix (nnz > 0, rows > 0) as ``xp`` arrays (``numpy`` or ``cupy``).
@@ -199,11 +228,13 @@ def build(
     Only functions that NumPy and CuPy share are used, with unique or stably
     sorted keys, so both give identical arrays. Returns the :data:`STRUCTURE`
     arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
-    a block needs).
+    a block needs), ``slabs`` and ``band_ptr`` (host ints: the launches).
     """
-    if not (0 < rows_per_panel <= _MAX_ROWS and 0 < cols_per_tile <= _MAX_SLOTS and threads > 0):
+    if not (0 < rows_per_panel <= _MAX_ROWS and 0 < cols_per_tile <= _MAX_SLOTS and threads > 0
+            and slabs > 0 and bands > 0):
         raise InvalidConfigError(
-            f"nut needs 0 < rows_per_panel <= {_MAX_ROWS}, 0 < cols_per_tile <= {_MAX_SLOTS}, threads > 0"
+            f"nut needs 0 < rows_per_panel <= {_MAX_ROWS}, 0 < cols_per_tile <= {_MAX_SLOTS}, threads > 0, "
+            "slabs > 0, bands > 0"
         )
     m, n = shape
     nnz = int(indices.shape[0])
@@ -217,7 +248,7 @@ def build(
     entry_panel = _owner(xp, xp.diff(indptr[panel_ptr]))
     local_row = entry_row - panel_ptr[entry_panel]
 
-    # Active columns: the distinct (panel, column) pairs, numbered in order.
+    # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).
     key = entry_panel * n + indices.astype(i64)
     order = _stable_argsort(xp, key)
     key_sorted = key[order]
@@ -227,15 +258,16 @@ def build(
     entry_uid = xp.empty(nnz, dtype=i64)
     entry_uid[order] = uid_sorted
     active = key_sorted[new]
-    active_panel = active // n
-    panel_active_ptr = xp.searchsorted(active_panel, xp.arange(n_panels + 1, dtype=i64), side="left")
+    active_group = (active // n) * slabs + (active % n) * slabs // n
+    n_groups = n_panels * slabs
+    group_active_ptr = xp.searchsorted(active_group, xp.arange(n_groups + 1, dtype=i64), side="left")
 
-    # Tiles: cols_per_tile active columns each, the panel's last one possibly fewer.
-    tiles_per_panel = (xp.diff(panel_active_ptr) + cols_per_tile - 1) // cols_per_tile
-    panel_tile_ptr = _exclusive_cumsum(xp, tiles_per_panel)
+    # Tiles: cols_per_tile active columns each, a group's last one possibly fewer.
+    tiles_per_group = (xp.diff(group_active_ptr) + cols_per_tile - 1) // cols_per_tile
+    panel_tile_ptr = _exclusive_cumsum(xp, tiles_per_group)
     n_tiles = int(panel_tile_ptr[-1])
-    rank = xp.arange(active.shape[0], dtype=i64) - panel_active_ptr[active_panel]
-    active_tile = panel_tile_ptr[active_panel] + rank // cols_per_tile
+    rank = xp.arange(active.shape[0], dtype=i64) - group_active_ptr[active_group]
+    active_tile = panel_tile_ptr[active_group] + rank // cols_per_tile
     active_slot = rank % cols_per_tile
     tile_col_ptr = xp.searchsorted(active_tile, xp.arange(n_tiles + 1, dtype=i64), side="left")
     tile_cols = (active % n).astype(xp.int32)
@@ -261,6 +293,12 @@ def build(
     slot = active_slot[entry_uid[order]]
     word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
 
+    # The order the blocks take the panels in: band by band, the most nonzeros first.
+    band_ptr = _band_starts(np.asarray(panel_ptr.tolist()), m, bands)
+    band_of_panel = xp.searchsorted(xp.asarray(band_ptr, dtype=i64), xp.arange(n_panels, dtype=i64), side="right") - 1
+    panel_nnz = xp.diff(indptr[panel_ptr])
+    panel_order = _stable_argsort(xp, band_of_panel * (nnz + 1) + (nnz - panel_nnz)).astype(xp.int32)
+
     storage = int(tile_ptr[-1])
     enc_idx = xp.zeros(storage, dtype=xp.int32)
     enc_idx[pos] = word.astype(xp.int32)
@@ -268,6 +306,7 @@ def build(
     enc_val[pos] = data[order]
     return {
         "panel_ptr": panel_ptr.astype(xp.int32),
+        "panel_order": panel_order,
         "panel_tile_ptr": panel_tile_ptr.astype(xp.int32),
         "tile_col_ptr": tile_col_ptr.astype(xp.int32),
         "tile_cols": tile_cols,
@@ -277,7 +316,17 @@ def build(
         "enc_val": enc_val,
         "max_panel_rows": int(xp.diff(panel_ptr).max()),
         "max_tile_cols": int(xp.diff(tile_col_ptr).max()),
+        "slabs": slabs,
+        "band_ptr": band_ptr,
     }
+
+
+def _band_starts(panel_ptr: np.ndarray, m: int, bands: int) -> list[int]:
+    """Panel indices where the bands start, then the panel count: band b holds the panels whose first
+    row lies in [b*m/bands, (b+1)*m/bands), empty bands dropped."""
+    n_panels = len(panel_ptr) - 1
+    starts = np.searchsorted(panel_ptr[:-1], np.arange(bands, dtype=np.int64) * m // bands, side="left")
+    return sorted({*starts.tolist(), n_panels})
 
 
 def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int) -> Any:
@@ -326,7 +375,8 @@ def decode(extra: dict[str, Any], *, threads: int) -> tuple[np.ndarray, np.ndarr
 
     Walks each tile's stretches (thread k reads ``tile_ptr + j*w + k`` for
     ``j < min(s, e - k*s)``), takes the row from the last negative word of the
-    stretch and the column through the tile's indirection array. Raises
+    stretch and the column through the tile's indirection array (a tile of group
+    g belongs to panel ``g // slabs``). Raises
     ``ValueError`` where the kernel would go wrong: a stretch that does not start
     with a negative word, a slot outside the tile, a row outside the panel.
     Entries come out in tile order, then thread, then position in the stretch.
@@ -350,7 +400,7 @@ def decode(extra: dict[str, Any], *, threads: int) -> tuple[np.ndarray, np.ndarr
     last_named = np.maximum.accumulate(np.where(named, np.arange(word.shape[0]), 0))
     local_row = (code >> _SLOT_BITS)[last_named]
     panel_ptr, tile_col_ptr = ex["panel_ptr"].astype(np.int64), ex["tile_col_ptr"].astype(np.int64)
-    panel = np.searchsorted(ex["panel_tile_ptr"], np.arange(n_tiles), side="right") - 1
+    panel = (np.searchsorted(ex["panel_tile_ptr"], np.arange(n_tiles), side="right") - 1) // int(extra["slabs"])
     if np.any(slot >= np.diff(tile_col_ptr)[tile]):
         raise ValueError("an index word points past its tile's active columns")
     if np.any(local_row >= np.diff(panel_ptr)[panel][tile]):

@@ -38,7 +38,7 @@
 //   dirty (n_tiles bytes), sync_row (-1: the bunch starts at a row's first entry).
 //
 // Stage 2: specsum_sync adds y[sync_row[b]] += sync_val[b] (atomic: a long row can
-// span several bunches). specsum_fixup does that and re-scatters the dirty tiles
+// span several bunches); in search mode with few bunches, the last block of stage 1 does it instead. specsum_fixup does that and re-scatters the dirty tiles
 // of the paper's mode, one warp a dirty tile with its rows over the lanes: the
 // k-th non-empty row strictly between r0 and r1 takes y[r0 + k], empty rows 0
 // (for tile 0 also the rows before r0). The synchronizer's rows are tile_row
@@ -49,6 +49,16 @@
 
 #ifndef SPECSUM_MAX_THREADS
 #define SPECSUM_MAX_THREADS 256
+#endif
+// Row pointers a lane loads at once: at most SPECSUM_PROBES in each round of the first row search (the
+// `probes` argument: 4 when the launch is a single wave of bunches, where the search's dependent rounds are
+// the cost, 1 otherwise, where its loads are), and per chunk of T rows in the walk's later rounds (a tile
+// spanning many rows, i.e. empty ones, takes 1 + ceil(rest / (T * WALK)) dependent rounds, not one per T rows).
+#ifndef SPECSUM_PROBES
+#define SPECSUM_PROBES 4
+#endif
+#ifndef SPECSUM_WALK
+#define SPECSUM_WALK 8
 #endif
 
 namespace specsum_detail {
@@ -117,11 +127,17 @@ __device__ __forceinline__ void load_tile(const V* __restrict__ val, const int* 
     }
 }
 
-// rowptr[r] and rowptr[r + 1] where they exist (r <= m, r < m), else INT_MAX (past every entry).
+// rowptr[r] where it exists (r <= m), else INT_MAX (past every entry).
+__device__ __forceinline__ int row_start(const int* __restrict__ rowptr, int m, int r)
+{
+    return r <= m ? __ldg(&rowptr[r]) : 0x7fffffff;
+}
+
+// rowptr[r] and rowptr[r + 1], each INT_MAX where it does not exist.
 __device__ __forceinline__ void load_rows(const int* __restrict__ rowptr, int m, int r, int& a, int& a_next)
 {
-    a = r <= m ? __ldg(&rowptr[r]) : 0x7fffffff;
-    a_next = r < m ? __ldg(&rowptr[r + 1]) : 0x7fffffff;
+    a = row_start(rowptr, m, r);
+    a_next = row_start(rowptr, m, r + 1);
 }
 
 // Lanes of the calling thread's bunch inside its warp (T = 32: the warp, T < 32: a slice).
@@ -137,17 +153,26 @@ __device__ __forceinline__ unsigned bunch_mask()
 }
 
 // Largest r in [0, m] with rowptr[r] <= e (the row holding entry e < nnz; m for e = nnz), found by
-// the T lanes of a bunch together: each round the lanes probe T evenly spaced rows of [lo, hi] and
-// keep the gap after the last probe that is <= e. Every lane returns the same row.
+// the T lanes of a bunch together: each round the lanes probe P = T * probes evenly spaced rows of
+// [lo, hi] (probes <= SPECSUM_PROBES independent loads a lane, in flight at once) and keep the gap after
+// the last probe that is <= e: about log_P(m) dependent rounds. Every lane returns the same row.
 template <int T>
-__device__ __forceinline__ int row_search(const int* __restrict__ rowptr, int m, int e, int lane, unsigned mask)
+__device__ __forceinline__ int row_search(const int* __restrict__ rowptr, int m, int e, int lane, unsigned mask,
+                                          int probes)
 {
+    const int P = T * probes;
     int lo = 0, hi = m;  // rowptr[lo] <= e; the answer lies in [lo, hi]
     while (lo < hi) {
-        const int step = (hi - lo + T - 1) / T;  // >= 1; the probes lo + step, ..., lo + T*step cover (lo, hi]
-        const int q = lo + step * (lane + 1);
-        const bool le = q <= hi && __ldg(&rowptr[q]) <= e;  // true on a prefix of the lanes
-        const int below = __popc(__ballot_sync(mask, le) & mask);
+        const int step = (hi - lo + P - 1) / P;  // >= 1; the probes lo + step, ..., lo + P*step cover (lo, hi]
+        bool le[SPECSUM_PROBES];
+#pragma unroll
+        for (int k = 0; k < SPECSUM_PROBES; ++k) {
+            const int q = lo + step * (k * T + lane + 1);
+            le[k] = k < probes && q <= hi && __ldg(&rowptr[q]) <= e;
+        }
+        int below = 0;  // probes <= e: they are a prefix of the P probes, so their count says where
+#pragma unroll
+        for (int k = 0; k < SPECSUM_PROBES; ++k) below += __popc(__ballot_sync(mask, le[k]) & mask);
         lo += step * below;
         hi = min(hi, lo + step - 1);  // the next probe was > e, or past hi
     }
@@ -156,9 +181,10 @@ __device__ __forceinline__ int row_search(const int* __restrict__ rowptr, int m,
 
 }  // namespace specsum_detail
 
+// Stage 1 for the calling thread's bunch (steps 1-5 above); a bunch past the last returns at once.
 template <typename V, int W, int T>
-__global__ void __launch_bounds__(SPECSUM_MAX_THREADS)
-specsum_tiles(const int m,
+__device__ __forceinline__ void
+specsum_bunch(const int m,
               const int nnz,
               const int n_tiles,
               const int n_bunches,
@@ -172,7 +198,8 @@ specsum_tiles(const int m,
               int* __restrict__ tile_row,
               unsigned char* __restrict__ dirty,
               int* __restrict__ sync_row,
-              V* __restrict__ sync_val)
+              V* __restrict__ sync_val,
+              const int probes)
 {
     using namespace specsum_detail;
     using L = Layout<V, W, T>;
@@ -203,7 +230,7 @@ specsum_tiles(const int m,
     s_flag[lane] = 0u;  // made visible to the bunch by the first __syncwarp of the tile loop
 
     // 1. the row of the bunch's first entry.
-    int r0 = row_search<T>(rowptr, m, b0, lane, mask);
+    int r0 = row_search<T>(rowptr, m, b0, lane, mask, probes);
     const int head_row = r0;
     const bool head_open = __ldg(&rowptr[head_row]) < b0;  // the bunch starts inside a row
 
@@ -247,12 +274,14 @@ specsum_tiles(const int m,
             __syncwarp(mask);  // s_prod is free for the row table from here on
         }
 
-        // 2b. walk the rows after r0: descriptor bits, r1, empty rows (written 0 in search mode).
+        // 2b. walk the rows after r0: descriptor bits, r1, empty rows (written 0 in search mode). Rows
+        // r0+1 .. r0+T first (their row pointers were loaded one tile ahead), then SPECSUM_WALK chunks of T
+        // rows a round, loaded together, until a chunk ends the walk.
         bool empty_row = false;
         int r1 = r0;
-        for (int base = r0 + 1;; base += T) {
+        int empty_from = -1;  // the first of the empty rows after the last entry, where the walk saw them begin
+        auto walk = [&](int base, int a, int a_next) -> bool {  // rows base .. base+T-1; whether to go on
             const int r = base + lane;
-            if (base != r0 + 1) load_rows(rowptr, m, r, a, a_next);
             const bool in = r <= m && a <= te;  // rows r0+1 .. r1, a prefix of the lanes
             const int n_in = __popc(__ballot_sync(mask, in) & mask);
             if (in && r < m) {
@@ -267,9 +296,39 @@ specsum_tiles(const int m,
                 }
             }
             r1 += n_in;
-            // Go on only if row base + T starts by te too (lane T-1 holds its start as a_next): a range of
+            if (n_in < T) return false;
+            // Go on only if the next row starts by te too (lane T-1 holds its start as a_next): a range of
             // exactly T rows then takes one round of loads, not two.
-            if (n_in < T || !__shfl_sync(mask, a_next <= te, T - 1, T)) break;
+            const int after = __shfl_sync(mask, a_next, T - 1, T);
+            if (after == nnz && te == nnz) {  // the last tile, no entry left: every later row is empty
+                empty_from = base + T;
+                return false;
+            }
+            return after <= te;
+        };
+        bool more = walk(r0 + 1, a, a_next);
+        for (int base = r0 + 1 + T; more; base += SPECSUM_WALK * T) {
+            // One start a lane a chunk, plus the start of the row after the last chunk; a row's end is the
+            // next lane's start (the next chunk's first for lane T-1).
+            int wa[SPECSUM_WALK + 1];
+#pragma unroll
+            for (int u = 0; u < SPECSUM_WALK; ++u) wa[u] = row_start(rowptr, m, base + u * T + lane);
+            wa[SPECSUM_WALK] = row_start(rowptr, m, base + SPECSUM_WALK * T);
+#pragma unroll
+            for (int u = 0; u < SPECSUM_WALK; ++u) {
+                if (more) {  // the same in every lane of the bunch
+                    const int following = u + 1 < SPECSUM_WALK ? __shfl_sync(mask, wa[u + 1], 0, T) : wa[SPECSUM_WALK];
+                    const int a_next = __shfl_down_sync(mask, wa[u], 1, T);
+                    more = walk(base + u * T, wa[u], lane == T - 1 ? following : a_next);
+                }
+            }
+        }
+        if (empty_from >= 0) {  // rows empty_from .. m-1: empty, r1 = m, known without loading their starts
+            empty_row = empty_row || empty_from < m;
+            if (search) {
+                for (int r = empty_from + lane; r < m; r += T) y[r] = V(0);
+            }
+            r1 = m;
         }
         if (t + 1 < count) load_rows(rowptr, m, r1 + 1 + lane, na, na_next);  // the next tile's walk starts at r1
         if (search && tile == 0) {
@@ -368,6 +427,56 @@ specsum_tiles(const int m,
     if (lane == 0) {
         sync_row[bunch] = head_open ? head_row : -1;
         sync_val[bunch] = head_open ? head_partial : V(0);
+    }
+}
+
+// Stage 1; with a ticket (search mode, few bunches: see specsum.py), stage 2 too, in the last block to
+// finish: every block makes its writes visible, takes a ticket (atomicInc wraps it back to 0 for the next
+// run), and the block holding the last adds the synchronizer, as specsum_sync would, one launch fewer.
+template <typename V, int W, int T>
+__global__ void __launch_bounds__(SPECSUM_MAX_THREADS)
+specsum_tiles(const int m,
+              const int nnz,
+              const int n_tiles,
+              const int n_bunches,
+              const int S,
+              const int search,
+              const int* __restrict__ rowptr,
+              const int* __restrict__ colidx,
+              const V* __restrict__ val,
+              const V* __restrict__ x,
+              V* __restrict__ y,
+              int* __restrict__ tile_row,
+              unsigned char* __restrict__ dirty,
+              int* __restrict__ sync_row,
+              V* __restrict__ sync_val,
+              const int probes,
+              unsigned* __restrict__ ticket)
+{
+    specsum_bunch<V, W, T>(m, nnz, n_tiles, n_bunches, S, search, rowptr, colidx, val, x, y, tile_row, dirty,
+                           sync_row, sync_val, probes);
+    if (ticket == nullptr) return;
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicInc(ticket, gridDim.x - 1) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    constexpr int U = 4;  // loads in flight a thread before its atomics
+    for (int b0 = threadIdx.x; b0 < n_bunches; b0 += U * blockDim.x) {
+        int r[U];
+        V v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * blockDim.x;
+            r[u] = b < n_bunches ? __ldcg(&sync_row[b]) : -1;
+            v[u] = b < n_bunches ? __ldcg(&sync_val[b]) : V(0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (r[u] >= 0) atomicAdd(&y[r[u]], v[u]);
+        }
     }
 }
 

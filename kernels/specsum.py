@@ -26,7 +26,9 @@ Stages and kernels (``specsum.cu``):
   between the tiles of a bunch, writes, synchronizer; it records the
   decomposition (``tile_row``, ``dirty``, ``sync_row``, ``sync_val``);
 - stage 2, ``dirty="search"``: ``specsum_sync<V>`` adds the synchronizer into y
-  (atomically: a long row can span several bunches). ``dirty="fixup"`` with
+  (atomically: a long row can span several bunches); when the bunches are few
+  (:data:`FUSED_SYNC_PER_THREAD` a thread of a block), the last block of stage 1
+  to finish does it instead, which saves a launch on small matrices. ``dirty="fixup"`` with
   ``fixup="gpu"``: ``specsum_fixup<V>`` adds the synchronizer and re-scatters the
   compacted partial sums of each dirty tile to their rows, one warp a dirty tile
   with its rows over the lanes; ``fixup="host"``: the synchronizer, the dirty flags
@@ -74,6 +76,12 @@ DIRTY_MODES = ("search", "fixup")
 FIXUPS = ("gpu", "host")
 DECOMPOSITION_KEYS = ("tile_row", "dirty", "sync_row", "sync_val")
 STAGE2_THREADS = 256
+WIDE_SEARCH_PROBES = 4
+"""Row pointers a lane probes per round of the first row search when the bunches fit in one wave
+(SPECSUM_PROBES in specsum.cu)."""
+FUSED_SYNC_PER_THREAD = 4
+"""Search mode adds the synchronizer in stage 1's last block (no second launch) when the bunches number at
+most this many per thread of a block: one round of loads a thread (``U`` in specsum_tiles)."""
 
 
 @dataclass(frozen=True)
@@ -304,8 +312,14 @@ class SpecSum(Family):
         has_sync = bool(inside.any())
         has_empty = bool((indptr[1:] == indptr[:-1]).any())
         ex["stage2"] = has_sync or (p["dirty"] == "fixup" and has_empty)
+        block = int(p["B"]) * int(p["T"])
+        if ex["stage2"] and p["dirty"] == "search" and geo.n_bunches <= FUSED_SYNC_PER_THREAD * block:
+            ex["ticket"] = cupy.zeros(1, dtype=np.uint32)  # the blocks' count; wraps back to 0 every run
         attributes = cupy.cuda.Device().attributes
         ex["resident_warps"] = attributes["MultiProcessorCount"] * attributes["MaxThreadsPerMultiProcessor"] // 32
+        # One wave of bunches: the first row search's dependent rounds are what it costs, so each lane probes
+        # several rows a round; with more bunches than the GPU holds, its loads are, so one.
+        ex["probes"] = WIDE_SEARCH_PROBES if geo.n_bunches * int(p["T"]) <= ex["resident_warps"] * 32 else 1
         if self._mode(prepared) == "host":
             import cupyx
 
@@ -315,7 +329,8 @@ class SpecSum(Family):
             ex["host_sync_val"] = cupyx.empty_pinned(geo.n_bunches, dtype=prepared.dtype)
             ex["host_y"] = cupyx.empty_pinned(prepared.shape[0], dtype=prepared.dtype)
 
-    def _stage1(self, prepared: Prepared, x: Any, out: Any) -> None:
+    def _stage1(self, prepared: Prepared, x: Any, out: Any, *, fused: bool = True) -> None:
+        """Stage 1, and with ``fused`` stage 2 as well where ``prepare`` gave it to stage 1's last block."""
         A, p, ex, geo = prepared.A, prepared.params, prepared.extra, self._geometry(prepared)
         W, T, B, S = (int(p[k]) for k in ("W", "T", "B", "S"))
         itemsize = np.dtype(prepared.dtype).itemsize
@@ -340,6 +355,8 @@ class SpecSum(Family):
                 ex["dirty"],
                 ex["sync_row"],
                 ex["sync_val"],
+                np.int32(ex["probes"]),
+                ex["ticket"] if fused and "ticket" in ex else None,
             ),
             shared_mem=shared,
         )
@@ -347,7 +364,7 @@ class SpecSum(Family):
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         self._stage1(prepared, x, out)
-        if not prepared.extra["stage2"]:
+        if not prepared.extra["stage2"] or "ticket" in prepared.extra:
             return
         mode = self._mode(prepared)
         if mode == "search":
@@ -410,7 +427,7 @@ class SpecSum(Family):
         x = _check_vector(prepared, x, cupy)
         out = cupy.full(prepared.shape[0], cupy.nan, dtype=prepared.dtype)
         if prepared.nnz and prepared.shape[0]:
-            self._stage1(prepared, x, out)
+            self._stage1(prepared, x, out, fused=False)
         return out
 
     # -- CPU reference --------------------------------------------------------------------------

@@ -127,6 +127,29 @@ def test_family_trials_tune_every_family_and_enqueued_configs_are_measured(tmp_p
     assert config_key(*portfolio[0]) in measured
 
 
+def test_kernels_limit_the_families_tuned_and_timed(tmp_path):
+    """--kernels a,b: only those families (and cuSPARSE, the baseline) are tuned, stored and timed;
+    an unknown name fails before anything is measured, naming the known ones."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["bench", "--suite", "small", "--device", "cpu-reference", "--out", str(out),
+                                 "--db", str(tmp_path / "k.db"), "--trials", "2", "--kernels", "specsum,nut"],
+                           env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    (json_path,) = out.glob("*.json")
+    data = json.loads(json_path.read_text())
+    assert data["environment"]["kernels"] == [BASELINE, "specsum", "nut"]
+    rows = [r for r in data["rows"] if not r["error"]]
+    assert {r["matrix"] for r in rows} == {m.name for m in SUITES["small"]}
+    for name in {r["matrix"] for r in rows}:
+        assert {r["kernel"] for r in rows if r["matrix"] == name} == {BASELINE, "specsum", "nut", PLAN_LABEL}
+    from db.store import Store
+
+    assert {t["kernel"] for t in Store(tmp_path / "k.db").db["trials"].rows} == {BASELINE, "specsum", "nut"}
+    result = runner.invoke(app, ["bench", "--suite", "small", "--device", "cpu-reference", "--out", str(out),
+                                 "--db", str(tmp_path / "k2.db"), "--kernels", "specsum,nutt"])
+    assert result.exit_code == 1 and "known kernels" in result.output and not (tmp_path / "k2.db").exists()
+
+
 def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
     from tuner.bench import _git_commit
 

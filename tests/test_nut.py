@@ -22,12 +22,16 @@ from tuner.verify import Reference
 DTYPES = ("float64", "float32")
 SMALL = {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}
 LARGE = {"rows_per_panel": 8192, "cols_per_tile": 16384, "threads": 1024}
+SLABBED = {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 256, "slabs": 4, "bands": 4}
 CONFIGS = (
     {},
     SMALL,
     {"rows_per_panel": 512, "cols_per_tile": 2048, "threads": 256},
+    SLABBED,
     {"rows_per_panel": 4096, "cols_per_tile": 8192, "threads": 512},
     LARGE,
+    {"slabs": 8, "bands": 16},
+    {"slabs": 2},
 )
 
 
@@ -71,6 +75,7 @@ def test_hand_made_decomposition_uniform_panels():
     A, got = hand_build()
     expected = {
         "panel_ptr": [0, 4, 8, 10],
+        "panel_order": [0, 2, 1],  # 8, 6 and 0 nonzeros
         "panel_tile_ptr": [0, 2, 2, 4],
         "tile_col_ptr": [0, 3, 6, 9, 11],
         "tile_cols": [0, 1, 5, 7, 9, 11, 2, 3, 4, 6, 10],
@@ -111,6 +116,7 @@ def test_hand_made_balanced_panels():
     """
     _, got = hand_build(num_sms=2)
     np.testing.assert_array_equal(got["panel_ptr"], [0, 1, 4, 8, 9, 10])
+    np.testing.assert_array_equal(got["panel_order"], [1, 3, 0, 4, 2])  # 3 5 0 4 2 nonzeros: most first
     np.testing.assert_array_equal(got["panel_tile_ptr"], [0, 1, 3, 3, 5, 6])
     np.testing.assert_array_equal(got["tile_cols"], [0, 5, 9, 1, 5, 7, 11, 2, 3, 4, 6, 3, 10])
     np.testing.assert_array_equal(got["tile_col_ptr"], [0, 3, 6, 7, 10, 11, 13])
@@ -118,6 +124,37 @@ def test_hand_made_balanced_panels():
     # Tile 1 = rows 1 and 3 (local 0 and 2) over columns 1 5 7: (1,5) (3,1) | (3,5) (3,7).
     t1 = got["enc_idx"][got["tile_ptr"][1] : got["tile_ptr"][2]]
     np.testing.assert_array_equal(t1, [neg(0, 1), neg(2, 1), neg(2, 0), 2])
+
+
+def test_hand_made_slabs_and_bands():
+    """3 slabs of 4 columns (slab = c // 4) and 2 bands over the panels of the first example.
+
+    Panel 0: slab 0 {0,1}: (0,0)=1 (3,1)=5 | slab 1 {5,7}: (0,5)=2 (1,5)=4 (3,5)=6 (3,7)=7 |
+    slab 2 {9,11}: (0,9)=3 (3,11)=8. Panel 1: no tile in any slab. Panel 2: slab 0 {2,3}:
+    (8,2)=9 (8,3)=10 (9,3)=13 | slab 1 {4,6}: (8,4)=11 (8,6)=12 | slab 2 {10}: (9,10)=14.
+    Bands: rows 0-4 and 5-9 hold the first rows of panels 0-1 and 2.
+    """
+    A, got = hand_build(slabs=3, bands=2)
+    np.testing.assert_array_equal(got["panel_tile_ptr"], [0, 1, 2, 3, 3, 3, 3, 4, 5, 6])
+    np.testing.assert_array_equal(got["tile_cols"], [0, 1, 5, 7, 9, 11, 2, 3, 4, 6, 10])
+    np.testing.assert_array_equal(got["tile_col_ptr"], [0, 2, 4, 6, 8, 10, 11])
+    np.testing.assert_array_equal(got["tile_nnz"], [2, 4, 2, 3, 2, 1])
+    assert got["slabs"] == 3 and got["band_ptr"] == [0, 2, 3]
+    np.testing.assert_array_equal(got["panel_order"], [0, 1, 2])  # band by band: (0: 8, 1: 0 nonzeros), (2)
+    # Tile 1, (0,5) (1,5) (3,5) (3,7) with s=2, w=2: thread 0 takes rows 0 and 1, thread 1 row 3.
+    t1 = got["enc_idx"][got["tile_ptr"][1] : got["tile_ptr"][2]]
+    np.testing.assert_array_equal(t1, [neg(0, 0), neg(3, 0), neg(1, 0), 1])
+    rows, cols, vals = decode(got, threads=2)
+    np.testing.assert_array_equal(rows, [0, 3, 0, 1, 3, 3, 0, 3, 8, 8, 9, 8, 8, 9])
+    np.testing.assert_array_equal(cols, [0, 1, 5, 5, 5, 7, 9, 11, 2, 3, 3, 4, 6, 10])
+    x = np.arange(1.0, 13.0)
+    np.testing.assert_allclose(simulate_kernel(got, x, 2, A.shape[0]), A @ x, rtol=1e-15)
+    # One band per row range: a band's launches cover its panels' rows only, every band a range of panels.
+    for bands in (1, 2, 3, 5, 100):
+        _, ex = hand_build(bands=bands, slabs=2)
+        band_ptr = ex["band_ptr"]
+        assert band_ptr[0] == 0 and band_ptr[-1] == 3 and np.all(np.diff(band_ptr) > 0)
+        assert len(band_ptr) - 1 <= bands
 
 
 def test_a_corrupt_encoding_is_caught_by_decode():
@@ -149,17 +186,25 @@ def test_the_cupy_code_path_builds_the_same_arrays(monkeypatch, shared_dir):
 
 
 def simulate_kernel(ex: dict, x: np.ndarray, threads: int, m: int) -> np.ndarray:
-    """nut.cu's nut_spmv, statement by statement, one thread after the other (small matrices only).
+    """nut.cu's nut_spmv, launched as Nut._run launches it (band after band, slab after slab),
+    statement by statement, one thread after the other (small matrices only).
 
     Also checks the one claim the kernel's speed rests on: a row it adds without an atomic
     (``owned``) is touched by no other thread of the block in that tile.
     """
     y = np.full(m, np.nan)
     panel_ptr, panel_tile_ptr, tile_col_ptr = ex["panel_ptr"], ex["panel_tile_ptr"], ex["tile_col_ptr"]
-    for p in range(len(panel_ptr) - 1):
+    slabs, band_ptr = ex["slabs"], ex["band_ptr"]
+    launches = [(int(ex["panel_order"][b]), slab) for b0, b1 in zip(band_ptr[:-1], band_ptr[1:], strict=True)
+                for slab in range(slabs) for b in range(b0, b1)]
+    assert sorted(launches) == [(p, s) for p in range(len(panel_ptr) - 1) for s in range(slabs)]
+    for p, slab in launches:
+        group, accumulate = p * slabs + slab, slab > 0
+        if accumulate and panel_tile_ptr[group] == panel_tile_ptr[group + 1]:
+            continue
         r0, nr = panel_ptr[p], panel_ptr[p + 1] - panel_ptr[p]
         ys = np.zeros(ex["max_panel_rows"])
-        for t in range(panel_tile_ptr[p], panel_tile_ptr[p + 1]):
+        for t in range(panel_tile_ptr[group], panel_tile_ptr[group + 1]):
             c0, nc = tile_col_ptr[t], tile_col_ptr[t + 1] - tile_col_ptr[t]
             xs = np.full(ex["max_tile_cols"], np.nan)
             xs[:nc] = x[ex["tile_cols"][c0 : c0 + nc]]
@@ -192,7 +237,7 @@ def simulate_kernel(ex: dict, x: np.ndarray, threads: int, m: int) -> np.ndarray
             for k, rows in plain.items():
                 others = set().union(*(touched[o] for o in touched if o != k))
                 assert not rows & others, f"tile {t}: rows {rows & others} added without an atomic are shared"
-        y[r0 : r0 + nr] = ys[:nr]
+        y[r0 : r0 + nr] = y[r0 : r0 + nr] + ys[:nr] if accumulate else ys[:nr]
     return y
 
 
@@ -201,7 +246,8 @@ def test_the_kernel_walk_simulated_thread_by_thread():
     for A in cases:
         x = np.random.default_rng(1).uniform(-1, 1, A.shape[1])
         for params in ({"rows_per_panel": 4, "cols_per_tile": 3, "threads": 2},
-                       {"rows_per_panel": 64, "cols_per_tile": 200, "threads": 32},
+                       {"rows_per_panel": 4, "cols_per_tile": 3, "threads": 2, "slabs": 3, "bands": 2},
+                       {"rows_per_panel": 64, "cols_per_tile": 200, "threads": 32, "slabs": 8, "bands": 4},
                        {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}):
             for sms in (1, 132):
                 ex = build(A.indptr, A.indices, A.data, A.shape, **params, num_sms=sms)
@@ -214,14 +260,14 @@ def test_space_and_paper_defaults():
     f = Nut()
     assert paper_defaults("float64") == (2048, 4096) and paper_defaults("float32") == (4096, 8192)
     d = f.space.defaults()
-    assert d == {"rows_per_panel": 2048, "cols_per_tile": 4096, "threads": 1024}
+    assert d == {"rows_per_panel": 2048, "cols_per_tile": 4096, "threads": 1024, "slabs": 1}
     assert (d["rows_per_panel"], d["cols_per_tile"]) == paper_defaults("float64")
     r32, c32 = paper_defaults("float32")
     assert r32 in nut.ROWS_PER_PANEL and c32 in nut.COLS_PER_TILE
     # Every config fits Hopper's 227 KB of shared memory per block in float64.
     assert (max(nut.ROWS_PER_PANEL) + max(nut.COLS_PER_TILE)) * 8 <= 227 * 1024
     assert max(nut.ROWS_PER_PANEL) <= nut._MAX_ROWS and max(nut.COLS_PER_TILE) <= nut._MAX_SLOTS
-    assert len(f.space.configs()) == 120
+    assert len(f.space.configs()) == 120 * (1 + 3 * 5)  # bands only with more than one slab
     assert f.name_expressions("float32") == ("nut_spmv<float>",)
     with pytest.raises(InvalidConfigError, match="allowed"):
         f.space.validate({"cols_per_tile": 3})
@@ -230,7 +276,8 @@ def test_space_and_paper_defaults():
 # -- invariants on every shared matrix -----------------------------------------------------
 def check_invariants(A, ex: dict, params: dict) -> None:
     R, C, T = params["rows_per_panel"], params["cols_per_tile"], params["threads"]
-    m = A.shape[0]
+    K = params.get("slabs", 1)
+    m, n = A.shape
     panel_ptr, panel_tile_ptr = ex["panel_ptr"].astype(np.int64), ex["panel_tile_ptr"].astype(np.int64)
     tile_col_ptr, tile_cols = ex["tile_col_ptr"].astype(np.int64), ex["tile_cols"]
     e = ex["tile_nnz"].astype(np.int64)
@@ -239,20 +286,32 @@ def check_invariants(A, ex: dict, params: dict) -> None:
     assert panel_ptr[0] == 0 and panel_ptr[-1] == m
     assert np.all(np.diff(panel_ptr) >= 1) and np.all(np.diff(panel_ptr) <= R)
     assert panel_tile_ptr[0] == 0 and panel_tile_ptr[-1] == n_tiles and np.all(np.diff(panel_tile_ptr) >= 0)
-    # Each tile has exactly C active columns but a panel's last, which has 1..C.
+    # Tile groups: one per (panel, slab). Each tile has exactly C active columns but a group's last, which
+    # has 1..C, and all of them in the group's slab.
+    assert ex["slabs"] == K and len(panel_tile_ptr) == (len(panel_ptr) - 1) * K + 1
     ncols = np.diff(tile_col_ptr)
     last = np.zeros(n_tiles, dtype=bool)
     last[panel_tile_ptr[1:][np.diff(panel_tile_ptr) > 0] - 1] = True
     assert np.all(ncols[~last] == C) and np.all((ncols[last] >= 1) & (ncols[last] <= C))
     assert np.all(e >= 1) and len(tile_cols) == tile_col_ptr[-1]
     # A panel's tiles list its active columns once each, ascending (the indirection arrays).
-    panel_of_tile = np.repeat(np.arange(len(panel_ptr) - 1), np.diff(panel_tile_ptr))
+    group_of_tile = np.repeat(np.arange(len(panel_tile_ptr) - 1), np.diff(panel_tile_ptr))
+    panel_of_tile = group_of_tile // K
     tile_of_col = np.repeat(np.arange(n_tiles), ncols)
+    np.testing.assert_array_equal(tile_cols.astype(np.int64) * K // n, group_of_tile[tile_of_col] % K)
     colkey = panel_of_tile[tile_of_col].astype(np.int64) * A.shape[1] + tile_cols
     assert np.all(np.diff(colkey) > 0)
     rows_of = np.repeat(np.arange(m), np.diff(A.indptr))
     panel_of_row = np.repeat(np.arange(len(panel_ptr) - 1), np.diff(panel_ptr))
     np.testing.assert_array_equal(colkey, np.unique(panel_of_row[rows_of].astype(np.int64) * A.shape[1] + A.indices))
+    # Bands: ranges of panels covering them all in order; inside each, the panels most nonzeros first.
+    band_ptr = ex["band_ptr"]
+    assert band_ptr[0] == 0 and band_ptr[-1] == len(panel_ptr) - 1 and np.all(np.diff(band_ptr) > 0)
+    order = ex["panel_order"].astype(np.int64)
+    panel_nnz = np.diff(A.indptr[panel_ptr])
+    for b0, b1 in zip(band_ptr[:-1], band_ptr[1:], strict=True):
+        np.testing.assert_array_equal(np.sort(order[b0:b1]), np.arange(b0, b1))
+        assert np.all(np.diff(panel_nnz[order[b0:b1]]) <= 0)
     # Storage: s*w slots a tile, padding zero; max sizes as reported.
     s = (e + T - 1) // T
     w = (e + s - 1) // s
@@ -272,7 +331,7 @@ def check_invariants(A, ex: dict, params: dict) -> None:
     assert np.all(ex["enc_idx"][unread] == 0) and np.all(ex["enc_val"][unread] == 0)
 
 
-@pytest.mark.parametrize("params", [{}, SMALL, LARGE], ids=["default", "small", "large"])
+@pytest.mark.parametrize("params", [{}, SMALL, LARGE, SLABBED], ids=["default", "small", "large", "slabbed"])
 def test_invariants_on_every_shared_matrix(params, shared_dir):
     f = Nut()
     config = f.space.validate(params)
@@ -290,7 +349,8 @@ def test_invariants_on_hard_cases_with_small_sizes():
         if not (A.nnz and A.shape[0]):
             continue
         for params in ({"rows_per_panel": 7, "cols_per_tile": 5, "threads": 3},
-                       {"rows_per_panel": 1, "cols_per_tile": 1, "threads": 32}):
+                       {"rows_per_panel": 7, "cols_per_tile": 5, "threads": 3, "slabs": 3, "bands": 5},
+                       {"rows_per_panel": 1, "cols_per_tile": 1, "threads": 32, "slabs": 8, "bands": 16}):
             for sms in (1, 132):
                 ex = build(A.indptr, A.indices, A.data, A.shape, **params, num_sms=sms)
                 check_invariants(A, ex, params)
@@ -303,7 +363,7 @@ def test_reference_y_on_hard_cases(name, dtype):
     A = CASES[name]().astype(dtype)
     ref = Reference.build(A, dtype, seed=3)
     f = Nut()
-    for params in (*CONFIGS, *f.space.configs()[::11]):
+    for params in (*CONFIGS, *f.space.configs()[::97]):
         y = f.run_reference(f.prepare_reference(A, params), ref.x)
         assert y.dtype == np.dtype(dtype) and y.shape == (A.shape[0],)
         ok, _, msg = ref.check(y)
@@ -350,7 +410,7 @@ def test_memory_ratio(shared_dir):
             assert ratio == sum(ex[k].nbytes for k in STRUCTURE) / csr
             padding = int(ex["tile_ptr"][-1]) - A.nnz
             n_panels, n_tiles = len(ex["panel_ptr"]) - 1, len(ex["tile_nnz"])
-            tables = 8 * (n_panels + 1) + 20 * n_tiles + 12
+            tables = 8 * (n_panels + 1) + 4 * n_panels + 20 * n_tiles + 12  # panel_ptr, panel_order, tiles
             assert A.nnz * (4 + v) / csr <= ratio <= (A.nnz * (8 + v) + padding * (4 + v) + tables) / csr
             s = (ex["tile_nnz"].astype(np.int64) + p.params["threads"] - 1) // p.params["threads"]
             assert padding <= int((s - 1).sum())  # less than one stretch a tile

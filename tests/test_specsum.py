@@ -492,3 +492,33 @@ def test_gpu_stage2_skipped_when_nothing_to_fix_and_unaligned_arrays():
         assert "data" in gpu.extra and "indices" in gpu.extra
         ok, _, msg = ref.check(FAMILY.run(gpu, cupy.asarray(ref.x)).get())
         assert ok, msg
+
+
+@pytest.mark.gpu
+def test_gpu_synchronizer_added_by_the_last_block_when_the_bunches_are_few():
+    """Search mode with at most FUSED_SYNC_PER_THREAD bunches a thread: stage 1's last block adds the
+    synchronizer (no second launch), right run after run (the ticket wraps back to 0); with more bunches
+    the separate kernel does it."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from kernels.specsum import FUSED_SYNC_PER_THREAD
+
+    params = {"W": 4, "T": 32, "B": 2, "S": 1, **SEARCH}  # 128 entries a bunch, 64 threads a block
+    few = _gaps([1000] * 8 + [0, 3] * 10)  # 8 030 entries: 63 bunches, most starting inside a row
+    many = _gaps([1000] * 40)  # 40 000 entries: 313 bunches > 4 * 64
+    for A, fused in ((few, True), (many, False)):
+        n_bunches = -(-A.nnz // 128)
+        assert (n_bunches <= FUSED_SYNC_PER_THREAD * 64) == fused
+        ref = Reference.build(A, "float64", seed=6)
+        gpu = FAMILY.prepare(cusp.csr_matrix(A), params)
+        assert gpu.extra["stage2"] and ("ticket" in gpu.extra) == fused
+        x = cupy.asarray(ref.x)
+        for _ in range(3):
+            out = cupy.full(A.shape[0], cupy.nan)
+            ok, _, msg = ref.check(FAMILY.run(gpu, x, out).get())
+            assert ok, msg
+            if fused:
+                assert int(gpu.extra["ticket"][0]) == 0
+        # The decomposition, and stage 1 alone (run_speculative: the synchronizer left out), as the reference's.
+        _gpu_check(A, "float64", params)

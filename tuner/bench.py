@@ -112,10 +112,21 @@ def _git_commit() -> str:
     return out if re.fullmatch(r"[0-9a-f]{40}", out) else "unknown"
 
 
+def families_of(kernels: Sequence[str] | None) -> list[str]:
+    """The families a benchmark tunes and times: ``kernels`` (all when None) and always the baseline."""
+    names = [get_family(k).name for k in (kernels or REGISTRY)]
+    return [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
+
+
 def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, dtype: str,
                  trials: int, family_trials: int = 0,
-                 enqueue: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[dict[str, Any]]:
-    """Rows (one per timed config) for one matrix; raises on failure (the caller records it)."""
+                 enqueue: Sequence[tuple[str, dict[str, Any]]] = (),
+                 kernels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Rows (one per timed config) for one matrix; raises on failure (the caller records it).
+
+    ``kernels`` limits the families tuned and timed (cuSPARSE, the baseline, always is).
+    """
+    families = families_of(kernels)
     A = src.load(dtype)
     fp = fingerprint(A)
     device = backend.info.id
@@ -123,10 +134,10 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
     common = {"backend": backend, "store": store, "storage": storage, "name": src.name, "dtype": dtype,
               "summary": False}
     if trials > 0 or not stored:  # with nothing stored, at least every family's default is measured
-        tune(A, **common, trials=max(trials, len(REGISTRY)) + len(enqueue), enqueue=enqueue)
-    for family in REGISTRY if family_trials > 0 else ():
+        tune(A, **common, trials=max(trials, len(families)) + len(enqueue), enqueue=enqueue, kernels=families)
+    for family in families if family_trials > 0 else ():
         tune(A, **common, trials=family_trials, kernels=[family])
-    bests = store.best_per_kernel(fp, device=device, dtype=dtype)
+    bests = [b for b in store.best_per_kernel(fp, device=device, dtype=dtype) if b["kernel"] in families]
     feats = extract_features(A)
     untuned = choose(fp, store=store, device=device, dtype=dtype, use_tuned=False, features=feats)
     labelled = [(b["kernel"], b["kernel"], b["params"]) for b in bests]
@@ -159,10 +170,10 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
 
 def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage: Any, dtype: str = "float64",
               trials: int = 40, family_trials: int = 0, enqueue: Sequence[tuple[str, dict[str, Any]]] = (),
-              out_dir: str | Path = "bench/results", label: str = "matrices",
-              on_matrix: Callable[[Source, str], None] | None = None) -> tuple[Path, Path]:
+              kernels: Sequence[str] | None = None, out_dir: str | Path = "bench/results",
+              label: str = "matrices", on_matrix: Callable[[Source, str], None] | None = None) -> tuple[Path, Path]:
     """Benchmark every source; write ``<date>_<device>_<label>_<dtype>.csv`` and ``.json`` into ``out_dir``."""
-    env = environment(backend)
+    env = {**environment(backend), "kernels": families_of(kernels)}  # an unknown family fails here
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{env['date'][:10]}_{slug(env['device'])}_{slug(label)}_{dtype}"
@@ -171,7 +182,7 @@ def run_bench(srcs: Sequence[Source], *, backend: Backend, store: Store, storage
     for src in srcs:
         try:
             rows += bench_matrix(src, backend=backend, store=store, storage=storage, dtype=dtype, trials=trials,
-                                 family_trials=family_trials, enqueue=enqueue)
+                                 family_trials=family_trials, enqueue=enqueue, kernels=kernels)
             status = "ok"
         except Exception as exc:  # one matrix failing must not end the run: record it
             status = f"{type(exc).__name__}: {exc}"

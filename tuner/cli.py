@@ -150,6 +150,8 @@ def bench(
         help="then this many trials for each family alone, so every family is tuned")] = 0,
     enqueue: Annotated[Path | None, typer.Option(
         help="portfolio file (`tuner corpus portfolio`): configs measured on every matrix")] = None,
+    kernels: Annotated[str | None, typer.Option(
+        help="comma-separated families to tune and time (default: all; cusparse, the baseline, always)")] = None,
     dtype: DtypeOption = "float64",
     out: Annotated[Path, typer.Option(help="folder for the result CSV and JSON")] = Path("bench/results"),
     db: DbOption = None,
@@ -161,12 +163,13 @@ def bench(
 
     from db.store import Store
     from tuner.backend import get_backend
-    from tuner.bench import run_bench, sources
+    from tuner.bench import families_of, run_bench, sources
     from tuner.errors import InvalidConfigError
     from tuner.portfolio import read_portfolio
     from tuner.storage import default_storage, open_storage
 
     check_dtype(dtype)
+    families = families_of(kernels.split(",")) if kernels else None  # unknown names fail before the store opens
     configs = read_portfolio(enqueue) if enqueue else []
     srcs = sources(matrices or [], suite)
     if not srcs:
@@ -187,6 +190,7 @@ def bench(
 
         csv_path, json_path = run_bench(srcs, backend=backend, store=store, storage=study_storage, dtype=dtype,
                                         trials=trials, family_trials=family_trials, enqueue=configs,
+                                        kernels=families,
                                         out_dir=out, label=suite or "matrices",
                                         on_matrix=on_matrix)
     console.print(f"wrote {csv_path} and {json_path}; `tuner report {json_path}` draws the plots")
