@@ -44,16 +44,17 @@
 // (for tile 0 also the rows before r0). The synchronizer's rows are tile_row
 // values, never strictly inside a tile's row range, so one launch does both.
 //
-// Instantiated per value type, W and T (B, S and the mode are runtime arguments):
-// specsum_tiles<double, 4, 32>, specsum_sync<double>, specsum_fixup<double>.
+// Instantiated per value type, W, T and width (B, S and the mode are runtime arguments):
+// specsum_tiles<double, 4, 32, false>, specsum_sync<double>, specsum_fixup<double>.
 
 #ifndef SPECSUM_MAX_THREADS
 #define SPECSUM_MAX_THREADS 256
 #endif
-// Row pointers a lane loads at once: at most SPECSUM_PROBES in each round of the first row search (the
-// `probes` argument: 4 when the launch is a single wave of bunches, where the search's dependent rounds are
-// the cost, 1 otherwise, where its loads are), and per chunk of T rows in the walk's later rounds (a tile
-// spanning many rows, i.e. empty ones, takes 1 + ceil(rest / (T * WALK)) dependent rounds, not one per T rows).
+// The wide instantiations (WIDE = true, for a launch whose bunches fit in one wave, where the dependent
+// rounds of loads are what a bunch costs) load several row pointers a lane at once: SPECSUM_PROBES in each
+// round of the first row search, and SPECSUM_WALK chunks of T rows in each later round of the walk (a tile
+// spanning many rows, i.e. empty ones, then takes 1 + ceil(rest / (T * WALK)) rounds, not one per T rows).
+// The narrow ones (many waves, where loads and registers are what it costs) load one of each.
 #ifndef SPECSUM_PROBES
 #define SPECSUM_PROBES 4
 #endif
@@ -153,26 +154,25 @@ __device__ __forceinline__ unsigned bunch_mask()
 }
 
 // Largest r in [0, m] with rowptr[r] <= e (the row holding entry e < nnz; m for e = nnz), found by
-// the T lanes of a bunch together: each round the lanes probe P = T * probes evenly spaced rows of
-// [lo, hi] (probes <= SPECSUM_PROBES independent loads a lane, in flight at once) and keep the gap after
+// the T lanes of a bunch together: each round the lanes probe P = T * PROBES evenly spaced rows of
+// [lo, hi] (PROBES independent loads a lane, in flight at once) and keep the gap after
 // the last probe that is <= e: about log_P(m) dependent rounds. Every lane returns the same row.
-template <int T>
-__device__ __forceinline__ int row_search(const int* __restrict__ rowptr, int m, int e, int lane, unsigned mask,
-                                          int probes)
+template <int T, int PROBES>
+__device__ __forceinline__ int row_search(const int* __restrict__ rowptr, int m, int e, int lane, unsigned mask)
 {
-    const int P = T * probes;
+    constexpr int P = T * PROBES;
     int lo = 0, hi = m;  // rowptr[lo] <= e; the answer lies in [lo, hi]
     while (lo < hi) {
         const int step = (hi - lo + P - 1) / P;  // >= 1; the probes lo + step, ..., lo + P*step cover (lo, hi]
-        bool le[SPECSUM_PROBES];
+        bool le[PROBES];
 #pragma unroll
-        for (int k = 0; k < SPECSUM_PROBES; ++k) {
+        for (int k = 0; k < PROBES; ++k) {
             const int q = lo + step * (k * T + lane + 1);
-            le[k] = k < probes && q <= hi && __ldg(&rowptr[q]) <= e;
+            le[k] = q <= hi && __ldg(&rowptr[q]) <= e;
         }
         int below = 0;  // probes <= e: they are a prefix of the P probes, so their count says where
 #pragma unroll
-        for (int k = 0; k < SPECSUM_PROBES; ++k) below += __popc(__ballot_sync(mask, le[k]) & mask);
+        for (int k = 0; k < PROBES; ++k) below += __popc(__ballot_sync(mask, le[k]) & mask);
         lo += step * below;
         hi = min(hi, lo + step - 1);  // the next probe was > e, or past hi
     }
@@ -182,7 +182,7 @@ __device__ __forceinline__ int row_search(const int* __restrict__ rowptr, int m,
 }  // namespace specsum_detail
 
 // Stage 1 for the calling thread's bunch (steps 1-5 above); a bunch past the last returns at once.
-template <typename V, int W, int T>
+template <typename V, int W, int T, bool WIDE>
 __device__ __forceinline__ void
 specsum_bunch(const int m,
               const int nnz,
@@ -198,8 +198,7 @@ specsum_bunch(const int m,
               int* __restrict__ tile_row,
               unsigned char* __restrict__ dirty,
               int* __restrict__ sync_row,
-              V* __restrict__ sync_val,
-              const int probes)
+              V* __restrict__ sync_val)
 {
     using namespace specsum_detail;
     using L = Layout<V, W, T>;
@@ -208,6 +207,7 @@ specsum_bunch(const int m,
     static_assert(L::prods * sizeof(V) >= L::tile * sizeof(int), "the row table reuses the products' buffer");
     constexpr int TILE = L::tile;
     constexpr int PRODS = L::prods;
+    constexpr int WALK = WIDE ? SPECSUM_WALK : 1;
 
     // Dynamic shared memory: [B][PRODS] values (in search mode, once the lanes hold their products,
     // also the tile's row table: s_tab[off] = the non-empty row starting at tile offset off), [B][T] words.
@@ -230,7 +230,7 @@ specsum_bunch(const int m,
     s_flag[lane] = 0u;  // made visible to the bunch by the first __syncwarp of the tile loop
 
     // 1. the row of the bunch's first entry.
-    int r0 = row_search<T>(rowptr, m, b0, lane, mask, probes);
+    int r0 = row_search<T, WIDE ? SPECSUM_PROBES : 1>(rowptr, m, b0, lane, mask);
     const int head_row = r0;
     const bool head_open = __ldg(&rowptr[head_row]) < b0;  // the bunch starts inside a row
 
@@ -275,8 +275,8 @@ specsum_bunch(const int m,
         }
 
         // 2b. walk the rows after r0: descriptor bits, r1, empty rows (written 0 in search mode). Rows
-        // r0+1 .. r0+T first (their row pointers were loaded one tile ahead), then SPECSUM_WALK chunks of T
-        // rows a round, loaded together, until a chunk ends the walk.
+        // r0+1 .. r0+T first (their row pointers were loaded one tile ahead), then WALK chunks of T rows a
+        // round, loaded together, until a chunk ends the walk.
         bool empty_row = false;
         int r1 = r0;
         int empty_from = -1;  // the first of the empty rows after the last entry, where the walk saw them begin
@@ -307,17 +307,17 @@ specsum_bunch(const int m,
             return after <= te;
         };
         bool more = walk(r0 + 1, a, a_next);
-        for (int base = r0 + 1 + T; more; base += SPECSUM_WALK * T) {
+        for (int base = r0 + 1 + T; more; base += WALK * T) {
             // One start a lane a chunk, plus the start of the row after the last chunk; a row's end is the
             // next lane's start (the next chunk's first for lane T-1).
-            int wa[SPECSUM_WALK + 1];
+            int wa[WALK + 1];
 #pragma unroll
-            for (int u = 0; u < SPECSUM_WALK; ++u) wa[u] = row_start(rowptr, m, base + u * T + lane);
-            wa[SPECSUM_WALK] = row_start(rowptr, m, base + SPECSUM_WALK * T);
+            for (int u = 0; u < WALK; ++u) wa[u] = row_start(rowptr, m, base + u * T + lane);
+            wa[WALK] = row_start(rowptr, m, base + WALK * T);
 #pragma unroll
-            for (int u = 0; u < SPECSUM_WALK; ++u) {
+            for (int u = 0; u < WALK; ++u) {
                 if (more) {  // the same in every lane of the bunch
-                    const int following = u + 1 < SPECSUM_WALK ? __shfl_sync(mask, wa[u + 1], 0, T) : wa[SPECSUM_WALK];
+                    const int following = u + 1 < WALK ? __shfl_sync(mask, wa[u + 1], 0, T) : wa[WALK];
                     const int a_next = __shfl_down_sync(mask, wa[u], 1, T);
                     more = walk(base + u * T, wa[u], lane == T - 1 ? following : a_next);
                 }
@@ -433,7 +433,7 @@ specsum_bunch(const int m,
 // Stage 1; with a ticket (search mode, few bunches: see specsum.py), stage 2 too, in the last block to
 // finish: every block makes its writes visible, takes a ticket (atomicInc wraps it back to 0 for the next
 // run), and the block holding the last adds the synchronizer, as specsum_sync would, one launch fewer.
-template <typename V, int W, int T>
+template <typename V, int W, int T, bool WIDE>
 __global__ void __launch_bounds__(SPECSUM_MAX_THREADS)
 specsum_tiles(const int m,
               const int nnz,
@@ -450,11 +450,10 @@ specsum_tiles(const int m,
               unsigned char* __restrict__ dirty,
               int* __restrict__ sync_row,
               V* __restrict__ sync_val,
-              const int probes,
               unsigned* __restrict__ ticket)
 {
-    specsum_bunch<V, W, T>(m, nnz, n_tiles, n_bunches, S, search, rowptr, colidx, val, x, y, tile_row, dirty,
-                           sync_row, sync_val, probes);
+    specsum_bunch<V, W, T, WIDE>(m, nnz, n_tiles, n_bunches, S, search, rowptr, colidx, val, x, y, tile_row,
+                                 dirty, sync_row, sync_val);
     if (ticket == nullptr) return;
     __shared__ bool last;
     __threadfence();

@@ -21,10 +21,13 @@ instead of y. What stage 1 does with dirty tiles is the parameter ``dirty``:
 
 Stages and kernels (``specsum.cu``):
 
-- stage 1, ``specsum_tiles<V, W, T>`` (one launch; ``B``, ``S`` and the mode are
-  runtime arguments): search, walk, descriptor, dirty flag, segmented sum, carry
-  between the tiles of a bunch, writes, synchronizer; it records the
-  decomposition (``tile_row``, ``dirty``, ``sync_row``, ``sync_val``);
+- stage 1, ``specsum_tiles<V, W, T, WIDE>`` (one launch; ``B``, ``S`` and the mode
+  are runtime arguments): search, walk, descriptor, dirty flag, segmented sum,
+  carry between the tiles of a bunch, writes, synchronizer; it records the
+  decomposition (``tile_row``, ``dirty``, ``sync_row``, ``sync_val``). ``WIDE`` is
+  chosen by ``prepare``, not tuned: when the bunches fit in one wave (a small
+  matrix: latency-bound), each lane loads several row pointers a round of the
+  search and of the walk; otherwise one (fewer registers, fewer loads);
 - stage 2, ``dirty="search"``: ``specsum_sync<V>`` adds the synchronizer into y
   (atomically: a long row can span several bunches); when the bunches are few
   (:data:`FUSED_SYNC_PER_THREAD` a thread of a block), the last block of stage 1
@@ -76,9 +79,6 @@ DIRTY_MODES = ("search", "fixup")
 FIXUPS = ("gpu", "host")
 DECOMPOSITION_KEYS = ("tile_row", "dirty", "sync_row", "sync_val")
 STAGE2_THREADS = 256
-WIDE_SEARCH_PROBES = 4
-"""Row pointers a lane probes per round of the first row search when the bunches fit in one wave
-(SPECSUM_PROBES in specsum.cu)."""
 FUSED_SYNC_PER_THREAD = 4
 """Search mode adds the synchronizer in stage 1's last block (no second launch) when the bunches number at
 most this many per thread of a block: one round of loads a thread (``U`` in specsum_tiles)."""
@@ -271,7 +271,8 @@ class SpecSum(Family):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
-        tiles = tuple(f"specsum_tiles<{v}, {w}, {t}>" for w in W_VALUES for t in T_VALUES)
+        tiles = tuple(f"specsum_tiles<{v}, {w}, {t}, {wide}>" for w in W_VALUES for t in T_VALUES
+                      for wide in ("false", "true"))
         return (*tiles, f"specsum_sync<{v}>", f"specsum_fixup<{v}>")
 
     @staticmethod
@@ -291,7 +292,12 @@ class SpecSum(Family):
         A, p, geo, ex = prepared.A, prepared.params, self._geometry(prepared), prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
         v = c_type(prepared.dtype)
-        ex["tiles_kernel"] = kernels[f"specsum_tiles<{v}, {p['W']}, {p['T']}>"]
+        attributes = cupy.cuda.Device().attributes
+        ex["resident_warps"] = attributes["MultiProcessorCount"] * attributes["MaxThreadsPerMultiProcessor"] // 32
+        # Bunches that fit in one wave wait on their dependent rounds of loads: the wide kernel loads several
+        # row pointers a lane a round. With more, loads and registers (occupancy) count: the narrow one.
+        ex["wide"] = geo.n_bunches * int(p["T"]) <= ex["resident_warps"] * 32
+        ex["tiles_kernel"] = kernels[f"specsum_tiles<{v}, {p['W']}, {p['T']}, {str(ex['wide']).lower()}>"]
         ex["sync_kernel"] = kernels[f"specsum_sync<{v}>"]
         ex["fixup_kernel"] = kernels[f"specsum_fixup<{v}>"]
         # Stage 1 loads values and columns as 8- or 16-byte vectors: an array that does not start on 16
@@ -315,11 +321,6 @@ class SpecSum(Family):
         block = int(p["B"]) * int(p["T"])
         if ex["stage2"] and p["dirty"] == "search" and geo.n_bunches <= FUSED_SYNC_PER_THREAD * block:
             ex["ticket"] = cupy.zeros(1, dtype=np.uint32)  # the blocks' count; wraps back to 0 every run
-        attributes = cupy.cuda.Device().attributes
-        ex["resident_warps"] = attributes["MultiProcessorCount"] * attributes["MaxThreadsPerMultiProcessor"] // 32
-        # One wave of bunches: the first row search's dependent rounds are what it costs, so each lane probes
-        # several rows a round; with more bunches than the GPU holds, its loads are, so one.
-        ex["probes"] = WIDE_SEARCH_PROBES if geo.n_bunches * int(p["T"]) <= ex["resident_warps"] * 32 else 1
         if self._mode(prepared) == "host":
             import cupyx
 
@@ -355,7 +356,6 @@ class SpecSum(Family):
                 ex["dirty"],
                 ex["sync_row"],
                 ex["sync_val"],
-                np.int32(ex["probes"]),
                 ex["ticket"] if fused and "ticket" in ex else None,
             ),
             shared_mem=shared,

@@ -121,7 +121,8 @@ def test_space_and_instantiations():
         exprs = FAMILY.name_expressions(dtype)
         assert len(exprs) < 100 and len(set(exprs)) == len(exprs)
         for config in space.configs():
-            assert f"specsum_tiles<{ctype}, {config['W']}, {config['T']}>" in exprs
+            for wide in ("false", "true"):
+                assert f"specsum_tiles<{ctype}, {config['W']}, {config['T']}, {wide}>" in exprs
         assert f"specsum_sync<{ctype}>" in exprs and f"specsum_fixup<{ctype}>" in exprs
     assert FAMILY.describe()["params"] == space.to_dict()
 
@@ -521,4 +522,24 @@ def test_gpu_synchronizer_added_by_the_last_block_when_the_bunches_are_few():
             if fused:
                 assert int(gpu.extra["ticket"][0]) == 0
         # The decomposition, and stage 1 alone (run_speculative: the synchronizer left out), as the reference's.
+        _gpu_check(A, "float64", params)
+
+
+@pytest.mark.gpu
+def test_gpu_wide_kernel_for_one_wave_narrow_for_more():
+    """The wide kernel (several row pointers a lane a round) serves launches whose bunches fit in one wave,
+    the narrow one the others; both agree with the reference, on runs of empty rows inside the matrix and
+    after its last entry (rows the walk does not load) and on long rows."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    params = {"W": 1, "T": 16, "B": 8, "S": 1, **SEARCH}  # 16 entries a bunch
+    pattern = ([3, 0, 0, 700, 1] + [0] * 300 + [5] * 40) * 4
+    for repeats, wide in ((1, True), (150, False)):  # 3 600 entries: 225 bunches; 540 000: 33 750
+        A = _gaps(pattern * repeats + [2] + [0] * 5000)
+        ref = Reference.build(A, "float64", seed=7)
+        gpu = FAMILY.prepare(cusp.csr_matrix(A), params)
+        assert gpu.extra["wide"] is wide
+        ok, _, msg = ref.check(FAMILY.run(gpu, cupy.asarray(ref.x)).get())
+        assert ok, msg
         _gpu_check(A, "float64", params)
