@@ -241,6 +241,17 @@ def add_synchronizer(y: np.ndarray, sync_row: np.ndarray, sync_val: np.ndarray) 
     np.add.at(y, sync_row[live], sync_val[live])
 
 
+def resident_threads(regs: int, block: int, attributes: dict[str, int]) -> int:
+    """Threads of a kernel using ``regs`` registers a thread, in blocks of ``block``, that the GPU holds at
+    once: the register file's limit (registers are given out 8 a thread at a time), the threads', the
+    blocks' (specsum's shared memory is a few KB a block, never the limit)."""
+    per_block = -(-regs // 8) * 8 * block
+    # Every GPU since Volta has 64 K registers and at least 16 blocks an SM, should CuPy not list the attribute.
+    blocks = min(attributes.get("MaxRegistersPerMultiprocessor", 65536) // per_block,
+                 attributes["MaxThreadsPerMultiProcessor"] // block, attributes.get("MaxBlocksPerMultiprocessor", 16))
+    return attributes["MultiProcessorCount"] * blocks * block
+
+
 class SpecSum(Family):
     name = "specsum"
     summary = "speculative segmented sum over even tiles of nonzeros; dirty tiles fixed afterwards or searched"
@@ -296,8 +307,10 @@ class SpecSum(Family):
         ex["resident_warps"] = attributes["MultiProcessorCount"] * attributes["MaxThreadsPerMultiProcessor"] // 32
         # Bunches that fit in one wave wait on their dependent rounds of loads: the wide kernel loads several
         # row pointers a lane a round. With more, loads and registers (occupancy) count: the narrow one.
-        ex["wide"] = geo.n_bunches * int(p["T"]) <= ex["resident_warps"] * 32
-        ex["tiles_kernel"] = kernels[f"specsum_tiles<{v}, {p['W']}, {p['T']}, {str(ex['wide']).lower()}>"]
+        wide = kernels[f"specsum_tiles<{v}, {p['W']}, {p['T']}, true>"]
+        block = int(p["B"]) * int(p["T"])
+        ex["wide"] = geo.n_bunches * int(p["T"]) <= resident_threads(wide.num_regs, block, attributes)
+        ex["tiles_kernel"] = wide if ex["wide"] else kernels[f"specsum_tiles<{v}, {p['W']}, {p['T']}, false>"]
         ex["sync_kernel"] = kernels[f"specsum_sync<{v}>"]
         ex["fixup_kernel"] = kernels[f"specsum_fixup<{v}>"]
         # Stage 1 loads values and columns as 8- or 16-byte vectors: an array that does not start on 16
@@ -478,4 +491,6 @@ class SpecSum(Family):
         return {k: np.asarray(ex[k] if isinstance(ex[k], np.ndarray) else ex[k].get()) for k in DECOMPOSITION_KEYS}
 
 
-__all__ = ["SpecSum", "add_synchronizer", "decompose", "dirty_rows", "rescatter", "speculate", "tile_rows"]
+__all__ = [
+    "SpecSum", "add_synchronizer", "decompose", "dirty_rows", "rescatter", "resident_threads", "speculate", "tile_rows",
+]

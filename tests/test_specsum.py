@@ -28,6 +28,7 @@ from kernels.specsum import (
     decompose,
     dirty_rows,
     rescatter,
+    resident_threads,
     speculate,
 )
 from tests.kernel_cases import CASES, load_shared, shared_cases
@@ -523,6 +524,17 @@ def test_gpu_synchronizer_added_by_the_last_block_when_the_bunches_are_few():
                 assert int(gpu.extra["ticket"][0]) == 0
         # The decomposition, and stage 1 alone (run_speculative: the synchronizer left out), as the reference's.
         _gpu_check(A, "float64", params)
+
+
+def test_resident_threads_by_registers_threads_and_blocks():
+    """The wide kernel runs only where its bunches fit in one wave: with 80 registers a thread and blocks
+    of 128, an H100/H200 SM holds 6 blocks (65 536 / (80 * 128)), not the 16 its 2 048 threads allow."""
+    h200 = {"MultiProcessorCount": 132, "MaxRegistersPerMultiprocessor": 65536, "MaxThreadsPerMultiProcessor": 2048,
+            "MaxBlocksPerMultiprocessor": 32}
+    assert resident_threads(80, 128, h200) == 132 * 6 * 128
+    assert resident_threads(77, 128, h200) == 132 * 6 * 128  # 77 registers are given out as 80
+    assert resident_threads(32, 128, h200) == 132 * 16 * 128  # the threads' limit
+    assert resident_threads(16, 32, h200) == 132 * 32 * 32  # the blocks' limit
 
 
 @pytest.mark.gpu
