@@ -38,7 +38,8 @@
 //   dirty (n_tiles bytes), sync_row (-1: the bunch starts at a row's first entry).
 //
 // Stage 2: specsum_sync adds y[sync_row[b]] += sync_val[b] (atomic: a long row can
-// span several bunches); in search mode with few bunches, the last block of stage 1 does it instead. specsum_fixup does that and re-scatters the dirty tiles
+// span several bunches); in search mode with few bunches the last block of stage 1 does
+// it instead. specsum_fixup does that and re-scatters the dirty tiles
 // of the paper's mode, one warp a dirty tile with its rows over the lanes: the
 // k-th non-empty row strictly between r0 and r1 takes y[r0 + k], empty rows 0
 // (for tile 0 also the rows before r0). The synchronizer's rows are tile_row

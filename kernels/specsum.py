@@ -31,7 +31,9 @@ Stages and kernels (``specsum.cu``):
 - stage 2, ``dirty="search"``: ``specsum_sync<V>`` adds the synchronizer into y
   (atomically: a long row can span several bunches); when the bunches are few
   (:data:`FUSED_SYNC_PER_THREAD` a thread of a block), the last block of stage 1
-  to finish does it instead, which saves a launch on small matrices. ``dirty="fixup"`` with
+  to finish does it instead, which saves a launch on small matrices (the blocks
+  count themselves in a ticket of the prepared matrix, so two products of one
+  prepared matrix must not run at once on different streams). ``dirty="fixup"`` with
   ``fixup="gpu"``: ``specsum_fixup<V>`` adds the synchronizer and re-scatters the
   compacted partial sums of each dirty tile to their rows, one warp a dirty tile
   with its rows over the lanes; ``fixup="host"``: the synchronizer, the dirty flags
@@ -331,7 +333,6 @@ class SpecSum(Family):
         has_sync = bool(inside.any())
         has_empty = bool((indptr[1:] == indptr[:-1]).any())
         ex["stage2"] = has_sync or (p["dirty"] == "fixup" and has_empty)
-        block = int(p["B"]) * int(p["T"])
         if ex["stage2"] and p["dirty"] == "search" and geo.n_bunches <= FUSED_SYNC_PER_THREAD * block:
             ex["ticket"] = cupy.zeros(1, dtype=np.uint32)  # the blocks' count; wraps back to 0 every run
         if self._mode(prepared) == "host":
