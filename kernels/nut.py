@@ -250,7 +250,8 @@ def build(
     panel_ptr = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
     n_panels = int(panel_ptr.shape[0]) - 1
     entry_row = _owner(xp, xp.diff(indptr))
-    entry_panel = _owner(xp, xp.diff(indptr[panel_ptr]))
+    panel_nnz = xp.diff(indptr[panel_ptr])
+    entry_panel = _owner(xp, panel_nnz)
     local_row = entry_row - panel_ptr[entry_panel]
 
     # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).
@@ -301,7 +302,6 @@ def build(
     # The order the blocks take the panels in: band by band, the most nonzeros first.
     band_ptr = _band_starts(np.asarray(panel_ptr.tolist()), m, bands)
     band_of_panel = xp.searchsorted(xp.asarray(band_ptr, dtype=i64), xp.arange(n_panels, dtype=i64), side="right") - 1
-    panel_nnz = xp.diff(indptr[panel_ptr])
     panel_order = _stable_argsort(xp, band_of_panel * (nnz + 1) + (nnz - panel_nnz)).astype(xp.int32)
 
     storage = int(tile_ptr[-1])
