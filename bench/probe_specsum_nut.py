@@ -7,13 +7,14 @@ B: power-law graphs over 10 M rows (the `graphs` suite): cuSPARSE's three algori
    columns its own cuSPARSE SpMV, slab after slab, adding into y: what column blocking alone buys with
    cuSPARSE's own core, an upper bound for NuT's slabs); every y verified first; cold L2.
 C: large generated matrices, the previous specsum kernel against the new one, same configs, same run.
+D: the graphs of B, NuT alone beside cuSPARSE (work items in one launch: slabs x bands, panel sizes).
 Results: bench/results/2026-11-23_NVIDIA-H200-sm-90_probe_{graphs_blocking,specsum_ab_large}.json (A and B
 ran on an intermediate version of the kernels, before commit 5c80ad6: B's cuSPARSE and blocked-cuSPARSE
 rows do not depend on it; C ran on 0ec993a).
 
 Needs the previous kernel beside the checkout and the shared matrices in .mats:
     mkdir -p .gpu .mats && git show ccdab00:kernels/specsum.cu > .gpu/specsum_old.cu && cp ../shared/matrices/* .mats
-    python bench/probe_specsum_nut.py PART SECONDS   (PART: any of A, B, C; SECONDS: stop adding configs after)
+    python bench/probe_specsum_nut.py PART SECONDS   (PART: any of A, B, C, D; SECONDS: stop adding configs after)
 """
 
 from __future__ import annotations
@@ -228,11 +229,13 @@ def part_c():
         print_table(name, "float64")
 
 
-def part_b():
-    nut, spec, ipcsr = get_family("nut"), ss.SpecSum(), get_family("ipcsr")
-    blocked = BlockedCuSparse()
-    for sm in (SuiteMatrix("powerlaw", 12_000_000),
-               SuiteMatrix("powerlaw", 16_000_000, options=(("shape", 1.3), ("minimum", 2)))):
+GRAPHS = (SuiteMatrix("powerlaw", 12_000_000),
+          SuiteMatrix("powerlaw", 16_000_000, options=(("shape", 1.3), ("minimum", 2))))
+
+
+def on_graphs(configs_of):
+    """Measure cuSPARSE's algorithms and ``configs_of(dtype)`` on both graphs, float64 then float32."""
+    for sm in GRAPHS:
         t0 = time.time()
         A64 = sm.build("float64")
         print(f"{sm.name}: built in {time.time() - t0:.0f} s, nnz {A64.nnz}, max row {np.diff(A64.indptr).max()}",
@@ -241,23 +244,54 @@ def part_b():
             if time.time() > DEADLINE:
                 break
             A = A64 if dtype == "float64" else A64.astype(np.float32)
-            rp, ct = (2048, 4096) if dtype == "float64" else (4096, 8192)
-            base = {"rows_per_panel": rp, "cols_per_tile": ct, "threads": 1024}
-            configs = cusparse_configs()
-            configs += [("nut:paper", nut, base)]
-            for slabs, bands in ((2, 1), (4, 1), (8, 1), (4, 4), (4, 16), (8, 8), (8, 16)):
-                configs.append((f"nut:s{slabs}b{bands}", nut, {**base, "slabs": slabs, "bands": bands}))
-            configs.append(("nut:s4b4-512x2048", nut, {"rows_per_panel": 512, "cols_per_tile": 2048, "threads": 256,
-                                                         "slabs": 4, "bands": 4}))
-            for bands, slabs in ((1, 2), (1, 4), (4, 4), (8, 8)):
-                configs.append((f"blocked:b{bands}s{slabs}", blocked, {"bands": bands, "slabs": slabs}))
-            configs.append(("specsum:W8S2B2", spec, {"B": 2, "S": 2, "T": 32, "W": 8, "dirty": "search"}))
-            configs.append(("ipcsr:8Mbest", ipcsr, {"long_chunks": 1, "nt": 256, "shared_size": 2048,
-                                                     "tree_t1": 2, "tree_t2": 32}))
-            measure(sm.name, A, dtype, configs, rounds=3, repeats=20, max_duration=0.2)
+            measure(sm.name, A, dtype, cusparse_configs() + configs_of(dtype), rounds=3, repeats=20,
+                    max_duration=0.2)
             print_table(sm.name, dtype)
             del A
         del A64
+
+
+def paper_base(dtype):
+    rp, ct = (2048, 4096) if dtype == "float64" else (4096, 8192)
+    return {"rows_per_panel": rp, "cols_per_tile": ct, "threads": 1024}
+
+
+def part_b():
+    nut, spec, ipcsr = get_family("nut"), ss.SpecSum(), get_family("ipcsr")
+    blocked = BlockedCuSparse()
+
+    def configs(dtype):
+        base = paper_base(dtype)
+        out = [("nut:paper", nut, base)]
+        for slabs, bands in ((2, 1), (4, 1), (8, 1), (4, 4), (4, 16), (8, 8), (8, 16)):
+            out.append((f"nut:s{slabs}b{bands}", nut, {**base, "slabs": slabs, "bands": bands}))
+        out.append(("nut:s4b4-512x2048", nut, {"rows_per_panel": 512, "cols_per_tile": 2048, "threads": 256,
+                                                "slabs": 4, "bands": 4}))
+        for bands, slabs in ((1, 2), (1, 4), (4, 4), (8, 8)):
+            out.append((f"blocked:b{bands}s{slabs}", blocked, {"bands": bands, "slabs": slabs}))
+        out.append(("specsum:W8S2B2", spec, {"B": 2, "S": 2, "T": 32, "W": 8, "dirty": "search"}))
+        out.append(("ipcsr:8Mbest", ipcsr, {"long_chunks": 1, "nt": 256, "shared_size": 2048,
+                                             "tree_t1": 2, "tree_t2": 32}))
+        return out
+
+    on_graphs(configs)
+
+
+def part_d():
+    nut = get_family("nut")
+
+    def configs(dtype):
+        out = []
+        for label, base in (("paper", paper_base(dtype)),
+                            ("1024x4096", {"rows_per_panel": 1024, "cols_per_tile": 4096, "threads": 512}),
+                            ("8192x16384", {"rows_per_panel": 8192, "cols_per_tile": 16384, "threads": 1024})):
+            for slabs, bands in ((1, 1), (2, 1), (4, 1), (8, 1), (2, 4), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)):
+                if label == "paper" or (slabs, bands) in ((1, 1), (4, 8)):
+                    params = {**base, "slabs": slabs, **({"bands": bands} if slabs > 1 else {})}
+                    out.append((f"nut:{label}:s{slabs}b{bands}", nut, params))
+        return out
+
+    on_graphs(configs)
 
 
 def print_table(matrix, dtype):
@@ -279,4 +313,6 @@ if __name__ == "__main__":
         part_c()
     if "B" in PART:
         part_b()
+    if "D" in PART:
+        part_d()
     _dump()

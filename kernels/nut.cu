@@ -4,10 +4,12 @@
 // the reference); every array below is described there. In short:
 //
 //   panel_ptr[p] .. panel_ptr[p+1]          the rows of panel p (at most max_rows of them)
-//   panel_order                              the panels in the order the blocks take them: band by band,
-//                                            most nonzeros first (a panel holding a hub row starts at once
-//                                            instead of last, when it would finish long after the others)
-//   panel_tile_ptr[g] .. panel_tile_ptr[g+1] the tiles of group g = panel * slabs + slab
+//   item_order                               the work items in the order the blocks take them
+//   item_panel[i]                            item i's panel p, or ~p when p has several items (or
+//                                            with slabs, groups): then the item adds its sums to y
+//                                            atomically, and Nut._run cleared those rows first
+//   item_tile_ptr[i] .. item_tile_ptr[i+1]   item i's tiles (of one column slab of its panel; none
+//                                            when the panel has no entry: the item stores its zeros)
 //   tile_cols[tile_col_ptr[t] ..]            tile t's active columns (the indirection array)
 //   tile_nnz[t], tile_ptr[t]                  tile t's entries and where its encoded block starts
 //   enc_idx / enc_val                         the index and value matrices of every tile
@@ -24,26 +26,22 @@
 // The index and value matrices are read once per product, with the streaming hint
 // (__ldcs, evict first), so they do not push x out of L2.
 //
-// Column slabs and row bands (beyond the paper): with slabs > 1 every panel's tiles are grouped by
-// column slab (slab s = columns [s*n/slabs, (s+1)*n/slabs)), tile group g = panel * slabs + slab,
-// and a launch takes one slab of the panels of one band: its x gathers then stay inside one slab, which
-// can stay in L2 while the launch runs. The first slab's launch writes y, the others add to it
-// (accumulate); a band's panels are launched slab after slab, so the band's y can stay in L2 too.
+// Work items, column slabs and row bands (beyond the paper): a panel's tiles may be cut into several
+// items (by column slab, and where one panel holds far more nonzeros than a block should take alone);
+// the blocks take the items in item_order (band by band, slab by slab, heaviest first), so the blocks
+// running at one time gather x from one slab, which can stay in L2.
 //
 // Tunables are runtime values (rows per panel and columns per tile set the dynamic
 // shared memory, threads per tile = blockDim.x), so one compilation per value type
 // serves every config: nut_spmv<float>, nut_spmv<double>.
 
 template <typename T>
-__global__ void nut_spmv(const int n_panels,
-                         const int panel0,
-                         const int slab,
-                         const int slabs,
-                         const int accumulate,
+__global__ void nut_spmv(const int n_items,
                          const int max_rows,
-                         const int* __restrict__ panel_order,
+                         const int* __restrict__ item_order,
+                         const int* __restrict__ item_panel,
+                         const int* __restrict__ item_tile_ptr,
                          const int* __restrict__ panel_ptr,
-                         const int* __restrict__ panel_tile_ptr,
                          const int* __restrict__ tile_col_ptr,
                          const int* __restrict__ tile_cols,
                          const int* __restrict__ tile_nnz,
@@ -60,12 +58,13 @@ __global__ void nut_spmv(const int n_panels,
     const int nt = blockDim.x;
     const int k = threadIdx.x;
 
-    for (int b = blockIdx.x; b < n_panels; b += gridDim.x) {
-        const int p = panel_order[panel0 + b];
-        const int group = p * slabs + slab;
-        const int t_begin = panel_tile_ptr[group];
-        const int t_end = panel_tile_ptr[group + 1];
-        if (accumulate && t_begin == t_end) continue;  // nothing to add (the same in the whole block)
+    for (int b = blockIdx.x; b < n_items; b += gridDim.x) {
+        const int item = item_order[b];
+        const int code = item_panel[item];
+        const bool add = code < 0;
+        const int p = add ? ~code : code;
+        const int t_begin = item_tile_ptr[item];
+        const int t_end = item_tile_ptr[item + 1];
         const int r0 = panel_ptr[p];
         const int nr = panel_ptr[p + 1] - r0;
         for (int i = k; i < nr; i += nt) ys[i] = T(0);
@@ -122,12 +121,14 @@ __global__ void nut_spmv(const int n_panels,
             if (row >= 0 && lane == __ffs(peers) - 1) atomicAdd(&ys[row], sum);
         }
         __syncthreads();  // every tile's sums are in ys
-        if (accumulate) {
-            for (int i = k; i < nr; i += nt) y[r0 + i] += ys[i];
+        if (add) {  // only the rows this item touched (other items add to the same rows)
+            for (int i = k; i < nr; i += nt) {
+                if (ys[i] != T(0)) atomicAdd(&y[r0 + i], ys[i]);
+            }
         } else {
             for (int i = k; i < nr; i += nt) y[r0 + i] = ys[i];
         }
-        // The next panel (grid-stride) zeroes only the ys[i] this thread just read, and its
+        // The next item (grid-stride) zeroes only the ys[i] this thread just read, and its
         // first tile starts with __syncthreads, so no barrier is needed here.
     }
 }

@@ -1,4 +1,4 @@
-"""``nut``: non-uniform tiling (Hong et al., 2018), one thread block per row panel.
+"""``nut``: non-uniform tiling (Hong et al., 2018), one thread block per work item of a row panel.
 
 The rows are cut into row panels; inside a panel the *active* columns (those
 with a nonzero in that panel) are cut into tiles of ``cols_per_tile`` active
@@ -13,30 +13,34 @@ Panels. ``rows_per_panel`` rows each, unless that gives fewer than 2 x SMs
 panels (a small matrix would leave the GPU idle): then the rows are cut into
 2 x SMs panels of about equal nonzeros, and any panel longer than
 ``rows_per_panel`` rows is cut again, so a panel always fits the shared y.
-``panel_ptr`` holds the panel starts (rows), ``panel_tile_ptr`` each tile group's first tile.
+``panel_ptr`` holds the panel starts (rows).
 
-Slabs and bands (beyond the paper; ``slabs=1``, the default, is the paper's
-tiling). With ``slabs`` > 1 the columns are cut into equal slabs (column c is in
-slab ``c * slabs // n``) and a panel's tiles into one group per slab: tile
-group ``g = panel * slabs + slab``, its tiles ``panel_tile_ptr[g] ..
-panel_tile_ptr[g+1]`` (a panel's active columns of one slab, cut into tiles as
-above; so with one slab a group is a panel). The panels are cut into ``bands``
-of about equal rows (``band_ptr``, panel indices), and each band is run slab
-after slab, one launch each: the first slab's launch writes the band's y, the
-others add to it. Why: on a GPU whose L2 holds a slab of x but not all of it (a
-power-law graph of tens of millions of rows), a launch gathers x from one slab
-only, so its x stays in L2 instead of being fetched from DRAM again and again;
-the band's y, read and written once per slab, stays there too. The price is a
-launch per (band, slab), y added to ``slabs - 1`` times, and more, smaller tiles.
-Measured on an H200 (README, "specsum and NuT"): slabs won on one of four graphs
-of 12-16 M rows (16 M, float32: 0.42x of cuSPARSE against 0.37x with one slab),
-bands on none (each launch waits for its slowest panel); cuSPARSE run the same
-way gains 1.26-1.64x, so the blocking pays where the kernel's core does not cost
-more than it saves.
+Slabs (beyond the paper; ``slabs=1``, the default, is the paper's tiling). With
+``slabs`` > 1 the columns are cut into equal slabs (column c is in slab ``c *
+slabs // n``) and a panel's tiles into one group per slab (a panel's active
+columns of one slab, cut into tiles as above; with one slab a group is a panel).
 
-Order. Inside a band the blocks take the panels by ``panel_order``: most
-nonzeros first, so the panel of a hub row (a block's worth of work many times
-over) starts at once rather than last.
+Work items (beyond the paper). A block takes one work item: a run of one
+group's tiles, ``item_tile_ptr[i] .. item_tile_ptr[i+1]``, of panel
+``item_panel[i]``. A group is one item unless it holds more than
+:func:`item_cap` nonzeros: then its tiles are cut into items of about that many,
+so a panel holding a hub row of millions of entries is the work of many blocks,
+not of one that the whole launch waits for. A panel without entries has one
+item of no tiles (it stores zeros). An item that is its panel's only one stores
+the panel's y (``item_panel[i] >= 0``); the items of a panel of several add
+theirs to y atomically (``item_panel[i] == ~panel``), after the rows of such
+panels were cleared (``zero_rows``, or all of y when ``zero_all``: one fill is
+cheaper than a scatter over half of y).
+
+Order and bands. The blocks take the items by ``item_order``: band by band
+(``bands`` ranges of about equal rows), inside a band slab by slab, inside a
+slab the most nonzeros first. One launch runs them all; the hardware starts
+blocks in index order, so the blocks running at a time work on one band's
+slab. Why: on a GPU whose L2 holds a slab of x and a band of y but not all of
+x (a power-law graph of tens of millions of rows), the gathers of x then hit L2
+instead of DRAM. The price is y added to once per slab, more and smaller tiles,
+and a shared y zeroed and flushed per item. Heaviest first, so that a big item
+starts at once rather than last.
 
 Tiles. ``tile_cols[tile_col_ptr[t]:tile_col_ptr[t+1]]`` are tile t's active
 columns, ascending (the indirection array: x slot i of the tile is
@@ -92,8 +96,10 @@ DEFAULT_SMS = 132
 
 STRUCTURE = (
     "panel_ptr",
-    "panel_order",
-    "panel_tile_ptr",
+    "item_order",
+    "item_panel",
+    "item_tile_ptr",
+    "zero_rows",
     "tile_col_ptr",
     "tile_cols",
     "tile_nnz",
@@ -128,7 +134,7 @@ class Nut(Family):
             Param("rows_per_panel", ROWS_PER_PANEL, 2048, "rows of a panel at most (its y lives in shared memory)"),
             Param("cols_per_tile", COLS_PER_TILE, 4096, "active columns of a tile (its x lives in shared memory)"),
             Param("threads", THREADS, 1024, "threads per block; each takes one stretch of a tile's entries"),
-            Param("slabs", SLABS, 1, "column slabs: a launch gathers x from one slab (1: the paper's tiling)"),
+            Param("slabs", SLABS, 1, "column slabs, run one after the other: x gathers stay in one (1: the paper's)"),
             Param("bands", BANDS, 1, "row bands, each run slab after slab so its y stays in L2",
                   when={"slabs": SLABS[1:]}),
         )
@@ -175,20 +181,21 @@ class Nut(Family):
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         ex = prepared.extra
-        slabs = ex["slabs"]
-        for p0, p1 in zip(ex["band_ptr"][:-1], ex["band_ptr"][1:], strict=True):
-            for slab in range(slabs):
-                ex["kernel"](
-                    (p1 - p0,),
-                    (prepared.params["threads"],),
-                    (
-                        np.int32(p1 - p0), np.int32(p0), np.int32(slab), np.int32(slabs), np.int32(slab > 0),
-                        np.int32(ex["max_panel_rows"]), ex["panel_order"], ex["panel_ptr"], ex["panel_tile_ptr"],
-                        ex["tile_col_ptr"], ex["tile_cols"], ex["tile_nnz"], ex["tile_ptr"], ex["enc_idx"],
-                        ex["enc_val"], x, out,
-                    ),
-                    shared_mem=ex["shared_bytes"],
-                )
+        if ex["zero_all"]:
+            out.fill(0)
+        elif ex["zero_rows"].size:
+            out[ex["zero_rows"]] = 0
+        n_items = ex["item_order"].size
+        ex["kernel"](
+            (n_items,),
+            (prepared.params["threads"],),
+            (
+                np.int32(n_items), np.int32(ex["max_panel_rows"]), ex["item_order"], ex["item_panel"],
+                ex["item_tile_ptr"], ex["panel_ptr"], ex["tile_col_ptr"], ex["tile_cols"], ex["tile_nnz"],
+                ex["tile_ptr"], ex["enc_idx"], ex["enc_val"], x, out,
+            ),
+            shared_mem=ex["shared_bytes"],
+        )
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
@@ -226,6 +233,7 @@ def build(
     num_sms: int,
     slabs: int = 1,
     bands: int = 1,
+    max_item_nnz: int | None = None,
     xp: Any = np,
 ) -> dict[str, Any]:
     """The NuT structure of a CSR matrix (nnz > 0, rows > 0) as ``xp`` arrays (``numpy`` or ``cupy``).
@@ -233,13 +241,15 @@ def build(
     Only functions that NumPy and CuPy share are used, with unique or stably
     sorted keys, so both give identical arrays. Returns the :data:`STRUCTURE`
     arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
-    a block needs), ``slabs`` and ``band_ptr`` (host ints: the launches).
+    a block needs) and ``zero_all`` (clear all of y before the launch rather than
+    ``zero_rows``). ``max_item_nnz`` caps a work item's nonzeros where its tiles
+    allow (default: :func:`item_cap`).
     """
     if not (0 < rows_per_panel <= _MAX_ROWS and 0 < cols_per_tile <= _MAX_SLOTS and threads > 0
-            and slabs > 0 and bands > 0):
+            and slabs > 0 and bands > 0 and (max_item_nnz is None or max_item_nnz > 0)):
         raise InvalidConfigError(
             f"nut needs 0 < rows_per_panel <= {_MAX_ROWS}, 0 < cols_per_tile <= {_MAX_SLOTS}, threads > 0, "
-            "slabs > 0, bands > 0"
+            "slabs > 0, bands > 0, max_item_nnz > 0"
         )
     m, n = shape
     nnz = int(indices.shape[0])
@@ -270,10 +280,10 @@ def build(
 
     # Tiles: cols_per_tile active columns each, a group's last one possibly fewer.
     tiles_per_group = (xp.diff(group_active_ptr) + cols_per_tile - 1) // cols_per_tile
-    panel_tile_ptr = _exclusive_cumsum(xp, tiles_per_group)
-    n_tiles = int(panel_tile_ptr[-1])
+    group_tile_ptr = _exclusive_cumsum(xp, tiles_per_group)
+    n_tiles = int(group_tile_ptr[-1])
     rank = xp.arange(active.shape[0], dtype=i64) - group_active_ptr[active_group]
-    active_tile = panel_tile_ptr[active_group] + rank // cols_per_tile
+    active_tile = group_tile_ptr[active_group] + rank // cols_per_tile
     active_slot = rank % cols_per_tile
     tile_col_ptr = xp.searchsorted(active_tile, xp.arange(n_tiles + 1, dtype=i64), side="left")
     tile_cols = (active % n).astype(xp.int32)
@@ -285,6 +295,41 @@ def build(
     row_sorted = local_row[order]
     tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=i64), side="left")
     tile_nnz = xp.diff(tile_entry_ptr)
+
+    # Work items: a group's tiles, cut where their running count of nonzeros passes a multiple of the cap.
+    if max_item_nnz is None:
+        max_item_nnz = item_cap(nnz, n_groups, num_sms)
+    tile_group = _owner(xp, tiles_per_group)
+    chunk = (tile_entry_ptr[:-1] - tile_entry_ptr[group_tile_ptr[tile_group]]) // max_item_nnz
+    starts = xp.ones(n_tiles, dtype=bool)
+    starts[1:] = (tile_group[1:] != tile_group[:-1]) | (chunk[1:] != chunk[:-1])
+    first_tile = xp.nonzero(starts)[0]
+    item_group = tile_group[first_tile]
+    # A panel without a tile gets an item of none, which stores its zeros; it goes before the item that
+    # starts at the same tile, so the items stay in tile order.
+    empty = xp.nonzero(xp.diff(group_tile_ptr[::slabs]) == 0)[0]
+    holds_tiles = xp.arange(first_tile.shape[0] + empty.shape[0]) < first_tile.shape[0]
+    first_tile = xp.concatenate([first_tile, group_tile_ptr[empty * slabs]])
+    item_group = xp.concatenate([item_group, empty * slabs])
+    by_tile = _stable_argsort(xp, first_tile * 2 + holds_tiles)
+    item_tile_ptr = xp.concatenate([first_tile[by_tile], xp.asarray([n_tiles], dtype=i64)])
+    item_group = item_group[by_tile]
+    item_panel = item_group // slabs
+    items_of_panel = xp.bincount(item_panel, minlength=n_panels)
+    alone = items_of_panel[item_panel] == 1
+    item_nnz = xp.diff(tile_entry_ptr[item_tile_ptr])
+
+    # The order the blocks take the items in: band by band, slab by slab, the most nonzeros first.
+    band_ptr = _band_starts(np.asarray(panel_ptr.tolist()), m, bands)
+    band_of_panel = xp.searchsorted(xp.asarray(band_ptr, dtype=i64), xp.arange(n_panels, dtype=i64), side="right") - 1
+    launch = band_of_panel[item_panel] * slabs + item_group % slabs
+    item_order = _stable_argsort(xp, launch * (nnz + 1) + (nnz - item_nnz)).astype(xp.int32)
+
+    # Rows no item stores: those of panels with several items, which add to them.
+    cleared = xp.nonzero(items_of_panel > 1)[0]
+    sizes = xp.diff(panel_ptr)[cleared]
+    zero_all = 2 * int(sizes.sum()) >= m
+    zero_rows = (xp.zeros(0, dtype=i64) if zero_all else _ranges(xp, panel_ptr[cleared], sizes)).astype(xp.int32)
 
     # Stretches: s entries per thread, w threads; entry (k, j) at tile_ptr + j*w + k.
     s = (tile_nnz + threads - 1) // threads
@@ -299,11 +344,6 @@ def build(
     slot = active_slot[entry_uid[order]]
     word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
 
-    # The order the blocks take the panels in: band by band, the most nonzeros first.
-    band_ptr = _band_starts(np.asarray(panel_ptr.tolist()), m, bands)
-    band_of_panel = xp.searchsorted(xp.asarray(band_ptr, dtype=i64), xp.arange(n_panels, dtype=i64), side="right") - 1
-    panel_order = _stable_argsort(xp, band_of_panel * (nnz + 1) + (nnz - panel_nnz)).astype(xp.int32)
-
     storage = int(tile_ptr[-1])
     enc_idx = xp.zeros(storage, dtype=xp.int32)
     enc_idx[pos] = word.astype(xp.int32)
@@ -311,8 +351,10 @@ def build(
     enc_val[pos] = data[order]
     return {
         "panel_ptr": panel_ptr.astype(xp.int32),
-        "panel_order": panel_order,
-        "panel_tile_ptr": panel_tile_ptr.astype(xp.int32),
+        "item_order": item_order,
+        "item_panel": xp.where(alone, item_panel, ~item_panel).astype(xp.int32),
+        "item_tile_ptr": item_tile_ptr.astype(xp.int32),
+        "zero_rows": zero_rows,
         "tile_col_ptr": tile_col_ptr.astype(xp.int32),
         "tile_cols": tile_cols,
         "tile_nnz": tile_nnz.astype(xp.int32),
@@ -321,9 +363,15 @@ def build(
         "enc_val": enc_val,
         "max_panel_rows": int(xp.diff(panel_ptr).max()),
         "max_tile_cols": int(xp.diff(tile_col_ptr).max()),
-        "slabs": slabs,
-        "band_ptr": band_ptr,
+        "zero_all": zero_all,
     }
+
+
+def item_cap(nnz: int, groups: int, num_sms: int) -> int:
+    """Nonzeros a work item holds at most where its group's tiles can be cut: an eighth of an SM's share
+    of the nonzeros (so no item outlasts the others by much: a hub row's panel is cut into many), but at
+    least 4 times a group's mean (an even spread stays whole: a cut costs cleared rows and atomic adds)."""
+    return max(nnz // (8 * num_sms), 4 * nnz // groups, 1)
 
 
 def _band_starts(panel_ptr: np.ndarray, m: int, bands: int) -> list[int]:
@@ -349,9 +397,14 @@ def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int)
     keep[1:] = bounds[1:] != bounds[:-1]
     bounds = bounds[keep]  # nondecreasing, so this leaves distinct, increasing starts
     pieces = (xp.diff(bounds) + rows - 1) // rows
-    owner = _owner(xp, pieces)
-    piece = xp.arange(owner.shape[0], dtype=xp.int64) - _exclusive_cumsum(xp, pieces)[owner]
-    return xp.concatenate([bounds[owner] + piece * rows, bounds[-1:]])
+    return xp.concatenate([_ranges(xp, bounds[:-1], pieces, rows), bounds[-1:]])
+
+
+def _ranges(xp: Any, starts: Any, counts: Any, step: int = 1) -> Any:
+    """``counts[i]`` values from ``starts[i]`` by ``step``, range after range (int64)."""
+    owner = _owner(xp, counts)
+    index = xp.arange(owner.shape[0], dtype=xp.int64) - _exclusive_cumsum(xp, counts)[owner]
+    return starts.astype(xp.int64)[owner] + index * step
 
 
 def _owner(xp: Any, counts: Any) -> Any:
@@ -380,8 +433,8 @@ def decode(extra: dict[str, Any], *, threads: int) -> tuple[np.ndarray, np.ndarr
 
     Walks each tile's stretches (thread k reads ``tile_ptr + j*w + k`` for
     ``j < min(s, e - k*s)``), takes the row from the last negative word of the
-    stretch and the column through the tile's indirection array (a tile of group
-    g belongs to panel ``g // slabs``). Raises
+    stretch and the column through the tile's indirection array (a tile belongs to
+    its work item's panel). Raises
     ``ValueError`` where the kernel would go wrong: a stretch that does not start
     with a negative word, a slot outside the tile, a row outside the panel.
     Entries come out in tile order, then thread, then position in the stretch.
@@ -405,7 +458,9 @@ def decode(extra: dict[str, Any], *, threads: int) -> tuple[np.ndarray, np.ndarr
     last_named = np.maximum.accumulate(np.where(named, np.arange(word.shape[0]), 0))
     local_row = (code >> _SLOT_BITS)[last_named]
     panel_ptr, tile_col_ptr = ex["panel_ptr"].astype(np.int64), ex["tile_col_ptr"].astype(np.int64)
-    panel = (np.searchsorted(ex["panel_tile_ptr"], np.arange(n_tiles), side="right") - 1) // int(extra["slabs"])
+    item_panel = ex["item_panel"].astype(np.int64)
+    item = np.searchsorted(ex["item_tile_ptr"], np.arange(n_tiles), side="right") - 1
+    panel = np.where(item_panel < 0, ~item_panel, item_panel)[item]
     if np.any(slot >= np.diff(tile_col_ptr)[tile]):
         raise ValueError("an index word points past its tile's active columns")
     if np.any(local_row >= np.diff(panel_ptr)[panel][tile]):

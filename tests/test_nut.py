@@ -75,8 +75,10 @@ def test_hand_made_decomposition_uniform_panels():
     A, got = hand_build()
     expected = {
         "panel_ptr": [0, 4, 8, 10],
-        "panel_order": [0, 2, 1],  # 8, 6 and 0 nonzeros
-        "panel_tile_ptr": [0, 2, 2, 4],
+        "item_order": [0, 2, 1],  # 8, 0 and 6 nonzeros: most first
+        "item_panel": [0, 1, 2],  # each its panel's only item: it stores y
+        "item_tile_ptr": [0, 2, 2, 4],  # panel 1's item has no tile (it stores zeros)
+        "zero_rows": [],
         "tile_col_ptr": [0, 3, 6, 9, 11],
         "tile_cols": [0, 1, 5, 7, 9, 11, 2, 3, 4, 6, 10],
         "tile_nnz": [5, 3, 4, 2],
@@ -94,7 +96,7 @@ def test_hand_made_decomposition_uniform_panels():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
     assert got["enc_idx"].dtype == np.int32 and got["tile_ptr"].dtype == np.int64
     assert got["enc_val"].dtype == np.float64
-    assert (got["max_panel_rows"], got["max_tile_cols"]) == (4, 3)
+    assert (got["max_panel_rows"], got["max_tile_cols"]) == (4, 3) and not got["zero_all"]
     assert neg(1, 2) == -65539 and neg(3, 1) == -196610  # the words as the kernel sees them
 
     rows, cols, vals = decode(got, threads=2)
@@ -116,8 +118,10 @@ def test_hand_made_balanced_panels():
     """
     _, got = hand_build(num_sms=2)
     np.testing.assert_array_equal(got["panel_ptr"], [0, 1, 4, 8, 9, 10])
-    np.testing.assert_array_equal(got["panel_order"], [1, 3, 0, 4, 2])  # 3 5 0 4 2 nonzeros: most first
-    np.testing.assert_array_equal(got["panel_tile_ptr"], [0, 1, 3, 3, 5, 6])
+    np.testing.assert_array_equal(got["item_panel"], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(got["item_tile_ptr"], [0, 1, 3, 3, 5, 6])  # panel 2 (rows 4-7): no tile
+    np.testing.assert_array_equal(got["item_order"], [1, 3, 0, 4, 2])  # 3 5 0 4 2 nonzeros: most first
+    assert got["zero_rows"].size == 0 and not got["zero_all"]
     np.testing.assert_array_equal(got["tile_cols"], [0, 5, 9, 1, 5, 7, 11, 2, 3, 4, 6, 3, 10])
     np.testing.assert_array_equal(got["tile_col_ptr"], [0, 3, 6, 7, 10, 11, 13])
     np.testing.assert_array_equal(got["tile_nnz"], [3, 4, 1, 3, 1, 2])
@@ -135,12 +139,14 @@ def test_hand_made_slabs_and_bands():
     Bands: rows 0-4 and 5-9 hold the first rows of panels 0-1 and 2.
     """
     A, got = hand_build(slabs=3, bands=2)
-    np.testing.assert_array_equal(got["panel_tile_ptr"], [0, 1, 2, 3, 3, 3, 3, 4, 5, 6])
+    np.testing.assert_array_equal(got["item_tile_ptr"], [0, 1, 2, 3, 3, 4, 5, 6])  # a group a tile here
+    np.testing.assert_array_equal(got["item_panel"], [~0, ~0, ~0, 1, ~2, ~2, ~2])  # panels 0, 2 add to y
+    # Band 0 (panels 0, 1) slab by slab, slab 0 heaviest first (2 nonzeros, then the empty panel), then band 1.
+    np.testing.assert_array_equal(got["item_order"], [0, 3, 1, 2, 4, 5, 6])
+    assert got["zero_all"] and got["zero_rows"].size == 0  # rows 0-3 and 8-9: over half of y
     np.testing.assert_array_equal(got["tile_cols"], [0, 1, 5, 7, 9, 11, 2, 3, 4, 6, 10])
     np.testing.assert_array_equal(got["tile_col_ptr"], [0, 2, 4, 6, 8, 10, 11])
     np.testing.assert_array_equal(got["tile_nnz"], [2, 4, 2, 3, 2, 1])
-    assert got["slabs"] == 3 and got["band_ptr"] == [0, 2, 3]
-    np.testing.assert_array_equal(got["panel_order"], [0, 1, 2])  # band by band: (0: 8, 1: 0 nonzeros), (2)
     # Tile 1, (0,5) (1,5) (3,5) (3,7) with s=2, w=2: thread 0 takes rows 0 and 1, thread 1 row 3.
     t1 = got["enc_idx"][got["tile_ptr"][1] : got["tile_ptr"][2]]
     np.testing.assert_array_equal(t1, [neg(0, 0), neg(3, 0), neg(1, 0), 1])
@@ -149,12 +155,58 @@ def test_hand_made_slabs_and_bands():
     np.testing.assert_array_equal(cols, [0, 1, 5, 5, 5, 7, 9, 11, 2, 3, 3, 4, 6, 10])
     x = np.arange(1.0, 13.0)
     np.testing.assert_allclose(simulate_kernel(got, x, 2, A.shape[0]), A @ x, rtol=1e-15)
-    # One band per row range: a band's launches cover its panels' rows only, every band a range of panels.
-    for bands in (1, 2, 3, 5, 100):
-        _, ex = hand_build(bands=bands, slabs=2)
-        band_ptr = ex["band_ptr"]
-        assert band_ptr[0] == 0 and band_ptr[-1] == 3 and np.all(np.diff(band_ptr) > 0)
-        assert len(band_ptr) - 1 <= bands
+    # With one band, slab 0 of all panels comes first, heaviest first (3, 2, 0 nonzeros), and so on.
+    _, one_band = hand_build(slabs=3)
+    np.testing.assert_array_equal(one_band["item_order"], [4, 0, 3, 1, 5, 2, 6])
+
+
+def test_hand_made_items_of_a_cut_panel():
+    """A cap of 3 nonzeros cuts each panel of the first example at its second tile (which starts at
+    entry 5 of panel 0 and entry 4 of panel 2): four items, all adding to y, heaviest first."""
+    A, got = hand_build(max_item_nnz=3)
+    np.testing.assert_array_equal(got["item_tile_ptr"], [0, 1, 2, 2, 3, 4])
+    np.testing.assert_array_equal(got["item_panel"], [~0, ~0, 1, ~2, ~2])
+    np.testing.assert_array_equal(got["item_order"], [0, 3, 1, 4, 2])  # 5 3 0 4 2 nonzeros
+    assert got["zero_all"]  # rows 0-3 and 8-9: over half of y
+    x = np.arange(1.0, 13.0)
+    np.testing.assert_allclose(simulate_kernel(got, x, 2, A.shape[0]), A @ x, rtol=1e-15)
+    # A cap of 6: panel 0's tiles start at entries 0 and 5 (one item), panel 2's at 0 and 4 (one item).
+    _, whole = hand_build(max_item_nnz=6)
+    np.testing.assert_array_equal(whole["item_panel"], [0, 1, 2])
+    with pytest.raises(InvalidConfigError, match="max_item_nnz"):
+        hand_build(max_item_nnz=0)
+
+
+HUB = {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}
+
+
+def hub_matrix() -> sp.csr_matrix:
+    """One row of 60 000 entries among 20 000 rows of 3 (random columns of 100 000)."""
+    rng = np.random.default_rng(0)
+    rows = [rng.choice(100_000, 60_000, replace=False)] + [rng.choice(100_000, 3) for _ in range(20_000)]
+    indptr = np.cumsum([0] + [len(r) for r in rows])
+    cols = np.concatenate(rows)
+    return as_csr(sp.csr_matrix((rng.uniform(-1, 1, len(cols)), cols, indptr), shape=(20_001, 100_000)))
+
+
+def test_a_hub_row_is_cut_into_many_items():
+    """The hub row's panel holds half the nonzeros; with 4 SMs the default cap cuts it into items no
+    larger than the cap plus a tile, each adding to y; the other panels stay whole."""
+    A, rng = hub_matrix(), np.random.default_rng(1)
+    params = {**HUB, "num_sms": 4}
+    ex = build(A.indptr, A.indices, A.data, A.shape, **params)
+    cap = nut.item_cap(A.nnz, len(ex["panel_ptr"]) - 1, 4)
+    item_panel = ex["item_panel"]
+    hub = item_panel == ~0
+    assert hub.sum() >= 60_000 // cap and np.all(item_panel[~hub] >= 0)
+    item_nnz = np.diff(np.r_[0, np.cumsum(ex["tile_nnz"])][ex["item_tile_ptr"]])
+    assert item_nnz.max() <= cap + ex["tile_nnz"].max()
+    assert np.all(np.diff(item_nnz[ex["item_order"]]) <= 0)  # one band, one slab: heaviest first
+    np.testing.assert_array_equal(ex["zero_rows"], np.arange(ex["panel_ptr"][1]))  # the hub's panel
+    x = rng.uniform(-1, 1, A.shape[1])
+    f = Nut(num_sms=4)
+    p = f.prepare_reference(A, {k: v for k, v in params.items() if k != "num_sms"})
+    np.testing.assert_allclose(f.run_reference(p, x), A @ x, rtol=1e-12)
 
 
 def test_a_corrupt_encoding_is_caught_by_decode():
@@ -173,8 +225,8 @@ def test_the_cupy_code_path_builds_the_same_arrays(monkeypatch, shared_dir):
     """``build`` with a stand-in for CuPy (NumPy functions, but not ``numpy`` itself) takes the
     searchsorted expansion and the array-method argsort of the GPU path; it must agree."""
     fake = types.SimpleNamespace(
-        **{n: getattr(np, n) for n in ("int32", "int64", "asarray", "zeros", "ones", "empty", "arange",
-                                      "concatenate", "cumsum", "diff", "searchsorted", "where")}
+        **{n: getattr(np, n) for n in ("int32", "int64", "asarray", "zeros", "ones", "empty", "arange", "bincount",
+                                      "concatenate", "cumsum", "diff", "nonzero", "searchsorted", "where")}
     )
     monkeypatch.setattr(nut, "_stable_argsort", lambda xp, key: np.argsort(key, kind="stable"))
     for A in (hand_matrix(), CASES["empty_rows"](), CASES["huge_row"](), shared("Maragal_6")):
@@ -186,25 +238,25 @@ def test_the_cupy_code_path_builds_the_same_arrays(monkeypatch, shared_dir):
 
 
 def simulate_kernel(ex: dict, x: np.ndarray, threads: int, m: int) -> np.ndarray:
-    """nut.cu's nut_spmv, launched as Nut._run launches it (band after band, slab after slab),
-    statement by statement, one thread after the other (small matrices only).
+    """nut.cu's nut_spmv, launched as Nut._run launches it (y cleared where asked, then the
+    items in ``item_order``), statement by statement, one thread after the other (small
+    matrices only).
 
     Also checks the one claim the kernel's speed rests on: a row it adds without an atomic
     (``owned``) is touched by no other thread of the block in that tile.
     """
     y = np.full(m, np.nan)
-    panel_ptr, panel_tile_ptr, tile_col_ptr = ex["panel_ptr"], ex["panel_tile_ptr"], ex["tile_col_ptr"]
-    slabs, band_ptr = ex["slabs"], ex["band_ptr"]
-    launches = [(int(ex["panel_order"][b]), slab) for b0, b1 in zip(band_ptr[:-1], band_ptr[1:], strict=True)
-                for slab in range(slabs) for b in range(b0, b1)]
-    assert sorted(launches) == [(p, s) for p in range(len(panel_ptr) - 1) for s in range(slabs)]
-    for p, slab in launches:
-        group, accumulate = p * slabs + slab, slab > 0
-        if accumulate and panel_tile_ptr[group] == panel_tile_ptr[group + 1]:
-            continue
+    if ex["zero_all"]:
+        y[:] = 0
+    y[ex["zero_rows"]] = 0
+    panel_ptr, item_tile_ptr, tile_col_ptr = ex["panel_ptr"], ex["item_tile_ptr"], ex["tile_col_ptr"]
+    assert sorted(ex["item_order"]) == list(range(len(item_tile_ptr) - 1))
+    for item in ex["item_order"]:
+        code = int(ex["item_panel"][item])
+        add, p = code < 0, (~code if code < 0 else code)
         r0, nr = panel_ptr[p], panel_ptr[p + 1] - panel_ptr[p]
         ys = np.zeros(ex["max_panel_rows"])
-        for t in range(panel_tile_ptr[group], panel_tile_ptr[group + 1]):
+        for t in range(item_tile_ptr[item], item_tile_ptr[item + 1]):
             c0, nc = tile_col_ptr[t], tile_col_ptr[t + 1] - tile_col_ptr[t]
             xs = np.full(ex["max_tile_cols"], np.nan)
             xs[:nc] = x[ex["tile_cols"][c0 : c0 + nc]]
@@ -237,7 +289,11 @@ def simulate_kernel(ex: dict, x: np.ndarray, threads: int, m: int) -> np.ndarray
             for k, rows in plain.items():
                 others = set().union(*(touched[o] for o in touched if o != k))
                 assert not rows & others, f"tile {t}: rows {rows & others} added without an atomic are shared"
-        y[r0 : r0 + nr] = y[r0 : r0 + nr] + ys[:nr] if accumulate else ys[:nr]
+        if add:
+            touched = ys[:nr] != 0
+            y[r0 : r0 + nr][touched] += ys[:nr][touched]
+        else:
+            y[r0 : r0 + nr] = ys[:nr]
     return y
 
 
@@ -248,6 +304,7 @@ def test_the_kernel_walk_simulated_thread_by_thread():
         for params in ({"rows_per_panel": 4, "cols_per_tile": 3, "threads": 2},
                        {"rows_per_panel": 4, "cols_per_tile": 3, "threads": 2, "slabs": 3, "bands": 2},
                        {"rows_per_panel": 64, "cols_per_tile": 200, "threads": 32, "slabs": 8, "bands": 4},
+                       {"rows_per_panel": 16, "cols_per_tile": 8, "threads": 4, "max_item_nnz": 20},
                        {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}):
             for sms in (1, 132):
                 ex = build(A.indptr, A.indices, A.data, A.shape, **params, num_sms=sms)
@@ -278,40 +335,60 @@ def check_invariants(A, ex: dict, params: dict) -> None:
     R, C, T = params["rows_per_panel"], params["cols_per_tile"], params["threads"]
     K = params.get("slabs", 1)
     m, n = A.shape
-    panel_ptr, panel_tile_ptr = ex["panel_ptr"].astype(np.int64), ex["panel_tile_ptr"].astype(np.int64)
+    panel_ptr, item_tile_ptr = ex["panel_ptr"].astype(np.int64), ex["item_tile_ptr"].astype(np.int64)
     tile_col_ptr, tile_cols = ex["tile_col_ptr"].astype(np.int64), ex["tile_cols"]
     e = ex["tile_nnz"].astype(np.int64)
-    n_tiles = len(e)
-    # Panels cover the rows, in order, at most R rows each; tiles are numbered panel by panel.
+    n_tiles, n_panels = len(e), len(panel_ptr) - 1
+    # Panels cover the rows, in order, at most R rows each.
     assert panel_ptr[0] == 0 and panel_ptr[-1] == m
     assert np.all(np.diff(panel_ptr) >= 1) and np.all(np.diff(panel_ptr) <= R)
-    assert panel_tile_ptr[0] == 0 and panel_tile_ptr[-1] == n_tiles and np.all(np.diff(panel_tile_ptr) >= 0)
-    # Tile groups: one per (panel, slab). Each tile has exactly C active columns but a group's last, which
-    # has 1..C, and all of them in the group's slab.
-    assert ex["slabs"] == K and len(panel_tile_ptr) == (len(panel_ptr) - 1) * K + 1
+    # Items: runs of at least one tile covering the tiles in order, panel by panel; a tile's group is its
+    # (panel, slab), the slab read from its columns, and the groups follow each other in order too.
+    assert item_tile_ptr[0] == 0 and item_tile_ptr[-1] == n_tiles and np.all(np.diff(item_tile_ptr) >= 0)
+    code = ex["item_panel"].astype(np.int64)
+    item_panel = np.where(code < 0, ~code, code)
+    items_of_panel = np.bincount(item_panel, minlength=n_panels)
+    assert np.all(items_of_panel >= 1) and np.all(np.diff(item_panel) >= 0)
+    np.testing.assert_array_equal(code < 0, items_of_panel[item_panel] > 1)  # several items: they add to y
+    # An item of no tile is the only item of a panel without entries.
+    no_tile = np.diff(item_tile_ptr) == 0
+    np.testing.assert_array_equal(no_tile, np.diff(A.indptr[panel_ptr])[item_panel] == 0)
     ncols = np.diff(tile_col_ptr)
-    last = np.zeros(n_tiles, dtype=bool)
-    last[panel_tile_ptr[1:][np.diff(panel_tile_ptr) > 0] - 1] = True
+    item_of_tile = np.repeat(np.arange(len(item_panel)), np.diff(item_tile_ptr))
+    tile_of_col = np.repeat(np.arange(n_tiles), ncols)
+    slab_of_col = tile_cols.astype(np.int64) * K // n
+    slab = slab_of_col[tile_col_ptr[:-1]]
+    assert np.all(slab_of_col == slab[tile_of_col])  # a tile's columns lie in one slab
+    group = item_panel[item_of_tile] * K + slab
+    assert np.all(np.diff(group) >= 0)
+    first = np.r_[True, group[1:] != group[:-1]]
+    assert np.all(np.isin(np.flatnonzero(first), item_tile_ptr[:-1]))  # an item never spans two groups
+    # Each tile has exactly C active columns but a group's last, which has 1..C.
+    last = np.r_[group[1:] != group[:-1], True]
     assert np.all(ncols[~last] == C) and np.all((ncols[last] >= 1) & (ncols[last] <= C))
     assert np.all(e >= 1) and len(tile_cols) == tile_col_ptr[-1]
     # A panel's tiles list its active columns once each, ascending (the indirection arrays).
-    group_of_tile = np.repeat(np.arange(len(panel_tile_ptr) - 1), np.diff(panel_tile_ptr))
-    panel_of_tile = group_of_tile // K
-    tile_of_col = np.repeat(np.arange(n_tiles), ncols)
-    np.testing.assert_array_equal(tile_cols.astype(np.int64) * K // n, group_of_tile[tile_of_col] % K)
-    colkey = panel_of_tile[tile_of_col].astype(np.int64) * A.shape[1] + tile_cols
+    colkey = item_panel[item_of_tile][tile_of_col].astype(np.int64) * n + tile_cols
     assert np.all(np.diff(colkey) > 0)
     rows_of = np.repeat(np.arange(m), np.diff(A.indptr))
-    panel_of_row = np.repeat(np.arange(len(panel_ptr) - 1), np.diff(panel_ptr))
-    np.testing.assert_array_equal(colkey, np.unique(panel_of_row[rows_of].astype(np.int64) * A.shape[1] + A.indices))
-    # Bands: ranges of panels covering them all in order; inside each, the panels most nonzeros first.
-    band_ptr = ex["band_ptr"]
-    assert band_ptr[0] == 0 and band_ptr[-1] == len(panel_ptr) - 1 and np.all(np.diff(band_ptr) > 0)
-    order = ex["panel_order"].astype(np.int64)
-    panel_nnz = np.diff(A.indptr[panel_ptr])
-    for b0, b1 in zip(band_ptr[:-1], band_ptr[1:], strict=True):
-        np.testing.assert_array_equal(np.sort(order[b0:b1]), np.arange(b0, b1))
-        assert np.all(np.diff(panel_nnz[order[b0:b1]]) <= 0)
+    panel_of_row = np.repeat(np.arange(n_panels), np.diff(panel_ptr))
+    np.testing.assert_array_equal(colkey, np.unique(panel_of_row[rows_of].astype(np.int64) * n + A.indices))
+    # Cleared rows: exactly those of panels with several items (all of y, or the list).
+    cleared = np.repeat(items_of_panel > 1, np.diff(panel_ptr))
+    if ex["zero_all"]:
+        assert ex["zero_rows"].size == 0 and 2 * cleared.sum() >= m
+    else:
+        np.testing.assert_array_equal(ex["zero_rows"], np.flatnonzero(cleared))
+    # Order: every item once; band by band (of panels), slab by slab, inside each the most nonzeros first.
+    order = ex["item_order"].astype(np.int64)
+    np.testing.assert_array_equal(np.sort(order), np.arange(len(item_panel)))
+    item_nnz = np.diff(np.r_[0, np.cumsum(e)][item_tile_ptr])
+    item_slab = np.where(no_tile, 0, slab[np.minimum(item_tile_ptr[:-1], n_tiles - 1)])  # no tile: slab 0
+    band = np.searchsorted(nut._band_starts(panel_ptr, m, params.get("bands", 1)), item_panel, side="right")
+    launch = (band * K + item_slab)[order]
+    assert np.all(np.diff(launch) >= 0)
+    same = np.diff(launch) == 0
+    assert np.all(np.diff(item_nnz[order])[same] <= 0)
     # Storage: s*w slots a tile, padding zero; max sizes as reported.
     s = (e + T - 1) // T
     w = (e + s - 1) // s
@@ -388,7 +465,10 @@ def test_reference_y_with_uniform_panels_and_an_empty_panel():
     A = as_csr(sp.vstack([A, sp.csr_matrix((600, A.shape[1])), A]).tocsr())
     f = Nut(num_sms=1)
     p = f.prepare_reference(A, SMALL)
-    assert np.any(np.diff(p.extra["panel_tile_ptr"]) == 0)  # rows 500..1099 hold an empty panel
+    # Rows 500..1099 are empty: panels 2 and 3 (rows 512-767, 768-1023) have one item of no tile each.
+    ex = p.extra
+    no_tile = np.flatnonzero(np.diff(ex["item_tile_ptr"]) == 0)
+    np.testing.assert_array_equal(ex["panel_ptr"][ex["item_panel"][no_tile]], [512, 768])
     ref = Reference.build(A, "float64", seed=5)
     ok, _, msg = ref.check(f.run_reference(p, ref.x))
     assert ok, msg
@@ -409,8 +489,9 @@ def test_memory_ratio(shared_dir):
             ratio = f.memory_ratio(p)
             assert ratio == sum(ex[k].nbytes for k in STRUCTURE) / csr
             padding = int(ex["tile_ptr"][-1]) - A.nnz
-            n_panels, n_tiles = len(ex["panel_ptr"]) - 1, len(ex["tile_nnz"])
-            tables = 8 * (n_panels + 1) + 4 * n_panels + 20 * n_tiles + 12  # panel_ptr, panel_order, tiles
+            n_panels, n_items, n_tiles = len(ex["panel_ptr"]) - 1, len(ex["item_panel"]), len(ex["tile_nnz"])
+            # panel_ptr; item_order, item_panel, item_tile_ptr; zero_rows; tile_col_ptr, tile_nnz, tile_ptr
+            tables = 4 * (n_panels + 1) + 12 * n_items + 4 + 4 * ex["zero_rows"].size + 16 * n_tiles + 12
             assert A.nnz * (4 + v) / csr <= ratio <= (A.nnz * (8 + v) + padding * (4 + v) + tables) / csr
             s = (ex["tile_nnz"].astype(np.int64) + p.params["threads"] - 1) // p.params["threads"]
             assert padding <= int((s - 1).sum())  # less than one stretch a tile
@@ -451,7 +532,7 @@ def _gpu_check(f: Nut, A, dtype: str, params: dict) -> None:
     ref = Reference.build(A, dtype, seed=2)
     cpu = f.prepare_reference(A, params)
     gpu = f.prepare(cusp.csr_matrix(A), params)
-    for key in (*STRUCTURE, "max_panel_rows", "max_tile_cols"):
+    for key in (*STRUCTURE, "max_panel_rows", "max_tile_cols", "zero_all"):
         if key in cpu.extra:
             got = gpu.extra[key]
             got = got.get() if isinstance(got, cupy.ndarray) else got
@@ -485,6 +566,18 @@ def test_gpu_matches_reference_on_every_shared_matrix(dtype, shared_dir):
     for name in shared_cases():
         for params in GPU_CONFIGS:
             _gpu_check(f, shared(name), dtype, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_items_of_a_hub_row_add_to_y(dtype):
+    """The hub row's panel cut into items that add to y atomically, beside panels that store theirs;
+    with slabs, every panel's items add."""
+    f = Nut(num_sms=4)
+    p = f.prepare_reference(hub_matrix(), HUB)
+    assert np.sum(p.extra["item_panel"] < 0) > 1 and np.any(p.extra["item_panel"] >= 0)
+    for params in (HUB, {**HUB, "slabs": 4, "bands": 4}):
+        _gpu_check(f, hub_matrix(), dtype, params)
 
 
 @pytest.mark.gpu
