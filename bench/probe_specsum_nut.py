@@ -7,13 +7,15 @@ B: power-law graphs over 10 M rows (the `graphs` suite): cuSPARSE's three algori
    columns its own cuSPARSE SpMV, slab after slab, adding into y: what column blocking alone buys with
    cuSPARSE's own core, an upper bound for NuT's slabs); every y verified first; cold L2.
 C: large generated matrices, the previous specsum kernel against the new one, same configs, same run.
-D: the graphs of B, NuT alone beside cuSPARSE (work items in one launch: slabs x bands, panel sizes).
+D: the graphs of B, NuT alone beside cuSPARSE (work items in one launch: slabs x bands, panel sizes),
+   its kernel against the one of commit a32c713 (one entry in flight a thread) on the same structure.
 Results: bench/results/2026-11-23_NVIDIA-H200-sm-90_probe_{graphs_blocking,specsum_ab_large}.json (A and B
 ran on an intermediate version of the kernels, before commit 5c80ad6: B's cuSPARSE and blocked-cuSPARSE
 rows do not depend on it; C ran on 0ec993a).
 
 Needs the previous kernel beside the checkout and the shared matrices in .mats:
     mkdir -p .gpu .mats && git show ccdab00:kernels/specsum.cu > .gpu/specsum_old.cu && cp ../shared/matrices/* .mats
+    git show a32c713:kernels/nut.cu > .gpu/nut_prev.cu
     python bench/probe_specsum_nut.py PART SECONDS   (PART: any of A, B, C, D; SECONDS: stop adding configs after)
 """
 
@@ -30,6 +32,7 @@ import numpy as np
 import kernels.specsum as ss
 from kernels import get_family
 from kernels.cusparse import CuSparse
+from kernels.nut import Nut
 from tuner.backend import GpuBackend
 from tuner.io import read_mtx
 from tuner.suites import SuiteMatrix
@@ -277,18 +280,26 @@ def part_b():
     on_graphs(configs)
 
 
+class PrevNut(Nut):
+    """NuT's kernel of commit a32c713 (a thread's loads one entry at a time), on the same structure."""
+
+    cu_file = "../.gpu/nut_prev.cu"
+
+
 def part_d():
-    nut = get_family("nut")
+    new, prev = get_family("nut"), PrevNut()
 
     def configs(dtype):
         out = []
         for label, base in (("paper", paper_base(dtype)),
+                            ("paper-512", {**paper_base(dtype), "threads": 512}),
                             ("1024x4096", {"rows_per_panel": 1024, "cols_per_tile": 4096, "threads": 512}),
                             ("8192x16384", {"rows_per_panel": 8192, "cols_per_tile": 16384, "threads": 1024})):
-            for slabs, bands in ((1, 1), (2, 1), (4, 1), (8, 1), (2, 4), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)):
-                if label == "paper" or (slabs, bands) in ((1, 1), (4, 8)):
+            for slabs, bands in ((1, 1), (2, 1), (4, 1), (4, 4)):
+                if label == "paper" or (slabs, bands) in ((1, 1), (4, 1)):
                     params = {**base, "slabs": slabs, **({"bands": bands} if slabs > 1 else {})}
-                    out.append((f"nut:{label}:s{slabs}b{bands}", nut, params))
+                    out += [(f"nut:{label}:s{slabs}b{bands}", new, params),
+                            (f"prev:{label}:s{slabs}b{bands}", prev, params)]
         return out
 
     on_graphs(configs)

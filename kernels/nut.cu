@@ -35,21 +35,38 @@
 // shared memory, threads per tile = blockDim.x), so one compilation per value type
 // serves every config: nut_spmv<float>, nut_spmv<double>.
 
+#define NUT_BATCH 4  // entries (and x gathers) a thread has in flight at once
+
+// Entries j0 .. j0 + NUT_BATCH - 1 of a stretch (those below count), read with the streaming hint.
 template <typename T>
-__global__ void nut_spmv(const int n_items,
-                         const int max_rows,
-                         const int* __restrict__ item_order,
-                         const int* __restrict__ item_panel,
-                         const int* __restrict__ item_tile_ptr,
-                         const int* __restrict__ panel_ptr,
-                         const int* __restrict__ tile_col_ptr,
-                         const int* __restrict__ tile_cols,
-                         const int* __restrict__ tile_nnz,
-                         const long long* __restrict__ tile_ptr,
-                         const int* __restrict__ enc_idx,
-                         const T* __restrict__ enc_val,
-                         const T* __restrict__ x,
-                         T* __restrict__ y)
+__device__ __forceinline__ void nut_load_batch(const int* idx, const T* val, const int w, const int j0,
+                                               const int count, int (&words)[NUT_BATCH], T (&vals)[NUT_BATCH])
+{
+#pragma unroll
+    for (int u = 0; u < NUT_BATCH; ++u) {
+        if (j0 + u < count) {
+            words[u] = __ldcs(idx + (long long)(j0 + u) * w);
+            vals[u] = __ldcs(val + (long long)(j0 + u) * w);
+        }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024, 2)  // 32 registers: two blocks of 1024 threads an SM (no spills)
+nut_spmv(const int n_items,
+         const int max_rows,
+         const int* __restrict__ item_order,
+         const int* __restrict__ item_panel,
+         const int* __restrict__ item_tile_ptr,
+         const int* __restrict__ panel_ptr,
+         const int* __restrict__ tile_col_ptr,
+         const int* __restrict__ tile_cols,
+         const int* __restrict__ tile_nnz,
+         const long long* __restrict__ tile_ptr,
+         const int* __restrict__ enc_idx,
+         const T* __restrict__ enc_val,
+         const T* __restrict__ x,
+         T* __restrict__ y)
 {
     // Dynamic shared memory: the panel's output rows, then the tile's x values.
     extern __shared__ __align__(16) unsigned char nut_shared[];
@@ -71,40 +88,61 @@ __global__ void nut_spmv(const int n_items,
         for (int t = t_begin; t < t_end; ++t) {
             const int c0 = tile_col_ptr[t];
             const int nc = tile_col_ptr[t + 1] - c0;
-            __syncthreads();  // ys is zeroed and the previous tile's readers of xs are done
-            for (int i = k; i < nc; i += nt) xs[i] = __ldg(&x[__ldg(&tile_cols[c0 + i])]);
-            __syncthreads();
             const int e = tile_nnz[t];
             const int s = (e + nt - 1) / nt;  // stretch length
             const int w = (e + s - 1) / s;    // stretches (threads at work) in this tile
-            int row = -1;  // the last row of this thread's stretch and its sum, added below
+            const int count = k < w ? min(s, e - k * s) : 0;
+            const int* idx = enc_idx + tile_ptr[t] + k;
+            const T* val = enc_val + tile_ptr[t] + k;
+            // This thread's first NUT_BATCH entries do not depend on x: their loads are issued before
+            // the gather, so the two wait on memory together.
+            int words[NUT_BATCH];
+            T vals[NUT_BATCH];
+            nut_load_batch(idx, val, w, 0, count, words, vals);
+            __syncthreads();  // ys is zeroed and the previous tile's readers of xs are done
+            for (int i0 = k; i0 < nc; i0 += NUT_BATCH * nt) {  // NUT_BATCH gathers in flight a thread
+                int cols[NUT_BATCH];
+#pragma unroll
+                for (int u = 0; u < NUT_BATCH; ++u) {
+                    const int i = i0 + u * nt;
+                    cols[u] = i < nc ? __ldcs(&tile_cols[c0 + i]) : 0;
+                }
+                T xv[NUT_BATCH];
+#pragma unroll
+                for (int u = 0; u < NUT_BATCH; ++u) xv[u] = i0 + u * nt < nc ? __ldg(&x[cols[u]]) : T(0);
+#pragma unroll
+                for (int u = 0; u < NUT_BATCH; ++u) {
+                    if (i0 + u * nt < nc) xs[i0 + u * nt] = xv[u];
+                }
+            }
+            __syncthreads();
+            // The stretch, NUT_BATCH entries at a time. A negative word starts a row and ends the previous
+            // one. The first row of a stretch may have begun in the previous stretch and the last may go on
+            // in the next: those are added atomically. A row that starts and ends inside this stretch
+            // belongs to this thread alone in this tile. (The first word of a stretch is always negative.)
+            int row = -1;  // the current row of this thread's stretch and its sum; the last is added below
             T sum = T(0);
-            if (k < w) {
-                const int count = min(s, e - k * s);
-                const int* idx = enc_idx + tile_ptr[t] + k;
-                const T* val = enc_val + tile_ptr[t] + k;
-                int code = ~__ldcs(idx);  // a stretch always starts with a negative word
-                row = code >> 16;
-                sum = __ldcs(val) * xs[code & 0xFFFF];
-                // The first row of a stretch may have begun in the previous stretch and the
-                // last may go on in the next: those are added atomically. A row that starts
-                // and ends inside this stretch belongs to this thread alone in this tile.
-                bool owned = false;
-                for (int j = 1; j < count; ++j) {
-                    const int word = __ldcs(idx + (long long)j * w);
-                    const T v = __ldcs(val + (long long)j * w);
+            bool owned = false;
+            for (int j0 = 0; j0 < count; j0 += NUT_BATCH) {
+                if (j0 > 0) nut_load_batch(idx, val, w, j0, count, words, vals);
+#pragma unroll
+                for (int u = 0; u < NUT_BATCH; ++u) {
+                    if (j0 + u >= count) break;
+                    const int word = words[u];
                     if (word < 0) {
-                        if (owned) {
-                            ys[row] += sum;
-                        } else {
-                            atomicAdd(&ys[row], sum);
+                        if (row >= 0) {
+                            if (owned) {
+                                ys[row] += sum;
+                            } else {
+                                atomicAdd(&ys[row], sum);
+                            }
+                            owned = true;
                         }
-                        owned = true;
-                        code = ~word;
+                        const int code = ~word;
                         row = code >> 16;
-                        sum = v * xs[code & 0xFFFF];
+                        sum = vals[u] * xs[code & 0xFFFF];
                     } else {
-                        sum += v * xs[word];
+                        sum += vals[u] * xs[word];
                     }
                 }
             }
