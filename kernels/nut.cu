@@ -5,9 +5,9 @@
 //
 //   panel_ptr[p] .. panel_ptr[p+1]          the rows of panel p (at most max_rows of them)
 //   item_order                               the work items in the order the blocks take them
-//   item_panel[i]                            item i's panel p, or ~p when p has several items (or
-//                                            with slabs, groups): then the item adds its sums to y
-//                                            atomically, and Nut._run cleared those rows first
+//   item_panel[i]                            item i's panel p, or ~p when p has several items (its
+//                                            slabs, or the pieces of a heavy panel): then the item adds
+//                                            its sums to y atomically, Nut._run having cleared those rows
 //   item_tile_ptr[i] .. item_tile_ptr[i+1]   item i's tiles (of one column slab of its panel; none
 //                                            when the panel has no entry: the item stores its zeros)
 //   tile_cols[tile_col_ptr[t] ..]            tile t's active columns (the indirection array)
