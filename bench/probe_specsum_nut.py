@@ -9,6 +9,7 @@ B: power-law graphs over 10 M rows (the `graphs` suite): cuSPARSE's three algori
 C: large generated matrices, the previous specsum kernel against the new one, same configs, same run.
 D: the graphs of B, NuT alone beside cuSPARSE (work items in one launch: slabs x bands, panel sizes),
    its kernel against the one of commit a32c713 (one entry in flight a thread) on the same structure.
+E: float32 banded-2M, Poisson-3D and tall-skinny-20M, the previous specsum kernel against the new one.
 Results: bench/results/2026-11-23_NVIDIA-H200-sm-90_probe_{graphs_blocking,specsum_ab_large}.json (A and B
 ran on an intermediate version of the kernels, before commit 5c80ad6: B's cuSPARSE and blocked-cuSPARSE
 rows do not depend on it; C ran on 0ec993a).
@@ -16,7 +17,7 @@ rows do not depend on it; C ran on 0ec993a).
 Needs the previous kernel beside the checkout and the shared matrices in .mats:
     mkdir -p .gpu .mats && git show ccdab00:kernels/specsum.cu > .gpu/specsum_old.cu && cp ../shared/matrices/* .mats
     git show a32c713:kernels/nut.cu > .gpu/nut_prev.cu
-    python bench/probe_specsum_nut.py PART SECONDS   (PART: any of A, B, C, D; SECONDS: stop adding configs after)
+    python bench/probe_specsum_nut.py PART SECONDS   (PART: any of A-E; SECONDS: stop adding configs after)
 """
 
 from __future__ import annotations
@@ -212,15 +213,9 @@ def part_a():
         print_table(name, "float64")
 
 
-def part_c():
-    """Large matrices, old kernel vs new: no slowdown where the bunches take many waves."""
+def old_vs_new(mats, dtype, specs):
+    """specsum's previous kernel (ccdab00) against the current one, at the same configs, same run."""
     old, new = OldSpecSum(), ss.SpecSum()
-    specs = [{"B": 4, "S": 8, "T": 32, "W": 4, "dirty": "search"}, {"B": 2, "S": 2, "T": 32, "W": 8, "dirty": "search"},
-             {"B": 8, "S": 1, "T": 32, "W": 4, "dirty": "search"}]
-    mats = [("G3_circuit", lambda: read_mtx(".mats/G3_circuit.mtx.gz", dtype="float64"))]
-    for sm in (SuiteMatrix("powerlaw", 2_000_000), SuiteMatrix("fewhuge", 4_000_000),
-               SuiteMatrix("emptyrows", 6_000_000), SuiteMatrix("lp", 400_000)):
-        mats.append((sm.name, lambda sm=sm: sm.build("float64")))
     for name, load in mats:
         if time.time() > DEADLINE:
             break
@@ -228,8 +223,29 @@ def part_c():
         for p in specs:
             key = "W{W}T{T}B{B}S{S}".format(**p)
             configs += [(f"old:{key}", old, p), (f"new:{key}", new, p)]
-        measure(name, load(), "float64", configs, repeats=50, max_duration=0.2)
-        print_table(name, "float64")
+        measure(name, load(), dtype, configs, repeats=50, max_duration=0.2)
+        print_table(name, dtype)
+
+
+def part_c():
+    """Large matrices, old kernel vs new: no slowdown where the bunches take many waves."""
+    specs = [{"B": 4, "S": 8, "T": 32, "W": 4, "dirty": "search"}, {"B": 2, "S": 2, "T": 32, "W": 8, "dirty": "search"},
+             {"B": 8, "S": 1, "T": 32, "W": 4, "dirty": "search"}]
+    mats = [("G3_circuit", lambda: read_mtx(".mats/G3_circuit.mtx.gz", dtype="float64"))]
+    for sm in (SuiteMatrix("powerlaw", 2_000_000), SuiteMatrix("fewhuge", 4_000_000),
+               SuiteMatrix("emptyrows", 6_000_000), SuiteMatrix("lp", 400_000)):
+        mats.append((sm.name, lambda sm=sm: sm.build("float64")))
+    old_vs_new(mats, "float64", specs)
+
+
+def part_e():
+    """The float32 large matrices whose tuned specsum ratio fell from 2026-11-22 to ec4898c, old kernel vs new
+    at the configs the tuner chose there."""
+    specs = [{"B": 4, "S": 8, "T": 32, "W": 4, "dirty": "search"}, {"B": 4, "S": 8, "T": 32, "W": 8, "dirty": "search"}]
+    mats = [(sm.name, lambda sm=sm: sm.build("float32"))
+            for sm in (SuiteMatrix("banded", 2_000_000), SuiteMatrix("poisson3d", 200),
+                       SuiteMatrix("tallskinny", 20_000_000))]
+    old_vs_new(mats, "float32", specs)
 
 
 GRAPHS = (SuiteMatrix("powerlaw", 12_000_000),
@@ -326,4 +342,6 @@ if __name__ == "__main__":
         part_b()
     if "D" in PART:
         part_d()
+    if "E" in PART:
+        part_e()
     _dump()
