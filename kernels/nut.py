@@ -307,7 +307,7 @@ def build(
     item_group = tile_group[first_tile]
     # A panel without a tile gets an item of none, which stores its zeros; it goes before the item that
     # starts at the same tile, so the items stay in tile order.
-    empty = xp.nonzero(xp.diff(group_tile_ptr[::slabs]) == 0)[0]
+    empty = xp.nonzero(panel_nnz == 0)[0]
     holds_tiles = xp.arange(first_tile.shape[0] + empty.shape[0]) < first_tile.shape[0]
     first_tile = xp.concatenate([first_tile, group_tile_ptr[empty * slabs]])
     item_group = xp.concatenate([item_group, empty * slabs])

@@ -55,6 +55,11 @@ def hand_build(**kw):
     return A, build(A.indptr, A.indices, A.data, A.shape, **args)
 
 
+def items_nnz(ex: dict) -> np.ndarray:
+    """Each work item's nonzeros (0 for an item of no tile)."""
+    return np.diff(np.r_[0, np.cumsum(ex["tile_nnz"])][ex["item_tile_ptr"]])
+
+
 def neg(row: int, slot: int) -> int:
     return ~((row << 16) | slot)
 
@@ -199,7 +204,7 @@ def test_a_hub_row_is_cut_into_many_items():
     item_panel = ex["item_panel"]
     hub = item_panel == ~0
     assert hub.sum() >= 60_000 // cap and np.all(item_panel[~hub] >= 0)
-    item_nnz = np.diff(np.r_[0, np.cumsum(ex["tile_nnz"])][ex["item_tile_ptr"]])
+    item_nnz = items_nnz(ex)
     assert item_nnz.max() <= cap + ex["tile_nnz"].max()
     assert np.all(np.diff(item_nnz[ex["item_order"]]) <= 0)  # one band, one slab: heaviest first
     np.testing.assert_array_equal(ex["zero_rows"], np.arange(ex["panel_ptr"][1]))  # the hub's panel
@@ -382,7 +387,7 @@ def check_invariants(A, ex: dict, params: dict) -> None:
     # Order: every item once; band by band (of panels), slab by slab, inside each the most nonzeros first.
     order = ex["item_order"].astype(np.int64)
     np.testing.assert_array_equal(np.sort(order), np.arange(len(item_panel)))
-    item_nnz = np.diff(np.r_[0, np.cumsum(e)][item_tile_ptr])
+    item_nnz = items_nnz(ex)
     item_slab = np.where(no_tile, 0, slab[np.minimum(item_tile_ptr[:-1], n_tiles - 1)])  # no tile: slab 0
     band = np.searchsorted(nut._band_starts(panel_ptr, m, params.get("bands", 1)), item_panel, side="right")
     launch = (band * K + item_slab)[order]
