@@ -35,7 +35,7 @@ from sqlite_utils import Database
 from sqlite_utils.db import NotFoundError
 from sqlite_utils.migrations import Migrations
 
-from tuner.errors import StoreError
+from common.errors import StoreError
 
 TRIAL_STATES = ("ok", "failed")
 ERROR_KINDS = ("compile_error", "launch_error", "wrong_answer", "out_of_memory", "timeout", "invalid_config",

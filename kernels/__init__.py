@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from common.errors import InvalidConfigError
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
 from kernels.csr_scalar import CsrScalar
@@ -22,7 +23,6 @@ from kernels.ipcsr import Ipcsr
 from kernels.nut import Nut
 from kernels.specsum import SpecSum
 from kernels.suraa import Suraa
-from tuner.errors import InvalidConfigError
 
 REGISTRY: dict[str, Family] = {
     f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), Nut(), SpecSum(), Suraa())

@@ -2,7 +2,7 @@
 
 CuPy is imported only when a GPU path is used, so the CPU references, the
 tests and the CLI work on a machine without a GPU; asking for a GPU path there
-raises :class:`~tuner.errors.NoDeviceError` that says what to install.
+raises :class:`~common.errors.NoDeviceError` that says what to install.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.errors import NoDeviceError
+from common.errors import NoDeviceError
 
 KERNEL_DIR = Path(__file__).resolve().parent
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}

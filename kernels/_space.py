@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InvalidConfigError
+from common.errors import InvalidConfigError
 
 if TYPE_CHECKING:
     import optuna

@@ -81,10 +81,10 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import InvalidConfigError, NoDeviceError
 from kernels._cuda import c_type, get_kernels, require_cupy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
-from tuner.errors import InvalidConfigError, NoDeviceError
 
 ROWS_PER_PANEL = (256, 512, 1024, 2048, 4096, 8192)
 COLS_PER_TILE = (1024, 2048, 4096, 8192, 16384)

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.errors import StoreError, TunerError
 from kernels._cuda import gpu_available
 from service.bodies import BodyValidationError
 from service.deps import ServiceState, ThreadStores
@@ -27,7 +28,6 @@ from service.routers import health, jobs, kernels, matrices, recommend, tune
 from service.settings import Settings
 from service.uploads import MatrixTooLargeError
 from tuner.backend import get_backend
-from tuner.errors import StoreError, TunerError
 from tuner.storage import default_storage
 
 log = logging.getLogger("service")

@@ -42,11 +42,11 @@ def serve(
     from rich.console import Console
     from rich.markup import escape
 
+    from common.errors import TunerError
     from db.store import Store
     from service import workers as serving
     from service.settings import Settings
     from tuner.backend import get_backend
-    from tuner.errors import TunerError
 
     options = {"db": db, "device": device, "token": token, "storage": storage,
                "max_upload_bytes": max_upload_mb * _MiB}

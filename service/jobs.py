@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import TunerError
+from common.errors import TunerError
 
 if TYPE_CHECKING:
     from tuner.backend import Backend

@@ -25,7 +25,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
-from tuner.errors import MatrixFormatError
+from common.errors import MatrixFormatError
 from tuner.features import extract_features, fingerprint
 from tuner.io import read_mtx
 

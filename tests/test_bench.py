@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from common.errors import TunerError
 from kernels import BASELINE, REGISTRY
 from tuner.bench import COLUMNS, PLAN_LABEL
 from tuner.cli import app
-from tuner.errors import TunerError
 from tuner.report import render
 from tuner.suites import SUITES
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from common.errors import InvalidConfigError, TunerError
 from db.store import Store
 from tuner.cli import app
 from tuner.corpus import export_corpus, import_corpus, read_corpus
-from tuner.errors import InvalidConfigError, TunerError
 from tuner.features import extract_features, fingerprint
 from tuner.generate import generate
 

@@ -28,6 +28,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from common.errors import InvalidConfigError
 from db.store import Store
 from tests.conftest import REPO
 from tuner.backend import CpuReferenceBackend
@@ -41,7 +42,6 @@ from tuner.distributed import (
     sync_storage,
     tune_many,
 )
-from tuner.errors import InvalidConfigError
 from tuner.generate import KINDS, generate
 from tuner.io import write_mtx
 from tuner.search import CACHED_ATTR, RECORD_ATTR, tune

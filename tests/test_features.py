@@ -16,8 +16,8 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.errors import MatrixFormatError
 from tests.conftest import shared_manifest
-from tuner.errors import MatrixFormatError
 from tuner.features import (
     CF_WIDTHS,
     FEATURE_NAMES,

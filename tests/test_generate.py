@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
+from common.errors import InvalidConfigError
 from tests.test_io import assert_canonical
-from tuner.errors import InvalidConfigError
 from tuner.generate import KINDS, Generator, generate
 
 SMALL = {"n": 6, "rows": 3000}

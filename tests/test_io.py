@@ -12,8 +12,8 @@ import scipy.io
 import scipy.sparse as sp
 
 import tuner.io
+from common.errors import MatrixFormatError
 from tests.conftest import shared_manifest
-from tuner.errors import MatrixFormatError
 from tuner.io import as_csr, matrix_name, read_mtx, write_mtx
 
 BANNER = "%%MatrixMarket matrix coordinate real general\n"

@@ -14,10 +14,10 @@ import functools
 import numpy as np
 import pytest
 
+from common.errors import InvalidConfigError
 from kernels import BASELINE, REGISTRY, get_family
 from kernels.csr_vector import CsrVector
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.errors import InvalidConfigError
 from tuner.verify import Reference
 
 FAMILIES = sorted(REGISTRY)

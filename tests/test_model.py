@@ -10,9 +10,9 @@ import scipy.sparse as sp
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
+from common.errors import InvalidConfigError, StoreError
 from db.store import Store
 from kernels import BASELINE, config_key, get_family
-from tuner.errors import InvalidConfigError, StoreError
 from tuner.executor import choose
 from tuner.features import FEATURE_NAMES
 from tuner.model import (

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from tests.test_model import DEV_A, DEV_B, DTYPE, _features, _fill
 from tuner import shipped
 from tuner.cli import app
-from tuner.errors import InvalidConfigError
 from tuner.executor import choose
 from tuner.features import FEATURE_NAMES
 from tuner.model import KernelSelector, find_model, load_shipped, save_model, select_model, ship_model, training_table

@@ -13,9 +13,9 @@ import pytest
 import scipy.sparse as sp
 
 import kernels.nut as nut
+from common.errors import InvalidConfigError
 from kernels.nut import STRUCTURE, Nut, build, decode, paper_defaults
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.errors import InvalidConfigError
 from tuner.io import as_csr
 from tuner.verify import Reference
 

@@ -13,12 +13,12 @@ import pytest
 import scipy.sparse as sp
 from typer.testing import CliRunner
 
+from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import REGISTRY, get_family
 from tests.conftest import REPO
 from tuner.backend import CpuReferenceBackend
 from tuner.cli import app
-from tuner.errors import InvalidConfigError
 from tuner.io import as_csr, write_mtx
 from tuner.portfolio import build_portfolio, read_portfolio, write_portfolio
 from tuner.search import tune

@@ -12,13 +12,13 @@ import optuna
 import pytest
 import scipy.sparse as sp
 
+from common.errors import InvalidConfigError, NoDeviceError
 from db.store import Store
 from kernels import REGISTRY
 from kernels.csr_scalar import CsrScalar
 from kernels.csr_vector import CsrVector
 from tests.conftest import REPO
 from tuner.backend import CpuReferenceBackend, get_backend
-from tuner.errors import InvalidConfigError, NoDeviceError
 from tuner.io import as_csr
 from tuner.search import study_name, tune
 from tuner.storage import open_storage

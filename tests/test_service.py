@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from common.errors import StoreError
 from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from service import Settings, create_app
 from service.jobs import JobQueue
 from tuner.backend import CpuReferenceBackend
-from tuner.errors import StoreError
 from tuner.features import FEATURE_NAMES, extract_features, fingerprint
 from tuner.generate import generate
 from tuner.io import read_mtx, write_mtx

@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import shortest_path
 
+from common.errors import InvalidConfigError, StoreError
 from db.store import Store
 from kernels import get_family
 from kernels.spmspv import DENSE, MODES, SPARSE
@@ -14,7 +15,6 @@ from tests.conftest import REPO
 from tests.kernel_cases import CASES, load_shared, shared_cases
 from tuner import spmspv_selector
 from tuner.algorithms import bfs, frontier_matrix
-from tuner.errors import InvalidConfigError, StoreError
 from tuner.features import extract_features, fingerprint
 from tuner.generate import generate
 from tuner.io import as_csr

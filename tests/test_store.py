@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlite_utils import Database
 
+from common.errors import StoreError
 from db import Store, default_path
 from db.store import ERROR_KINDS
-from tuner.errors import StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 FP = "0123456789abcdef0123456789abcdef"

@@ -13,10 +13,10 @@ import numpy as np
 import optuna
 import pytest
 
+from common.errors import InvalidConfigError
 from tests.conftest import REPO
 from tuner.backend import CpuReferenceBackend
 from tuner.distributed import read_sources, run_worker
-from tuner.errors import InvalidConfigError
 from tuner.generate import KINDS, generate
 from tuner.search import SOURCE_ATTR
 from tuner.storage import open_storage

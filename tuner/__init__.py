@@ -3,15 +3,15 @@
 >>> from tuner import plan          # doctest: +SKIP
 >>> ex = plan("A.mtx"); y = ex(x)   # doctest: +SKIP
 
-``plan`` and ``Executor`` are imported on first use, so that importing a
-submodule (``tuner.errors`` from the kernels, say) stays light and acyclic.
+The exceptions are :mod:`common.errors`'s. ``plan`` and ``Executor`` are
+imported on first use, so that importing a submodule stays light.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InvalidConfigError, MatrixFormatError, NoDeviceError, StoreError, TunerError
+from common.errors import InvalidConfigError, MatrixFormatError, NoDeviceError, StoreError, TunerError
 
 if TYPE_CHECKING:
     from tuner.executor import Executor, plan

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import InvalidConfigError
 from kernels import Family, Prepared
 from kernels._cuda import require_cupy
-from tuner.errors import InvalidConfigError
 
 DEVICE_KINDS = ("gpu", "cpu-reference")
 SPIN_CYCLES = 100_000  # about 50 µs at Hopper clocks: longer than a Python launch

@@ -1,6 +1,6 @@
 """The ``tuner`` command line (typer + rich).
 
-Every command turns the project's own errors (:class:`~tuner.errors.TunerError`)
+Every command turns the project's own errors (:class:`~common.errors.TunerError`)
 into one red line and exit code 1; anything else is a bug and shows its traceback.
 """
 
@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.errors import TunerError
+from common.errors import TunerError
 from tuner.io import check_dtype
 
 app = typer.Typer(
@@ -161,10 +161,10 @@ def bench(
     """Tune, then time cuSPARSE, each family's best and plan()'s untuned pick, in one run, per matrix."""
     import optuna
 
+    from common.errors import InvalidConfigError
     from db.store import Store
     from tuner.backend import get_backend
     from tuner.bench import families_of, run_bench, sources
-    from tuner.errors import InvalidConfigError
     from tuner.portfolio import read_portfolio
     from tuner.storage import default_storage, open_storage
 
@@ -268,8 +268,8 @@ def show(
     trials: Annotated[bool, typer.Option("--trials", help="list every trial too")] = False,
 ) -> None:
     """Print what the store knows about a matrix: best configs per device and dtype, trial counts."""
+    from common.errors import TunerError as _TunerError
     from db.store import Store
-    from tuner.errors import TunerError as _TunerError
     from tuner.features import fingerprint
     from tuner.io import read_mtx
 

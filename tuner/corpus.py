@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.errors import InvalidConfigError
 from db.store import TRIAL_FIELDS, Store
-from tuner.errors import InvalidConfigError
 
 __all__ = ["FORMAT", "VERSION", "CorpusReport", "export_corpus", "import_corpus", "read_corpus"]
 

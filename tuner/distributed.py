@@ -47,8 +47,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from common.errors import InvalidConfigError, TunerError
 from db.store import TRIAL_FIELDS
-from tuner.errors import InvalidConfigError, TunerError
 from tuner.io import check_dtype
 from tuner.portfolio import read_portfolio
 
@@ -481,7 +481,7 @@ def tune_many(
              "optuna's; raise --trials-per-matrix by their number")] = None,
 ) -> None:
     """Tune every matrix on every GPU of this host, sharing the studies through STORAGE with every other host."""
-    from tuner.errors import InvalidConfigError as _Invalid
+    from common.errors import InvalidConfigError as _Invalid
 
     deadline = None if time_limit is None else time.time() + time_limit
     try:

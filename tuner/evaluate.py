@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import InvalidConfigError, TunerError
 from kernels import Family
 from tuner.backend import Backend, Timing
-from tuner.errors import InvalidConfigError, TunerError
 from tuner.metrics import gbps, gflops
 from tuner.verify import Reference
 

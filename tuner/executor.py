@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, get_family
 from kernels._cuda import gpu_available
 from tuner.backend import GpuBackend
-from tuner.errors import InvalidConfigError
 from tuner.features import FEATURE_NAMES, extract_features, fingerprint
 from tuner.io import as_csr
 from tuner.shipped import may_predict

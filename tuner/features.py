@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
-from tuner.errors import MatrixFormatError
+from common.errors import MatrixFormatError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import scipy.sparse as sp
 
-from tuner.errors import InvalidConfigError
+from common.errors import InvalidConfigError
 from tuner.io import as_csr
 
 __all__ = ["KINDS", "Generator", "generate"]
@@ -70,7 +70,7 @@ def generate(
     (:attr:`Generator.options`), each a positive number of its default's type.
     An unknown kind or option, the other kind's size argument, or a size or
     seed that is not a positive (non-negative) integer raises
-    :class:`~tuner.errors.InvalidConfigError`.
+    :class:`~common.errors.InvalidConfigError`.
 
     >>> generate("banded", rows=100, seed=1).shape
     (100, 100)

@@ -7,7 +7,7 @@ values. Explicitly stored zeros are kept: they are stored entries, and an SpMV
 kernel reads them like any other.
 
 Matrix Market files are parsed by ``fast_matrix_market`` (parallel C++); its
-errors are turned into :class:`~tuner.errors.MatrixFormatError` naming the file
+errors are turned into :class:`~common.errors.MatrixFormatError` naming the file
 and, where it applies, the line. A missing or unreadable file is a
 ``MatrixFormatError`` too (chained from the ``OSError``), so the CLI and the
 service only ever see the project's own errors.
@@ -30,7 +30,7 @@ import fast_matrix_market as fmm
 import numpy as np
 import scipy.sparse as sp
 
-from tuner.errors import InvalidConfigError, MatrixFormatError
+from common.errors import InvalidConfigError, MatrixFormatError
 
 __all__ = ["INDEX_MAX", "as_csr", "check_dtype", "matrix_name", "read_mtx", "write_mtx"]
 

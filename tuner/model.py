@@ -58,8 +58,8 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import SVC
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from common.errors import InvalidConfigError, StoreError
 from kernels import config_key, config_of
-from tuner.errors import InvalidConfigError, StoreError
 from tuner.features import FEATURE_NAMES
 
 if TYPE_CHECKING:

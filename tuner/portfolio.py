@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.errors import InvalidConfigError
 from kernels import REGISTRY, config_key, config_of, get_family
-from tuner.errors import InvalidConfigError
 
 if TYPE_CHECKING:
     from db.store import Store

@@ -24,8 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from common.errors import TunerError  # noqa: E402
 from tuner.bench import PLAN_LABEL  # noqa: E402
-from tuner.errors import TunerError  # noqa: E402
 
 
 @dataclass

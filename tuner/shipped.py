@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InvalidConfigError
+from common.errors import InvalidConfigError
 
 if TYPE_CHECKING:
     from db.store import Store

@@ -38,7 +38,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.svm import SVC
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from tuner.errors import InvalidConfigError, StoreError
+from common.errors import InvalidConfigError, StoreError
 from tuner.features import CF_WIDTHS
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ import optuna
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.errors import InvalidConfigError
+from common.errors import InvalidConfigError
 
 StaleTrialCallback = Callable[[optuna.Study, FrozenTrial], None]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import scipy.sparse as sp
 
-from tuner.errors import InvalidConfigError
+from common.errors import InvalidConfigError
 from tuner.generate import KINDS, generate
 
 __all__ = ["SUITES", "SuiteMatrix", "approx_nnz", "corpus", "suite"]

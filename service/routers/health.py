@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Response, status
 from fastapi.responses import PlainTextResponse
 
+from common.errors import StoreError
 from service.deps import StateDep
 from service.models import HealthPublic
-from tuner.errors import StoreError
 
 router = APIRouter(tags=["health"])
 

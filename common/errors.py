@@ -3,6 +3,8 @@
 Everything the tuner raises on bad input or a missing device derives from
 :class:`TunerError`, so the CLI and the service can turn it into a clear
 message (and a non-zero exit or a 4xx) without catching unrelated bugs.
+Every package raises them, so they stand on the bottom floor and import
+nothing of the project; :mod:`tuner` re-exports them (``from tuner import TunerError``).
 """
 
 from __future__ import annotations
