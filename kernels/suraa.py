@@ -1,32 +1,15 @@
 """``suraa``: SURAA (Muhammed et al., 2019): rows sorted by length, three groups G1/G2/G3.
 
 Two groupings (the ``grouping`` parameter), so the paper and our change can be
-tuned and compared side by side. Both write y in the original row order through
-``perm`` (sorted position → row).
+tuned and compared side by side: the paper's segments (:mod:`kernels.suraa_segments`)
+and our per-row bins (:mod:`kernels.suraa_rows`). This module is the family
+itself: its parameter space, the launches of each grouping and the reference.
+Both groupings write y in the original row order through ``perm`` (sorted
+position → row).
 
-``grouping="segment"``: the paper, as written. Rows are sorted by nonzeros per
-row (npr) descending, ties by first column index (``n`` for an empty row), then
-by row index (a stable sort). The sorted rows are cut into segments of
-``freedman_diaconis_segments(npr)[0]`` rows each, the last one partial; every
-segment, the partial one included, is judged by its own mean npr. Because the
-rows are sorted, segment means never increase, so the groups are contiguous runs
-of segments in the sorted order:
-
-- G1: the leading segments whose mean is ``> threshold`` and whose rows fit the
-  child-thread budget: each G1 row gets a child of ``c(r) = min(vector_cap,
-  32·ceil(max(npr, 1) / 32))`` threads, and the sum of ``c(r)`` over G1 stays
-  ``<= max_child_threads``. Segments join whole, from the top; the first one
-  that is not long enough or does not fit closes G1. (Our reading of the paper's
-  limit: a bound on the total child threads in flight. With children of at least
-  32 threads it also keeps G1 at most 65536 / 32 = 2048 rows, the device
-  runtime's default pending-launch count.)
-- G2: the following segments with mean ``>= threshold``; a segment's rows get
-  ``Y = min(vector_cap, 32·ceil(max npr / 32))`` threads each (``seg_threads``).
-- G3: the segments with mean ``< threshold``, one thread per row.
-
-Execution: G1 by ``suraa_parent``, one thread per row launching a one-block
-child grid into ``cudaStreamFireAndForget`` (``g1_mode="dynamic"``), or by
-``suraa_vector`` with one block per row (``g1_mode="block"``); G2 by
+Grouping "segment" runs G1 by ``suraa_parent``, one thread per row launching a
+one-block child grid into ``cudaStreamFireAndForget`` (``g1_mode="dynamic"``),
+or by ``suraa_vector`` with one block per row (``g1_mode="block"``); G2 by
 ``suraa_vector``, one launch per run of consecutive G2 segments with the same
 ``Y``; G3 by ``suraa_scalar`` on the caller's stream. With ``streams=4`` the G1
 launch and the G2 launches go round-robin onto up to four non-blocking streams,
@@ -35,27 +18,8 @@ through events; with ``streams=1`` everything is queued on the caller's stream.
 Launches per SpMV: ``1 + len(g2_launches) + 1`` at most (plus an event record
 and wait per side stream).
 
-``grouping="row"``: our change for irregular matrices. Each ROW is judged by its
-own npr (no segment mean hides a huge row among short ones), and gets a
-power-of-two number of threads ``t`` (:func:`row_threads`):
-
-- a long row (``npr >= threshold``: G1 or G2) gets ``t = max(32, 2^ceil(log2(ceil(npr / 16))))``,
-  at least a warp and at most 16 nonzeros per thread;
-- a short row (``npr < threshold``: G3) gets ``t = min(32, 2^ceil(log2(max(1, ceil(npr / g3_entries)))))``
-  threads, at most ``g3_entries`` nonzeros each (a sub-warp group; one thread
-  for an empty row).
-
-Order: the long rows first, by npr descending, then first column, then row index
-(the paper's order); then the short rows by ``t`` descending, then row index, so
-that neighbouring rows of a bin are neighbours in memory too. The bins are the
-runs of rows with the same (long, ``t``): contiguous ranges of the sorted order,
-with ``t`` never increasing. G1 is the leading long rows with ``npr > threshold``
-whose threads ``t`` sum to at most the budget (``max_child_threads``; 8192 when
-``g1_mode="block"``, where the parameter is inactive), G2 the other long rows, G3
-the short ones. ``group_bounds`` = ``[0, g1_end, n_long, m]``.
-
-Execution: ONE launch of ``suraa_rows`` with ``scalar_block`` = ``width``
-threads per block over all bins: a bin with ``t <= width`` packs ``width / t``
+Grouping "row" runs ONE launch of ``suraa_rows`` with ``scalar_block`` =
+``width`` threads per block over all bins: a bin with ``t <= width`` packs ``width / t``
 rows per block (shuffle reduction up to a warp, shared memory beyond); a bin with
 ``t > width`` gives each row ``t / width`` blocks ("pieces", contiguous chunks of
 the row), whose partials the last piece to finish adds in a fixed order
@@ -81,7 +45,7 @@ same on both paths: CuPy arrays on the GPU, NumPy arrays in the reference. The
 GPU path also keeps ``fallbacks`` (uint32 counter): G1 rows whose child launch
 the device runtime refused and the parent thread summed itself (0 when dynamic
 parallelism really ran). In grouping "row" the GPU sort and the bin search run on
-the GPU (:func:`decompose_rows` with ``xp=cupy``); only the bin table (tens of
+the GPU (:func:`~kernels.suraa_rows.decompose_rows` with ``xp=cupy``); only the bin table (tens of
 entries) and the G1 prefix (at most 2049 values) come back to the host.
 
 >>> import scipy.sparse as sp
@@ -98,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -107,19 +70,18 @@ from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
-from tuner.features import freedman_diaconis_segments
+from kernels.suraa_rows import ROW_KEYS, RowDecomposition, _row_pieces, decompose_rows
+from kernels.suraa_segments import (
+    SEGMENT_KEYS,
+    Decomposition,
+    _argsort_stable,
+    _npr_first,
+    _sort_key,
+    decompose,
+    row_order,
+)
 
-__all__ = [
-    "DECOMPOSITION_KEYS",
-    "Decomposition",
-    "RowDecomposition",
-    "Suraa",
-    "decompose",
-    "decompose_rows",
-    "row_order",
-    "row_threads",
-    "threads_per_row",
-]
+__all__ = ["DECOMPOSITION_KEYS", "Suraa", "sorted_copy"]
 
 GROUPINGS = ("row", "segment")
 LAYOUTS = ("original", "sorted")
@@ -133,19 +95,12 @@ G3_ENTRIES = (2, 4, 8)
 SCALAR_BLOCKS = (64, 128, 256, 512)
 STREAMS = (1, 4)
 
-VECTOR_BLOCK = 256
-"""G2 blocks hold ``max(1, VECTOR_BLOCK // Y)`` rows of ``Y`` threads (one row per block once Y >= 256)."""
 PARENT_BLOCK = 32
 """Threads per block of the G1 parent kernel (grouping "segment"): one warp, so the launches spread over SMs."""
-LONG_ENTRIES = 16
-"""Grouping "row": a long row gets the fewest power-of-2 threads (at least 32) with at most this many nonzeros each."""
 RDC = ("-rdc=true",)
 """Relocatable device code, linked with cudadevrt: needed for the device-side launches."""
 
-DECOMPOSITION_KEYS = {
-    "segment": ("perm", "seg_bounds", "seg_mean", "seg_threads", "group_of_segment", "group_bounds"),
-    "row": ("perm", "bin_bounds", "bin_threads", "bin_blocks", "bins", "group_bounds"),
-}
+DECOMPOSITION_KEYS = {"segment": SEGMENT_KEYS, "row": ROW_KEYS}
 """Per grouping, the keys of ``prepared.extra`` that hold the decomposition, equal on the GPU and reference paths."""
 LAUNCH_KEYS = {
     "segment": ("g1_end", "g2_end", "g1_width", "child_threads", "g2_launches"),
@@ -155,122 +110,6 @@ LAUNCH_KEYS = {
     ),
 }
 """Per grouping, the host ints of ``prepared.extra`` for the launches, equal on both paths."""
-
-
-# -- grouping "segment" (the paper) -------------------------------------------------------
-@dataclass(frozen=True)
-class Decomposition:
-    """Segments and groups of the sorted rows (positions are in the sorted order).
-
-    ``seg_bounds`` (k+1, int64): segment s is positions ``[seg_bounds[s], seg_bounds[s+1])``;
-    ``seg_mean`` (k, float64): its mean npr; ``seg_threads`` (k, int32): threads per row
-    for its longest row (``Y`` in G2; the child width of that row in G1);
-    ``group_of_segment`` (k, int8): 1, 2 or 3; ``group_bounds`` (4, int64):
-    G1 = ``[b0, b1)``, G2 = ``[b1, b2)``, G3 = ``[b2, b3)`` with b0 = 0, b3 = m;
-    ``child_threads``: sum of the G1 rows' child widths; ``g2_launches``: one
-    ``(begin, end, threads_per_row, block)`` per run of G2 segments with equal ``Y``.
-    """
-
-    seg_bounds: np.ndarray
-    seg_mean: np.ndarray
-    seg_threads: np.ndarray
-    group_of_segment: np.ndarray
-    group_bounds: np.ndarray
-    child_threads: int
-    g2_launches: tuple[tuple[int, int, int, int], ...]
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {k: getattr(self, k) for k in DECOMPOSITION_KEYS["segment"] if k != "perm"}
-
-
-def threads_per_row(npr: np.ndarray, vector_cap: int) -> np.ndarray:
-    """``min(vector_cap, 32·ceil(max(npr, 1) / 32))``: the smallest whole warps covering a row, capped."""
-    npr = np.maximum(np.asarray(npr, dtype=np.int64), 1)
-    return np.minimum(vector_cap, (npr + 31) // 32 * 32)
-
-
-def _leading_true(mask: np.ndarray) -> int:
-    """Length of the run of True at the start of ``mask``."""
-    return int(mask.size if mask.all() else np.argmin(mask))
-
-
-def decompose(
-    npr_sorted: np.ndarray, *, max_child_threads: int, threshold: int, vector_cap: int
-) -> Decomposition:
-    """The segments and groups for row lengths already sorted in descending order (m >= 1).
-
-    >>> npr = np.array([300, 290, 280, 40, 40, 33, 5, 5, 5, 2, 1, 0])
-    >>> d = decompose(npr, max_child_threads=1024, threshold=32, vector_cap=1024)
-    >>> d.seg_bounds.tolist(), d.group_of_segment.tolist(), d.group_bounds.tolist(), d.child_threads
-    ([0, 3, 6, 9, 12], [1, 2, 3, 3], [0, 3, 6, 12], 928)
-    """
-    npr = np.asarray(npr_sorted, dtype=np.int64)
-    m = npr.size
-    if m == 0:
-        raise ValueError("decompose needs at least one row")
-    if np.any(np.diff(npr) > 0):
-        raise ValueError("npr_sorted must be in descending order")
-    size, _ = freedman_diaconis_segments(npr)
-    starts = np.arange(0, m, size, dtype=np.int64)
-    seg_bounds = np.append(starts, m)
-    lengths = np.diff(seg_bounds)
-    sums = np.add.reduceat(npr, starts)
-    child = np.add.reduceat(threads_per_row(npr, vector_cap), starts)
-
-    # mean > t and mean >= t compared exactly, in integers.
-    n_g1 = _leading_true((sums > threshold * lengths) & (np.cumsum(child) <= max_child_threads))
-    group = np.where(sums >= threshold * lengths, 2, 3).astype(np.int8)
-    group[:n_g1] = 1
-    if np.any(np.diff(group) < 0):  # impossible: means do not increase along the sorted rows
-        raise AssertionError(f"groups out of order: {group.tolist()}")
-    seg_of_group_end = np.searchsorted(group, [1, 2, 3], side="right")
-    group_bounds = np.concatenate(([0], seg_bounds[seg_of_group_end])).astype(np.int64)
-
-    seg_threads = threads_per_row(npr[starts], vector_cap).astype(np.int32)
-    # G2 is a contiguous run of segments; cut it where Y changes (Y never grows: at most 32 runs).
-    g2 = np.flatnonzero(group == 2)
-    cuts = np.flatnonzero(np.diff(seg_threads[g2])) + 1
-    launches: list[tuple[int, int, int, int]] = []
-    for first, last in zip(np.r_[0, cuts], np.r_[cuts, g2.size] - 1, strict=True):
-        if g2.size:
-            y = int(seg_threads[g2[first]])
-            block = y * max(1, VECTOR_BLOCK // y)
-            launches.append((int(seg_bounds[g2[first]]), int(seg_bounds[g2[last] + 1]), y, block))
-    return Decomposition(
-        seg_bounds=seg_bounds,
-        seg_mean=sums / lengths,
-        seg_threads=seg_threads,
-        group_of_segment=group,
-        group_bounds=group_bounds,
-        child_threads=int(child[:n_g1].sum()),
-        g2_launches=tuple(launches),
-    )
-
-
-def _npr_first(xp: Any, indptr: Any, indices: Any, n_cols: int) -> tuple[Any, Any]:
-    """(npr, first column) per row, both int64; the first column of an empty row is ``n_cols``."""
-    npr = xp.diff(indptr).astype(xp.int64)
-    nnz = int(indices.size)
-    if not nnz:
-        return npr, xp.full(npr.shape, n_cols, dtype=xp.int64)
-    first = xp.where(npr > 0, indices[xp.minimum(indptr[:-1], nnz - 1)], n_cols)
-    return npr, xp.asarray(first).astype(xp.int64)
-
-
-def _sort_key(xp: Any, indptr: Any, indices: Any, n_cols: int) -> tuple[Any, Any]:
-    """(npr, key) with key ascending = npr descending, then first column ascending (n for an empty row).
-
-    ``key = first_col − npr·(n + 1)`` fits int64 (``npr, n < 2**31``); a stable sort
-    of it breaks the remaining ties by row index. Works with NumPy and CuPy alike.
-    """
-    npr, first = _npr_first(xp, indptr, indices, n_cols)
-    return npr, first - npr * (n_cols + 1)
-
-
-def _argsort_stable(xp: Any, key: Any) -> Any:
-    """Stable argsort as int32 (CuPy's argsort is always stable and takes no ``kind``)."""
-    order = np.argsort(key, kind="stable") if xp is np else xp.argsort(key)
-    return order.astype(xp.int32)
 
 
 def sorted_copy(indptr: Any, indices: Any, data: Any, perm: Any, xp: Any = np) -> tuple[Any, Any, Any]:
@@ -286,157 +125,6 @@ def sorted_copy(indptr: Any, indices: Any, data: Any, perm: Any, xp: Any = np) -
     i = xp.searchsorted(out_ptr, j, side="right") - 1
     src = indptr.astype(xp.int64)[perm][i] + (j - out_ptr[i])
     return out_ptr.astype(indptr.dtype), indices[src], data[src]
-
-
-def row_order(A: Any) -> np.ndarray:
-    """``perm`` (int32) of grouping "segment" for a SciPy CSR matrix: npr descending, first column, index."""
-    _, key = _sort_key(np, np.asarray(A.indptr), np.asarray(A.indices), A.shape[1])
-    return _argsort_stable(np, key)
-
-
-# -- grouping "row" -------------------------------------------------------------------------
-def _host(a: Any) -> np.ndarray:
-    """A NumPy copy of a NumPy or CuPy array."""
-    return np.asarray(a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a)
-
-
-def _row_classes(xp: Any, npr: Any, *, threshold: int, g3_entries: int) -> tuple[Any, Any]:
-    """(long, log2 t) per row: long = ``npr >= threshold``; t the row's threads (see the module doc).
-
-    ``ceil(log2(v))`` is taken exactly, in integers: the exponent of frexp(v − 1)
-    (exact for v < 2**53; 0 for v = 1). Works with NumPy and CuPy alike.
-    """
-    npr = npr.astype(xp.int64)
-    long_ = npr >= threshold
-    need = xp.where(
-        long_, (npr + LONG_ENTRIES - 1) // LONG_ENTRIES, xp.maximum((npr + g3_entries - 1) // g3_entries, 1)
-    )
-    _, exponent = xp.frexp((xp.maximum(need, 1) - 1).astype(xp.float64))
-    lg = exponent.astype(xp.int64)
-    return long_, xp.where(long_, xp.maximum(lg, 5), xp.minimum(lg, 5))
-
-
-def row_threads(npr: np.ndarray, *, threshold: int, g3_entries: int) -> np.ndarray:
-    """Threads per row in grouping "row" (int64): at least a warp for long rows, up to a warp for short ones.
-
-    >>> row_threads(np.array([0, 1, 2, 3, 5, 9, 17, 31, 32, 513, 100_000]), threshold=32, g3_entries=2)
-    array([   1,    1,    1,    2,    4,    8,   16,   16,   32,   64, 8192])
-    """
-    _, lg = _row_classes(np, np.asarray(npr), threshold=threshold, g3_entries=g3_entries)
-    return np.left_shift(1, lg)
-
-
-@dataclass(frozen=True)
-class RowDecomposition:
-    """Bins and groups of grouping "row" (positions are in its sorted order, ``perm``).
-
-    ``bin_bounds`` (k+1, int64): bin i is positions ``[bin_bounds[i], bin_bounds[i+1])``,
-    every row there with ``bin_threads[i]`` (k, int32) threads; ``bin_blocks`` (k+1,
-    int64): the bin's first block in the block layout of a ``block``-thread grid
-    (``ceil(rows / (block / t))`` blocks for ``t <= block``, ``rows · t / block``
-    for ``t > block``), the last entry the total; ``bins`` (k, 4, int32): the kernel's
-    table, ``[first position, end position, t, first block]`` per bin;
-    ``group_bounds`` (4, int64): ``[0, g1_end, n_long, m]``; ``child_threads``: the
-    sum of t over G1; ``n_multi``: the rows with ``t > block`` (the leading ones: they
-    have a counter each); ``n_multi_blocks``: their blocks (a partial slot each).
-    ``perm`` is a NumPy or CuPy array, as the input; the rest is NumPy.
-    """
-
-    perm: Any
-    bin_bounds: np.ndarray
-    bin_threads: np.ndarray
-    bin_blocks: np.ndarray
-    bins: np.ndarray
-    group_bounds: np.ndarray
-    child_threads: int
-    n_multi: int
-    n_multi_blocks: int
-    block: int
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {k: getattr(self, k) for k in DECOMPOSITION_KEYS["row"] if k != "perm"}
-
-    def block_of(self, pos: int) -> int:
-        """The block of the layout holding sorted position ``pos`` (the total for ``pos = m``)."""
-        k = int(np.searchsorted(self.bin_bounds, pos, side="right")) - 1
-        if k >= self.bin_threads.size:
-            return int(self.bin_blocks[-1])
-        t, rel = int(self.bin_threads[k]), pos - int(self.bin_bounds[k])
-        return int(self.bin_blocks[k]) + (rel * (t // self.block) if t > self.block else rel // (self.block // t))
-
-
-def decompose_rows(
-    npr: Any, first: Any, *, n_cols: int, threshold: int, g3_entries: int, block: int, budget: int, xp: Any = np
-) -> RowDecomposition:
-    """The order, bins and groups of grouping "row" from each row's npr and first column (m >= 1).
-
-    ``xp`` is ``numpy`` (the reference) or ``cupy`` (prepare: the sort runs on the
-    GPU; only the bin table and the G1 prefix come back). Integer arithmetic only,
-    so both give the same arrays.
-
-    >>> npr = np.array([5, 300, 0, 40, 1, 33])
-    >>> d = decompose_rows(npr, np.zeros(6, int), n_cols=400, threshold=32, g3_entries=2, block=256, budget=8192)
-    >>> d.perm.tolist(), d.bins.tolist(), d.group_bounds.tolist()
-    ([1, 3, 5, 0, 2, 4], [[0, 3, 32, 0], [3, 4, 4, 1], [4, 6, 1, 2]], [0, 3, 3, 6])
-    """
-    m = int(npr.size)
-    if m == 0:
-        raise ValueError("decompose_rows needs at least one row")
-    npr = npr.astype(xp.int64)
-    long_, lg = _row_classes(xp, npr, threshold=threshold, g3_entries=g3_entries)
-    # Long rows: key < 0 (npr >= threshold >= 1), the paper's order; short rows: 5 − log2 t in [0, 5].
-    key = xp.where(long_, first.astype(xp.int64) - npr * (n_cols + 1), 5 - lg)
-    perm = _argsort_stable(xp, key)
-    code = (long_.astype(xp.int64) * 64 + lg)[perm]  # never increases along the sorted order
-    starts = _host(xp.flatnonzero(xp.diff(code)) + 1).astype(np.int64)
-    bin_bounds = np.concatenate(([0], starts, [m])).astype(np.int64)
-    codes = _host(code[xp.asarray(bin_bounds[:-1])]).astype(np.int64)
-    if np.any(np.diff(codes) >= 0):  # impossible: the key sorts the codes in descending order
-        raise AssertionError(f"bins out of order: {codes.tolist()}")
-    bin_threads = np.left_shift(1, codes % 64).astype(np.int32)
-
-    n_long = int(long_.sum())
-    n_above = int((npr > threshold).sum())  # G1 candidates: the leading long rows, npr > threshold
-    lead = _host(code[: min(n_above, budget // 32 + 1)]).astype(np.int64)  # each t >= 32
-    lead_threads = np.left_shift(1, lead - 64)
-    g1_end = int(np.count_nonzero(np.cumsum(lead_threads) <= budget))  # cumsum increases: a prefix
-    group_bounds = np.array([0, g1_end, n_long, m], dtype=np.int64)
-
-    rows = np.diff(bin_bounds)
-    t = bin_threads.astype(np.int64)
-    multi = t > block
-    per_bin = np.where(multi, rows * (t // block), -(-rows // np.maximum(block // t, 1)))
-    bin_blocks = np.concatenate(([0], np.cumsum(per_bin))).astype(np.int64)
-    if bin_blocks[-1] >= 2**31:
-        raise ValueError(f"{int(bin_blocks[-1])} blocks do not fit a grid")
-    n_multi_bins = int(multi.sum())  # t never increases along the bins: the multi-block bins lead
-    bins = np.stack([bin_bounds[:-1], bin_bounds[1:], t, bin_blocks[:-1]], axis=1).astype(np.int32)
-    return RowDecomposition(
-        perm=perm,
-        bin_bounds=bin_bounds,
-        bin_threads=bin_threads,
-        bin_blocks=bin_blocks,
-        bins=bins,
-        group_bounds=group_bounds,
-        child_threads=int(lead_threads[:g1_end].sum()),
-        n_multi=int(bin_bounds[n_multi_bins]),
-        n_multi_blocks=int(bin_blocks[n_multi_bins]),
-        block=block,
-    )
-
-
-def _row_pieces(indptr: np.ndarray, rows: np.ndarray, pieces: int) -> tuple[np.ndarray, np.ndarray]:
-    """(entry, slot) for every entry of ``rows``, each row cut into ``pieces`` chunks of ``ceil(npr / pieces)``.
-
-    ``slot = i·pieces + piece`` for the i-th row: the kernel's piece of that entry.
-    """
-    begin = indptr[rows].astype(np.int64)
-    npr = indptr[rows + 1].astype(np.int64) - begin
-    chunk = np.maximum(-(-npr // pieces), 1)
-    offset = np.arange(int(npr.sum())) - np.repeat(np.cumsum(npr) - npr, npr)  # index within its row
-    entry = np.repeat(begin, npr) + offset
-    slot = np.repeat(np.arange(rows.size) * pieces, npr) + offset // np.repeat(chunk, npr)
-    return entry, slot
 
 
 class Suraa(Family):

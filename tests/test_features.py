@@ -23,7 +23,6 @@ from tuner.features import (
     FEATURE_NAMES,
     extract_features,
     fingerprint,
-    freedman_diaconis_segments,
 )
 
 
@@ -314,25 +313,6 @@ def test_gini_matches_pairwise_formula(npr: list[int]) -> None:
     mad = np.abs(x[:, None] - x[None, :]).mean()
     want = mad / (2 * x.mean()) if x.sum() else 0.0
     assert extract_features(with_row_counts(npr))["npr_gini"] == pytest.approx(want, abs=1e-12)
-
-
-@pytest.mark.parametrize(
-    ("npr", "want"),
-    [
-        ([], (0, 0)),  # no rows
-        ([7], (1, 1)),  # one row
-        ([3, 3, 3], (3, 1)),  # max == min
-        ([1, 1, 1, 1, 10], (5, 1)),  # IQR 0 although max > min
-        ([3, 0, 1, 4], (2, 2)),  # IQR 2.5, h = 5 / cbrt(4), k = ceil(1.27) = 2
-        ([0, 1, 1, 2, 1000], (1, 5)),  # IQR 1, k = ceil(1000·cbrt(5) / 2) = 855, clipped to m = 5
-        # IQR 6 (q25 3, q75 9), h = 12 / cbrt(10) = 5.57, k = ceil(18 / 5.57) = 4, size ceil(10 / 4) = 3.
-        ([0, 2, 3, 5, 5, 6, 8, 9, 12, 18], (3, 4)),
-    ],
-)
-def test_freedman_diaconis_segments(npr: list[int], want: tuple[int, int]) -> None:
-    got = freedman_diaconis_segments(np.array(npr, dtype=np.int32))
-    assert got == want
-    assert all(type(v) is int for v in got)
 
 
 def test_fingerprint_layout() -> None:

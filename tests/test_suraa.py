@@ -35,15 +35,11 @@ from kernels.suraa import (
     SCALAR_BLOCKS,
     THRESHOLDS,
     Suraa,
-    decompose,
-    decompose_rows,
-    row_order,
-    row_threads,
     sorted_copy,
-    threads_per_row,
 )
+from kernels.suraa_rows import decompose_rows, row_threads
+from kernels.suraa_segments import decompose, freedman_diaconis_segments, row_order, threads_per_row
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.features import freedman_diaconis_segments
 from tuner.io import as_csr
 from tuner.verify import Reference
 
@@ -107,6 +103,26 @@ def rows_matrix(rows: list[tuple[int, int]], n_cols: int, *, seed: int = 0) -> s
     indices = np.concatenate([np.arange(first, first + npr) for first, npr in rows] + [np.zeros(0, int)])
     data = rng.uniform(0.5, 1.5, indptr[-1]) * rng.choice([-1.0, 1.0], indptr[-1])
     return as_csr((indptr, indices, data), shape=(len(rows), n_cols))
+
+
+# -- the Freedman–Diaconis segments ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("npr", "want"),
+    [
+        ([], (0, 0)),  # no rows
+        ([7], (1, 1)),  # one row
+        ([3, 3, 3], (3, 1)),  # max == min
+        ([1, 1, 1, 1, 10], (5, 1)),  # IQR 0 although max > min
+        ([3, 0, 1, 4], (2, 2)),  # IQR 2.5, h = 5 / cbrt(4), k = ceil(1.27) = 2
+        ([0, 1, 1, 2, 1000], (1, 5)),  # IQR 1, k = ceil(1000·cbrt(5) / 2) = 855, clipped to m = 5
+        # IQR 6 (q25 3, q75 9), h = 12 / cbrt(10) = 5.57, k = ceil(18 / 5.57) = 4, size ceil(10 / 4) = 3.
+        ([0, 2, 3, 5, 5, 6, 8, 9, 12, 18], (3, 4)),
+    ],
+)
+def test_freedman_diaconis_segments(npr: list[int], want: tuple[int, int]) -> None:
+    got = freedman_diaconis_segments(np.array(npr, dtype=np.int32))
+    assert got == want
+    assert all(type(v) is int for v in got)
 
 
 # -- grouping "segment": a 12-row matrix, written out by hand ------------------------------

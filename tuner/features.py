@@ -22,16 +22,13 @@ indices, sorted columns within each row, no duplicates.
 from __future__ import annotations
 
 import hashlib
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from common.errors import MatrixFormatError
-
-if TYPE_CHECKING:
-    from numpy.typing import NDArray
+from kernels.suraa_segments import freedman_diaconis_segments
 
 __all__ = [
     "CF_WIDTHS",
@@ -39,7 +36,6 @@ __all__ = [
     "LONG_ROW",
     "extract_features",
     "fingerprint",
-    "freedman_diaconis_segments",
 ]
 
 LONG_ROW = 32
@@ -104,33 +100,6 @@ def _xp(a: Any) -> Any:
     import cupy
 
     return cupy.get_array_module(a)
-
-
-def freedman_diaconis_segments(npr: NDArray[np.integer]) -> tuple[int, int]:
-    """Split ``m = len(npr)`` rows into equal segments by the Freedman–Diaconis rule, as SURAA does.
-
-    Bin width ``h = 2·IQR(npr) / cbrt(m)`` (IQR from ``np.percentile``'s
-    linear interpolation), segment count ``k = ceil((max − min) / h)`` clipped
-    to ``[1, m]``, segment size ``ceil(m / k)`` rows. Returns
-    ``(segment_size, segment_count)``.
-
-    Guards: no rows gives ``(0, 0)``; one row, ``IQR = 0`` (the middle half
-    of the rows alike) or ``max == min`` (all alike) gives ``k = 1``, one
-    segment of all rows, since the rule has no spread to measure there.
-    """
-    xp = _xp(npr) if not isinstance(npr, list | tuple) else np
-    npr = xp.asarray(npr)
-    m = npr.size
-    if m == 0:
-        return 0, 0
-    lo, hi = int(npr.min()), int(npr.max())
-    q25, q75 = (float(q) for q in xp.percentile(npr, xp.asarray([25.0, 75.0])))
-    iqr = q75 - q25
-    if m < 2 or iqr == 0 or hi == lo:
-        k = 1
-    else:
-        k = min(max(math.ceil((hi - lo) / (2 * iqr / np.cbrt(m))), 1), m)
-    return math.ceil(m / k), k
 
 
 def _spread(counts: Any, total: int) -> tuple[float, float]:
