@@ -41,7 +41,7 @@ $PY -c "import sklearn, optuna, numpy, scipy; print('versions: scikit-learn', sk
 optuna.__version__, 'numpy', numpy.__version__, 'scipy', scipy.__version__)"
 enqueue=()
 if [ -n "${CORPUS_ENQUEUE:-}" ]; then  # the portfolio's configs come on top of the sampled ones
-  n=$($PY -c "import sys; from tuner.portfolio import read_portfolio; print(len(read_portfolio(sys.argv[1])))" \
+  n=$($PY -c "import sys; from tuner.select.portfolio import read_portfolio; print(len(read_portfolio(sys.argv[1])))" \
       "$CORPUS_ENQUEUE") || exit 1
   trials=$((trials + n)) enqueue=(--enqueue "$CORPUS_ENQUEUE")
   echo "portfolio $CORPUS_ENQUEUE: $n configs; $trials trials a study"

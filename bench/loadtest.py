@@ -84,8 +84,8 @@ def build_store(path: Path, n: int, *, seed: int = 0) -> list[tuple[str, dict[st
     """
     sys.path.insert(0, str(REPO))
     from db.store import Store
-    from tuner.backend import CpuReferenceBackend
-    from tuner.features import FEATURE_NAMES
+    from tuner.matrix.features import FEATURE_NAMES
+    from tuner.measure.backend import CpuReferenceBackend
 
     rng = random.Random(seed)
     device = CpuReferenceBackend().info

@@ -21,7 +21,7 @@ import numpy as np
 
 from kernels import get_family
 from kernels._cuda import require_cupy
-from tuner.generate import generate
+from tuner.matrix.generate import generate
 
 MATRICES = (("powerlaw", 2_000_000), ("uniform", 2_000_000), ("fewhuge", 4_000_000))
 CONFIGS = (

@@ -35,10 +35,10 @@ import kernels.specsum as ss
 from kernels import get_family
 from kernels.cusparse import CuSparse
 from kernels.nut import Nut
-from tuner.backend import GpuBackend
-from tuner.io import read_mtx
-from tuner.suites import SuiteMatrix
-from tuner.verify import Reference
+from tuner.matrix.io import read_mtx
+from tuner.matrix.suites import SuiteMatrix
+from tuner.measure.backend import GpuBackend
+from tuner.measure.verify import Reference
 
 OUT = os.environ.get("OUT", "bench/results/probe")
 PART = sys.argv[1] if len(sys.argv) > 1 else "AB"

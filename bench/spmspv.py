@@ -21,7 +21,7 @@ call includes its own host synchronisations):
    time of each mode (the dense one planned, and with NuT) and of a cuSPARSE
    step (dense frontier, SpMV, new vertices); totals for the hybrid (the
    selector's mode per step), always sparse, always dense, cuSPARSE and the
-   per-step oracle; plus end-to-end ``tuner.algorithms.bfs`` wall times of the
+   per-step oracle; plus end-to-end ``tuner.execute.algorithms.bfs`` wall times of the
    hybrid and both fixed modes, taken round-robin.
 
 Usage (on a GPU machine)::
@@ -50,15 +50,15 @@ sys.path.insert(0, str(REPO))
 from db.store import Store  # noqa: E402
 from kernels import get_family  # noqa: E402
 from kernels.spmspv import DENSE, SPARSE  # noqa: E402
-from tuner import spmspv_selector  # noqa: E402
-from tuner.algorithms import bfs, frontier_matrix  # noqa: E402
-from tuner.backend import GpuBackend  # noqa: E402
-from tuner.executor import choose  # noqa: E402
-from tuner.features import extract_features, fingerprint  # noqa: E402
-from tuner.io import read_mtx  # noqa: E402
-from tuner.shipped import slug  # noqa: E402
-from tuner.spmspv import plan_spmspv  # noqa: E402
-from tuner.suites import SuiteMatrix  # noqa: E402
+from tuner.execute.algorithms import bfs, frontier_matrix  # noqa: E402
+from tuner.execute.executor import choose  # noqa: E402
+from tuner.execute.spmspv import plan_spmspv  # noqa: E402
+from tuner.matrix.features import extract_features, fingerprint  # noqa: E402
+from tuner.matrix.io import read_mtx  # noqa: E402
+from tuner.matrix.suites import SuiteMatrix  # noqa: E402
+from tuner.measure.backend import GpuBackend  # noqa: E402
+from tuner.select import spmspv_selector  # noqa: E402
+from tuner.select.shipped import slug  # noqa: E402
 
 FILLS = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 2e-2, 3e-2, 5e-2, 0.1, 0.15, 0.3, 1.0)
 MATRICES = tuple(SuiteMatrix(kind, size) for kind, size in (  # graphs (square, small diameter), non-graphs,
@@ -183,7 +183,7 @@ def measure_fills(cp: Any, store: Store, device: str, name: str, A: Any, dtype: 
 
 
 def train(store: Store, device: str, dtype: str, out: Path, label: str) -> dict[str, Any]:
-    """The selector (:func:`tuner.spmspv_selector.train`), shipped into ``out`` with its report."""
+    """The selector (:func:`tuner.select.spmspv_selector.train`), shipped into ``out`` with its report."""
     model, report = spmspv_selector.train(store, device=device, dtype=dtype)
     if model is None:
         print(f"selector not trained: {report['not_trained']}", flush=True)

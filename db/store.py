@@ -519,7 +519,7 @@ class Store:
         return added
 
     def add_spmspv_trials(self, records: Iterable[Mapping[str, Any]]) -> int:
-        """Record SpMSpV measurements (:mod:`tuner.spmspv_selector` trains on them) in one transaction."""
+        """Record SpMSpV measurements (:mod:`tuner.select.spmspv_selector` trains on them) in one transaction."""
         rows = []
         for record in records:
             params = _dump_params(record.get("params", {}))

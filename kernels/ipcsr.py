@@ -24,7 +24,7 @@ NumPy (the CPU reference) and on CuPy (``prepare``), so the two block tables are
 equal element for element.
 
 >>> import scipy.sparse as sp
->>> from tuner.io import as_csr
+>>> from tuner.matrix.io import as_csr
 >>> A = as_csr(sp.random(2000, 2000, density=0.01, format="csr", random_state=0))
 >>> f = Ipcsr()
 >>> p = f.prepare_reference(A, {"shared_size": 512, "nt": 64})

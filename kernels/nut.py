@@ -66,7 +66,7 @@ on the CPU (NumPy), under the same keys of ``prepared.extra``;
 :func:`decode` reads them back exactly as the kernel does.
 
 >>> import scipy.sparse as sp
->>> from tuner.io import as_csr
+>>> from tuner.matrix.io import as_csr
 >>> A = as_csr(sp.random(50, 40, density=0.1, random_state=0))
 >>> f = Nut(num_sms=1)
 >>> p = f.prepare_reference(A, {"rows_per_panel": 256, "cols_per_tile": 1024})

@@ -13,21 +13,21 @@
 
 - ``dense``: x is scattered into a zero-filled dense vector and an SpMV family
   computes the whole y: by default the paper's NuT (:mod:`kernels.nut`);
-  ``{"kernel": name, ...its params}`` runs another (:func:`tuner.spmspv.plan_spmspv`
+  ``{"kernel": name, ...its params}`` runs another (:func:`tuner.execute.spmspv.plan_spmspv`
   runs the SpMV that ``plan()`` picks for A). y's nonzeros are then found by a
   prefix sum (``flatnonzero``). Cost O(nnz(A) + rows + cols) whatever x holds.
 
 Sparse x and y are ``(indices, values)``: int32 indices strictly increasing in
 range, values of the matrix's dtype. Both modes return exactly the rows whose
 value is nonzero (an exact zero from cancellation is left out in both, so the
-two modes agree); :mod:`tuner.spmspv` turns user input into this form.
+two modes agree); :mod:`tuner.execute.spmspv` turns user input into this form.
 
 Each mode has the GPU path (CuPy) and a CPU reference of its own decomposition
 (:meth:`Mode.prepare_reference` / :meth:`Mode.run_reference`), as the SpMV
 families do (:mod:`kernels._family`).
 
 >>> import scipy.sparse as sp
->>> from tuner.io import as_csr
+>>> from tuner.matrix.io import as_csr
 >>> A = as_csr(sp.random(30, 20, density=0.2, random_state=1))
 >>> p = SPARSE.prepare_reference(A)
 >>> idx, val = SPARSE.run_reference(p, np.array([3, 7], np.int32), np.array([1.0, -2.0]))

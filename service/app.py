@@ -27,8 +27,8 @@ from service.metrics import Metrics, MetricsMiddleware
 from service.routers import health, jobs, kernels, matrices, recommend, tune
 from service.settings import Settings
 from service.uploads import MatrixTooLargeError
-from tuner.backend import get_backend
-from tuner.storage import default_storage
+from tuner.measure.backend import get_backend
+from tuner.search.storage import default_storage
 
 log = logging.getLogger("service")
 

@@ -46,7 +46,7 @@ def serve(
     from db.store import Store
     from service import workers as serving
     from service.settings import Settings
-    from tuner.backend import get_backend
+    from tuner.measure.backend import get_backend
 
     options = {"db": db, "device": device, "token": token, "storage": storage,
                "max_upload_bytes": max_upload_mb * _MiB}

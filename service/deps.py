@@ -28,7 +28,7 @@ from db.store import Store
 from service.jobs import JobQueue
 from service.metrics import Metrics
 from service.settings import Settings
-from tuner.backend import DeviceInfo
+from tuner.measure.backend import DeviceInfo
 
 
 class ThreadStores:

@@ -3,7 +3,7 @@
 A job holds its matrix (already read and validated by the request) until it
 runs. The worker thread opens its own :class:`~db.store.Store` (SQLite
 connections belong to the thread that opened them) and runs
-:func:`tuner.search.tune` on the server's backend; progress is counted in the
+:func:`tuner.search.loop.tune` on the server's backend; progress is counted in the
 ``on_trial`` callback. Every state change is mirrored to ``<jobs_dir>/<id>.json``
 so that any worker process of the server (``--workers N``) can report any job,
 and a lock file per device (``flock``) keeps jobs from several processes off
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 from common.errors import TunerError
 
 if TYPE_CHECKING:
-    from tuner.backend import Backend
-    from tuner.search import TuneResult
+    from tuner.measure.backend import Backend
+    from tuner.search.loop import TuneResult
 
 log = logging.getLogger("service.jobs")
 
@@ -224,7 +224,7 @@ class JobQueue:
 
     def _work(self) -> None:
         from db.store import Store
-        from tuner.storage import open_storage
+        from tuner.search.storage import open_storage
 
         store = storage = None
         try:
@@ -248,7 +248,7 @@ class JobQueue:
     def _run(self, job: Job, store: Any, storage: Any) -> None:
         import optuna
 
-        from tuner.search import tune
+        from tuner.search.loop import tune
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with self._device_lock():

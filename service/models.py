@@ -16,8 +16,8 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.features import FEATURE_NAMES
-from tuner.io import INDEX_MAX
+from tuner.matrix.features import FEATURE_NAMES
+from tuner.matrix.io import INDEX_MAX
 
 Dtype = Literal["float64", "float32"]
 Source = Literal["tuned", "predicted", "default"]
@@ -72,7 +72,7 @@ class _FeatureVectorBase(BaseModel):
 FeatureVector = create_model(  # type: ignore[call-overload]
     "FeatureVector",
     __base__=_FeatureVectorBase,
-    __doc__="A feature vector as tuner.features.extract_features returns it, optionally with a fingerprint.",
+    __doc__="A feature vector as tuner.matrix.features.extract_features returns it, optionally with a fingerprint.",
     **{name: (Feature | None, None) for name in FEATURE_NAMES if name not in REQUIRED_FEATURES},
 )
 

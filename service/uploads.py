@@ -3,7 +3,7 @@
 The body is never held in memory: each chunk goes to a temporary file in the
 service's spool folder as it arrives, and the request fails with 413 the
 moment the body passes the limit (or at once, when its Content-Length says
-it will). The file is then read by :func:`tuner.io.read_mtx` in a worker
+it will). The file is then read by :func:`tuner.matrix.io.read_mtx` in a worker
 thread, after a look at the size line so that a small file announcing a huge
 matrix is refused before anything is allocated.
 """
@@ -26,8 +26,8 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from common.errors import MatrixFormatError
-from tuner.features import extract_features, fingerprint
-from tuner.io import read_mtx
+from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.io import read_mtx
 
 FILE_FIELD = "file"
 MAX_FIELDS = 16

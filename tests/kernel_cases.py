@@ -9,7 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from tests.conftest import SHARED_MATRICES, shared_manifest
-from tuner.io import as_csr, read_mtx
+from tuner.matrix.io import as_csr, read_mtx
 
 
 def _random(rows: int, cols: int, density: float, seed: int) -> sp.csr_matrix:

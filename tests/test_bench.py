@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from common.errors import TunerError
 from kernels import BASELINE, REGISTRY
-from tuner.bench import COLUMNS, PLAN_LABEL
+from tuner.benchmark.bench import COLUMNS, PLAN_LABEL
+from tuner.benchmark.report import render
 from tuner.cli import app
-from tuner.report import render
-from tuner.suites import SUITES
+from tuner.matrix.suites import SUITES
 
 runner = CliRunner()
 
@@ -107,10 +107,10 @@ def test_family_trials_tune_every_family_and_enqueued_configs_are_measured(tmp_p
 
     from db.store import Store
     from kernels import config_key, config_of, get_family
-    from tuner.backend import get_backend
-    from tuner.bench import bench_matrix, sources
-    from tuner.features import fingerprint
-    from tuner.storage import default_storage, open_storage
+    from tuner.benchmark.bench import bench_matrix, sources
+    from tuner.matrix.features import fingerprint
+    from tuner.measure.backend import get_backend
+    from tuner.search.storage import default_storage, open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     (src,) = [s for s in sources([], "small") if s.name.startswith("powerlaw")]
@@ -151,7 +151,7 @@ def test_kernels_limit_the_families_tuned_and_timed(tmp_path):
 
 
 def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
-    from tuner.bench import _git_commit
+    from tuner.benchmark.bench import _git_commit
 
     monkeypatch.setenv("SPMV_GIT_COMMIT", "f" * 40)
     assert _git_commit() == "f" * 40

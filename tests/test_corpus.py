@@ -1,4 +1,4 @@
-"""The corpus file (tuner.corpus): a store's trials out to one compact file and back, idempotently."""
+"""The corpus file (tuner.select.corpus): a store's trials out to one compact file and back, idempotently."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from common.errors import InvalidConfigError, TunerError
 from db.store import Store
 from tuner.cli import app
-from tuner.corpus import export_corpus, import_corpus, read_corpus
-from tuner.features import extract_features, fingerprint
-from tuner.generate import generate
+from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.generate import generate
+from tuner.select.corpus import export_corpus, import_corpus, read_corpus
 
 DEVICES = ({"id": "GPU A (sm_90)", "name": "GPU A", "kind": "gpu", "compute_capability": "90", "sms": 132,
             "memory_bytes": 80 << 30, "copy_bandwidth_gbs": 2800.0, "driver": "13000"},

@@ -31,8 +31,10 @@ from typer.testing import CliRunner
 from common.errors import InvalidConfigError
 from db.store import Store
 from tests.conftest import REPO
-from tuner.backend import CpuReferenceBackend
-from tuner.distributed import (
+from tuner.matrix.generate import KINDS, generate
+from tuner.matrix.io import write_mtx
+from tuner.measure.backend import CpuReferenceBackend
+from tuner.search.distributed import (
     fail_stale_trials,
     keeps_place,
     read_sources,
@@ -42,10 +44,8 @@ from tuner.distributed import (
     sync_storage,
     tune_many,
 )
-from tuner.generate import KINDS, generate
-from tuner.io import write_mtx
-from tuner.search import CACHED_ATTR, RECORD_ATTR, tune
-from tuner.storage import HeartbeatJournalStorage, HeartbeatRDBStorage, open_storage
+from tuner.search.loop import CACHED_ATTR, RECORD_ATTR, tune
+from tuner.search.storage import HeartbeatJournalStorage, HeartbeatRDBStorage, open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used:UserWarning")
@@ -174,7 +174,7 @@ def children(pid: int) -> list[int]:
 
 
 def tune_many_cmd(spec: str, folder: Path, workers: int) -> list[str]:
-    return [sys.executable, "-m", "tuner.distributed", "tune-many", str(folder), "--storage", spec,
+    return [sys.executable, "-m", "tuner.search.distributed", "tune-many", str(folder), "--storage", spec,
             "--trials-per-matrix", str(N), "--device", "cpu-reference", "--workers", str(workers),
             "--heartbeat", str(HEARTBEAT), "--grace", str(GRACE)]
 
@@ -183,11 +183,11 @@ DIE = textwrap.dedent(
     """
     import os, signal, sys
     import optuna
-    from tuner import distributed, search
-    from tuner.backend import CpuReferenceBackend
-    from tuner.features import fingerprint
-    from tuner.io import read_mtx
-    from tuner.search import study_name
+    from tuner.search import distributed, loop as search
+    from tuner.measure.backend import CpuReferenceBackend
+    from tuner.matrix.features import fingerprint
+    from tuner.matrix.io import read_mtx
+    from tuner.search.loop import study_name
     spec, folder, how = sys.argv[1:]
     if how == "before-first-beat":  # asks a trial of the first matrix's study and dies at once
         storage = distributed.open_shared_storage(spec, heartbeat=1, grace=2)
@@ -391,8 +391,9 @@ def test_a_local_tune_and_a_sync_of_its_storage_hold_the_same_rows(tmp_path: Pat
 def test_a_worker_whose_cuda_context_broke_records_the_trial_and_exits_for_a_restart(
     matrices: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tuner import distributed, search
-    from tuner.evaluate import ContextLostError, TrialResult
+    from tuner.measure.evaluate import ContextLostError, TrialResult
+    from tuner.search import distributed
+    from tuner.search import loop as search
 
     def broken(backend, family, A, params, reference, x, **kw):
         result = TrialResult(family.name, dict(params), "failed", error_kind="launch_error",

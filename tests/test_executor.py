@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from db.store import Store
 from kernels._cuda import gpu_available
 from tuner import Executor, MatrixFormatError, plan
-from tuner.io import as_csr
+from tuner.matrix.io import as_csr
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -36,7 +36,7 @@ def test_plan_without_gpu_uses_scipy_and_says_so(A, tmp_path):
 
 
 def test_plan_accepts_paths_triples_and_dtypes(A, tmp_path):
-    from tuner.io import write_mtx
+    from tuner.matrix.io import write_mtx
 
     path = tmp_path / "a.mtx"
     write_mtx(path, A)
@@ -52,9 +52,9 @@ def test_plan_accepts_paths_triples_and_dtypes(A, tmp_path):
 def test_plan_on_gpu_default_then_tuned(A, tmp_path):
     import cupy
 
-    from tuner.backend import GpuBackend
-    from tuner.search import tune
-    from tuner.storage import open_storage
+    from tuner.measure.backend import GpuBackend
+    from tuner.search.loop import tune
+    from tuner.search.storage import open_storage
 
     store = Store(tmp_path / "s.db")
     ex = plan(A, db=store)

@@ -1,4 +1,4 @@
-"""Tests of tuner.features: hand-computed features, brute-force references, fingerprints, speed."""
+"""Tests of tuner.matrix.features: hand-computed features, brute-force references, fingerprints, speed."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from common.errors import MatrixFormatError
 from tests.conftest import shared_manifest
-from tuner.features import (
+from tuner.matrix.features import (
     CF_WIDTHS,
     FEATURE_NAMES,
     extract_features,
@@ -27,7 +27,7 @@ from tuner.features import (
 
 
 def canonical(M, shape: tuple[int, int] | None = None) -> sp.csr_matrix:
-    """The canonical CSR form tuner.io.as_csr gives: int32 indices, sorted, no duplicates."""
+    """The canonical CSR form tuner.matrix.io.as_csr gives: int32 indices, sorted, no duplicates."""
     A = sp.csr_matrix(M, shape=shape)
     A.sum_duplicates()
     A.sort_indices()

@@ -1,4 +1,4 @@
-"""tuner.generate: every kind's shape and structure, determinism, the canonical form, errors, speed."""
+"""tuner.matrix.generate: every kind's shape and structure, determinism, the canonical form, errors, speed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from common.errors import InvalidConfigError
 from tests.test_io import assert_canonical
-from tuner.generate import KINDS, Generator, generate
+from tuner.matrix.generate import KINDS, Generator, generate
 
 SMALL = {"n": 6, "rows": 3000}
 RANDOM_KINDS = [name for name, g in KINDS.items() if g.size_arg == "rows"]  # random values

@@ -1,4 +1,4 @@
-"""tuner.io: reading .mtx files, the canonical CSR form, as_csr's inputs, write_mtx, matrix_name."""
+"""tuner.matrix.io: reading .mtx files, the canonical CSR form, as_csr's inputs, write_mtx, matrix_name."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import scipy.io
 import scipy.sparse as sp
 
-import tuner.io
+import tuner.matrix.io
 from common.errors import MatrixFormatError
 from tests.conftest import shared_manifest
-from tuner.io import as_csr, matrix_name, read_mtx, write_mtx
+from tuner.matrix.io import as_csr, matrix_name, read_mtx, write_mtx
 
 BANNER = "%%MatrixMarket matrix coordinate real general\n"
 
@@ -266,7 +266,7 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         stream.write(b"%%MatrixMarket matrix coordinate real general\n3 3 3\n1 1")
         raise OSError("disk full")
 
-    monkeypatch.setattr(tuner.io.fmm, "mmwrite", crash)
+    monkeypatch.setattr(tuner.matrix.io.fmm, "mmwrite", crash)
     with pytest.raises(OSError, match="disk full"):
         write_mtx(path, sp.eye(4, format="csr"))
     assert path.read_bytes() == before

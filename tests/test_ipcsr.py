@@ -33,8 +33,8 @@ from kernels.ipcsr import (
     threads_per_row,
 )
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.io import as_csr
-from tuner.verify import Reference
+from tuner.matrix.io import as_csr
+from tuner.measure.verify import Reference
 
 FAMILY = Ipcsr()
 DTYPES = ("float64", "float32")

@@ -18,7 +18,7 @@ from common.errors import InvalidConfigError
 from kernels import BASELINE, REGISTRY, get_family
 from kernels.csr_vector import CsrVector
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.verify import Reference
+from tuner.measure.verify import Reference
 
 FAMILIES = sorted(REGISTRY)
 DTYPES = ("float64", "float32")

@@ -1,4 +1,4 @@
-"""The learned selector (tuner.model) on a small synthetic store: no GPU, no claim about real accuracy."""
+"""The learned selector (tuner.select.model) on a small synthetic store: no GPU, no claim about real accuracy."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from sklearn.exceptions import NotFittedError
 from common.errors import InvalidConfigError, StoreError
 from db.store import Store
 from kernels import BASELINE, config_key, get_family
-from tuner.executor import choose
-from tuner.features import FEATURE_NAMES
-from tuner.model import (
+from tuner.execute.executor import choose
+from tuner.matrix.features import FEATURE_NAMES
+from tuner.select.model import (
     KernelSelector,
     grouped_split,
     load_latest,
@@ -227,7 +227,7 @@ def test_recommend_command_says_where_the_answer_comes_from(store, table, tmp_pa
     from typer.testing import CliRunner
 
     from tuner.cli import app
-    from tuner.io import write_mtx
+    from tuner.matrix.io import write_mtx
 
     path = tmp_path / "m.mtx"
     write_mtx(path, sp.random(50, 40, density=0.1, format="csr", random_state=0))
@@ -285,6 +285,6 @@ def test_a_model_pickled_by_an_older_version_gives_the_default_and_a_log_line(st
                           device=DEV_A, dtype=DTYPE)
     store.db["models"].update(model_id, {"blob": pickle.dumps(sel)})
     feats = dict(zip(FEATURE_NAMES, table.X[0], strict=True))
-    with caplog.at_level(logging.WARNING, logger="tuner.model"):
+    with caplog.at_level(logging.WARNING, logger="tuner.select.model"):
         assert choose("d" * 16, store=store, device=DEV_A, dtype=DTYPE, features=feats).source == "default"
     assert "older version" in caplog.text

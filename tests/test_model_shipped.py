@@ -1,9 +1,10 @@
-"""The selector shipped in the package (tuner.shipped, tuner.model.ship_model) and its evaluation
-(tuner.model_eval), on synthetic stores: no GPU, no claim about real accuracy."""
+"""The selector shipped in the package (tuner.select.shipped, tuner.select.model.ship_model) and its evaluation
+(tuner.select.evaluation), on synthetic stores: no GPU, no claim about real accuracy."""
 
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import logging
 
@@ -15,12 +16,20 @@ from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from tests.test_model import DEV_A, DEV_B, DTYPE, _features, _fill
-from tuner import shipped
 from tuner.cli import app
-from tuner.executor import choose
-from tuner.features import FEATURE_NAMES
-from tuner.model import KernelSelector, find_model, load_shipped, save_model, select_model, ship_model, training_table
-from tuner.model_eval import evaluate_selector
+from tuner.execute.executor import choose
+from tuner.matrix.features import FEATURE_NAMES
+from tuner.select import shipped
+from tuner.select.evaluation import evaluate_selector
+from tuner.select.model import (
+    KernelSelector,
+    find_model,
+    load_shipped,
+    save_model,
+    select_model,
+    ship_model,
+    training_table,
+)
 
 FP_NEW = "f" * 32
 
@@ -110,7 +119,7 @@ def test_a_damaged_shipped_file_gives_the_default_and_a_log_line(models, table, 
     path.write_bytes(gzip.compress(b"not a header\n"))
     with pytest.raises(InvalidConfigError, match="not a shipped selector"):
         shipped.read_header(path)
-    with caplog.at_level(logging.WARNING, logger="tuner.model"):
+    with caplog.at_level(logging.WARNING, logger="tuner.select.model"):
         assert choose(FP_NEW, store=None, device=DEV_A, dtype=DTYPE, features=_feats(table)).source == "default"
     assert "cannot be loaded" in caplog.text
 
@@ -189,9 +198,9 @@ def test_train_ship_writes_the_file_the_executor_reads(tmp_path, models):
 
 @pytest.mark.gpu
 def test_plan_predicts_from_the_shipped_model_on_a_fresh_store(models, table):
-    from tuner.backend import GpuBackend
-    from tuner.executor import plan
-    from tuner.generate import generate
+    from tuner.execute.executor import plan
+    from tuner.matrix.generate import generate
+    from tuner.measure.backend import GpuBackend
 
     device = GpuBackend().info.id
     params = [{"threads_per_row": 4, "block_size": 128}] * len(table)
@@ -213,3 +222,47 @@ def test_the_package_carries_its_shipped_selectors():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "tuner.data" in config["packages"] and config["package-data"]["tuner.data"] == ["*"]
     assert (REPO / "tuner" / "data").is_dir() and shipped.DATA_DIR == REPO / "tuner" / "data"
+
+
+def test_the_shipped_selectors_load_and_predict(monkeypatch):
+    """The files in tuner/data were pickled when the selectors' modules were tuner.model and
+    tuner.spmspv_selector: they still load (tuner.select.model's renaming unpickler) and predict."""
+    from tuner.matrix.features import extract_features
+    from tuner.matrix.generate import generate
+    from tuner.select.spmspv_selector import MODES, ModeSelector
+
+    monkeypatch.delenv(shipped.ENV)
+    files = sorted(shipped.DATA_DIR.glob("*.pkl.gz"))
+    assert {shipped.read_header(f)["task"] for f in files} == {"spmv", "spmspv"}
+    features = extract_features(generate("powerlaw", rows=2000, seed=1))
+    for path in files:
+        header = shipped.read_header(path)
+        device, dtype, task = header["device"], header["dtype"], header["task"]
+        if task == "spmv":
+            model = load_shipped(device, dtype)
+            assert isinstance(model, KernelSelector), path
+            (p,) = model.predict_details(features)
+            assert p.kernel in REGISTRY and 0 < p.confidence <= 1
+            get_family(p.kernel).space.validate(p.params, family=p.kernel)  # what choose() runs it with
+        else:
+            from tuner.select.spmspv_selector import SELECTOR_FEATURES
+
+            model = load_shipped(device, dtype, task=task, features=SELECTOR_FEATURES)
+            assert isinstance(model, ModeSelector), path
+            fills, modes = model.crossover_table(features)
+            assert len(fills) == len(modes) > 0 and set(modes) <= set(MODES)
+
+
+def test_a_blob_that_names_the_old_module_paths_unpickles():
+    import pickle
+
+    from tuner.select import spmspv_selector
+    from tuner.select.model import RENAMED_MODULES, unpickle_blob
+
+    for old, new in RENAMED_MODULES.items():
+        name = "KernelSelector" if new == "tuner.select.model" else "ModeSelector"
+        blob = pickle.dumps(getattr(importlib.import_module(new), name), protocol=0)
+        old_blob = blob.replace(new.encode(), old.encode())
+        assert new.encode() not in old_blob
+        assert unpickle_blob(old_blob) is unpickle_blob(blob) is getattr(importlib.import_module(new), name)
+    assert unpickle_blob(pickle.dumps(spmspv_selector._log10_1p)) is spmspv_selector._log10_1p

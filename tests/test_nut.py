@@ -16,8 +16,8 @@ import kernels.nut as nut
 from common.errors import InvalidConfigError
 from kernels.nut import STRUCTURE, Nut, build, decode, paper_defaults
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.io import as_csr
-from tuner.verify import Reference
+from tuner.matrix.io import as_csr
+from tuner.measure.verify import Reference
 
 DTYPES = ("float64", "float32")
 SMALL = {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}
@@ -505,7 +505,7 @@ def test_memory_ratio(shared_dir):
 
 
 def test_preprocessing_reference_time_on_a_million_rows():
-    from tuner.generate import generate
+    from tuner.matrix.generate import generate
 
     A = generate("powerlaw", rows=1_000_000, seed=0)
     f = Nut()

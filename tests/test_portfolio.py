@@ -17,12 +17,12 @@ from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import REGISTRY, get_family
 from tests.conftest import REPO
-from tuner.backend import CpuReferenceBackend
 from tuner.cli import app
-from tuner.io import as_csr, write_mtx
-from tuner.portfolio import build_portfolio, read_portfolio, write_portfolio
-from tuner.search import tune
-from tuner.storage import open_storage
+from tuner.matrix.io import as_csr, write_mtx
+from tuner.measure.backend import CpuReferenceBackend
+from tuner.search.loop import tune
+from tuner.search.storage import open_storage
+from tuner.select.portfolio import build_portfolio, read_portfolio, write_portfolio
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used:UserWarning")
@@ -93,7 +93,7 @@ def test_cli_writes_it_and_tune_many_measures_it_in_every_study(tuned: Store, tm
     journal = tmp_path / "j.log"
     total = len(REGISTRY) + len(few)
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}
-    proc = subprocess.run([sys.executable, "-m", "tuner.distributed", "tune-many", str(folder), "--storage",
+    proc = subprocess.run([sys.executable, "-m", "tuner.search.distributed", "tune-many", str(folder), "--storage",
                            str(journal), "--trials-per-matrix", str(total), "--device", "cpu-reference",
                            "--workers", "2", "--enqueue", str(out)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -109,7 +109,7 @@ def test_cli_writes_it_and_tune_many_measures_it_in_every_study(tuned: Store, tm
         seen = {(t.params["kernel"], json.dumps({k.split(".", 1)[1]: v for k, v in t.params.items() if "." in k},
                                                 sort_keys=True)) for t in done}
         assert want <= seen
-    bad = subprocess.run([sys.executable, "-m", "tuner.distributed", "tune-many", str(folder), "--storage",
+    bad = subprocess.run([sys.executable, "-m", "tuner.search.distributed", "tune-many", str(folder), "--storage",
                           str(journal), "--trials-per-matrix", "2", "--device", "cpu-reference", "--enqueue",
                           str(tmp_path / "missing.json")], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)

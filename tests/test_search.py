@@ -18,10 +18,10 @@ from kernels import REGISTRY
 from kernels.csr_scalar import CsrScalar
 from kernels.csr_vector import CsrVector
 from tests.conftest import REPO
-from tuner.backend import CpuReferenceBackend, get_backend
-from tuner.io import as_csr
-from tuner.search import study_name, tune
-from tuner.storage import open_storage
+from tuner.matrix.io import as_csr
+from tuner.measure.backend import CpuReferenceBackend, get_backend
+from tuner.search.loop import study_name, tune
+from tuner.search.storage import open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -140,10 +140,10 @@ def test_two_processes_tune_at_once_without_database_is_locked(tmp_path):
         import sys, optuna, scipy.sparse as sp
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         from db.store import Store
-        from tuner.backend import CpuReferenceBackend
-        from tuner.io import as_csr
-        from tuner.search import tune
-        from tuner.storage import open_storage, default_storage
+        from tuner.measure.backend import CpuReferenceBackend
+        from tuner.matrix.io import as_csr
+        from tuner.search.loop import tune
+        from tuner.search.storage import open_storage, default_storage
         store = Store({str(tmp_path / 'shared.db')!r})
         A = as_csr(sp.random(400, 400, density=0.02, format="csr", random_state=int(sys.argv[1])))
         tune(A, backend=CpuReferenceBackend(), store=store, storage=open_storage(default_storage(store.path)),
@@ -179,7 +179,7 @@ def test_a_second_store_on_the_same_study_gets_its_own_measurements(A, tmp_path)
 def test_verification_catches_a_dropped_entry_and_admits_subnormal_rounding():
     import dataclasses
 
-    from tuner.verify import Reference
+    from tuner.measure.verify import Reference
 
     A = as_csr(sp.csr_matrix(np.array([[3e-43, 0.0, 0.0], [1.0, 2.0, 3.0]], dtype=np.float32)))
     ref = Reference.build(A, "float32", seed=4)

@@ -22,10 +22,10 @@ from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from service import Settings, create_app
 from service.jobs import JobQueue
-from tuner.backend import CpuReferenceBackend
-from tuner.features import FEATURE_NAMES, extract_features, fingerprint
-from tuner.generate import generate
-from tuner.io import read_mtx, write_mtx
+from tuner.matrix.features import FEATURE_NAMES, extract_features, fingerprint
+from tuner.matrix.generate import generate
+from tuner.matrix.io import read_mtx, write_mtx
+from tuner.measure.backend import CpuReferenceBackend
 
 with warnings.catch_warnings():  # Starlette 1.x prefers httpx2 for its TestClient; httpx still works
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
@@ -512,16 +512,16 @@ def test_tune_queue_full_is_429(tmp_path, mtx, monkeypatch):
 
 
 def test_failed_job_reports_its_error(client, mtx, monkeypatch):
-    import tuner.search
+    import tuner.search.loop
 
     def broken(*args, **kwargs):
         raise StoreError("this store cannot be written")
 
-    monkeypatch.setattr(tuner.search, "tune", broken)
+    monkeypatch.setattr(tuner.search.loop, "tune", broken)
     r = client.post("/tune", headers=AUTH, files={"file": ("p.mtx", mtx.read_bytes())})
     job = wait_job(client, r.json()["id"])
     assert job["state"] == "failed" and "cannot be" in job["error"] and job["result"] is None
-    monkeypatch.setattr(tuner.search, "tune", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(tuner.search.loop, "tune", lambda *a, **k: 1 / 0)
     job = wait_job(client, client.post("/tune", headers=AUTH, files={"file": ("p.mtx", mtx.read_bytes())}
                                        ).json()["id"])
     assert job["state"] == "failed" and "internal error: ZeroDivisionError" in job["error"]
@@ -640,8 +640,8 @@ def test_a_stored_selector_answers_predicted_for_a_complete_feature_vector(setti
     """With a model for the server's device, an untuned matrix's full vector (or file) gets 'predicted'."""
     import numpy as np
 
-    from tuner.features import FEATURE_NAMES
-    from tuner.model import KernelSelector, save_model
+    from tuner.matrix.features import FEATURE_NAMES
+    from tuner.select.model import KernelSelector, save_model
 
     seed_store(settings.db)
     rng = np.random.default_rng(0)

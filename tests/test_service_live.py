@@ -27,8 +27,8 @@ import pytest
 from db.store import Store
 from tests.conftest import REPO
 from tests.test_service import TOKEN, seed_store, wait_job
-from tuner.generate import generate
-from tuner.io import write_mtx
+from tuner.matrix.generate import generate
+from tuner.matrix.io import write_mtx
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SERVE = "import typer; from service.cli import serve; app = typer.Typer(); app.command()(serve); app()"

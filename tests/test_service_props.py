@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from service import create_app
 from tests.test_service import AUTH, make_settings, seed_store
-from tuner.features import FEATURE_NAMES
+from tuner.matrix.features import FEATURE_NAMES
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

@@ -32,8 +32,8 @@ from kernels.specsum import (
     speculate,
 )
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.io import as_csr
-from tuner.verify import Reference
+from tuner.matrix.io import as_csr
+from tuner.measure.verify import Reference
 
 FAMILY = SpecSum()
 

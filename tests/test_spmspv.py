@@ -13,12 +13,12 @@ from kernels import get_family
 from kernels.spmspv import DENSE, MODES, SPARSE
 from tests.conftest import REPO
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner import spmspv_selector
-from tuner.algorithms import bfs, frontier_matrix
-from tuner.features import extract_features, fingerprint
-from tuner.generate import generate
-from tuner.io import as_csr
-from tuner.spmspv import SpMSpVExecutor, as_sparse_vector, plan_spmspv
+from tuner.execute.algorithms import bfs, frontier_matrix
+from tuner.execute.spmspv import SpMSpVExecutor, as_sparse_vector, plan_spmspv
+from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.generate import generate
+from tuner.matrix.io import as_csr
+from tuner.select import spmspv_selector
 
 CONFIGS = [("sparse", {"merge": "spa"}), ("sparse", {"merge": "sort"}),
            ("dense", {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128}), ("dense", {}),
@@ -132,7 +132,7 @@ def test_bad_sparse_vectors_are_rejected_with_what_is_wrong(x, error, match) -> 
 
 
 def test_plan_spmspv_without_gpu_runs_the_references_and_picks_modes_by_fill(monkeypatch) -> None:
-    monkeypatch.setattr("tuner.spmspv.gpu_available", lambda: False)
+    monkeypatch.setattr("tuner.execute.spmspv.gpu_available", lambda: False)
     A = generate("powerlaw", rows=3000, seed=2)
     ex = plan_spmspv(A)
     assert ex.selector_source == "default" and ex.xp is np
@@ -173,9 +173,9 @@ def test_the_small_sort_size_is_the_same_in_python_and_cuda() -> None:
 
 
 def test_plan_with_op_spmspv_and_an_unknown_op(monkeypatch) -> None:
-    from tuner.executor import plan
+    from tuner.execute.executor import plan
 
-    monkeypatch.setattr("tuner.spmspv.gpu_available", lambda: False)
+    monkeypatch.setattr("tuner.execute.spmspv.gpu_available", lambda: False)
     assert isinstance(plan(CASES["random"](), op="spmspv"), SpMSpVExecutor)
     with pytest.raises(ValueError, match="unknown op"):
         plan(CASES["random"](), op="spgemm")
@@ -199,13 +199,13 @@ def scipy_levels(A: sp.csr_matrix) -> np.ndarray:
 
 @pytest.mark.parametrize("mode", [None, "sparse", "dense"])
 def test_bfs_matches_scipy_shortest_paths(mode, monkeypatch) -> None:
-    monkeypatch.setattr("tuner.spmspv.gpu_available", lambda: False)
+    monkeypatch.setattr("tuner.execute.spmspv.gpu_available", lambda: False)
     for name, A in bfs_cases():
         assert bfs(A, 0, mode=mode).tolist() == scipy_levels(A).tolist(), name
 
 
 def test_bfs_on_shared_graphs(shared_dir, monkeypatch) -> None:
-    monkeypatch.setattr("tuner.spmspv.gpu_available", lambda: False)
+    monkeypatch.setattr("tuner.execute.spmspv.gpu_available", lambda: False)
     for name in ("karate", "bcspwr10", "arrow", "west0479"):
         A = load_shared(name)
         assert bfs(A, 0).tolist() == scipy_levels(A).tolist(), name
@@ -257,7 +257,7 @@ def test_selector_learns_the_crossover_and_beats_fixed_modes() -> None:
 
 
 def test_selector_is_stored_per_task_and_device() -> None:
-    from tuner.model import latest_row
+    from tuner.select.model import latest_row
 
     store = synthetic_store()
     X, y, weight, groups, _ = spmspv_selector.training_rows(store, device="GPU X (sm_90)", dtype="float32")
@@ -371,8 +371,8 @@ def test_gpu_sparse_mode_on_both_sides_of_its_one_block_paths(dtype: str) -> Non
 def test_train_command_trains_saves_and_ships_the_spmspv_selector(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from tuner import shipped
     from tuner.cli import app
+    from tuner.select import shipped
 
     db = tmp_path / "s.db"
     memory = synthetic_store()

@@ -1,4 +1,4 @@
-"""The generated suites (tuner.suites): the corpus's spread, and tune-many building them on the worker."""
+"""The generated suites (tuner.matrix.suites): the corpus's spread, and tune-many building them on the worker."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 
 from common.errors import InvalidConfigError
 from tests.conftest import REPO
-from tuner.backend import CpuReferenceBackend
-from tuner.distributed import read_sources, run_worker
-from tuner.generate import KINDS, generate
-from tuner.search import SOURCE_ATTR
-from tuner.storage import open_storage
-from tuner.suites import SUITES, SuiteMatrix, approx_nnz, corpus
+from tuner.matrix.generate import KINDS, generate
+from tuner.matrix.suites import SUITES, SuiteMatrix, approx_nnz, corpus
+from tuner.measure.backend import CpuReferenceBackend
+from tuner.search.distributed import read_sources, run_worker
+from tuner.search.loop import SOURCE_ATTR
+from tuner.search.storage import open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used:UserWarning")

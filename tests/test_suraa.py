@@ -40,8 +40,8 @@ from kernels.suraa import (
 from kernels.suraa_rows import decompose_rows, row_threads
 from kernels.suraa_segments import decompose, freedman_diaconis_segments, row_order, threads_per_row
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.io import as_csr
-from tuner.verify import Reference
+from tuner.matrix.io import as_csr
+from tuner.measure.verify import Reference
 
 FAMILY = Suraa()
 DTYPES = ("float64", "float32")

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from common.errors import InvalidConfigError, MatrixFormatError, NoDeviceError, StoreError, TunerError
 
 if TYPE_CHECKING:
-    from tuner.executor import Executor, plan
+    from tuner.execute.executor import Executor, plan
 
 
 def __getattr__(name: str) -> Any:
     if name in ("plan", "Executor"):
-        from tuner import executor
+        from tuner.execute import executor
 
         globals()[name] = value = getattr(executor, name)
         return value

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from common.errors import TunerError
-from tuner.io import check_dtype
+from tuner.matrix.io import check_dtype
 
 app = typer.Typer(
     help="Auto-tuned SpMV on NVIDIA GPUs: generate or read a matrix, tune kernels on it, look up results.",
@@ -56,8 +56,8 @@ def generate(
     seed: Annotated[int, typer.Option("--seed", help="random seed (same seed, same matrix)")] = 0,
 ) -> None:
     """Write a synthetic matrix: stencils, banded, uniform, power-law, few huge rows, LP-like, empty rows."""
-    from tuner.generate import generate as make
-    from tuner.io import write_mtx
+    from tuner.matrix.generate import generate as make
+    from tuner.matrix.io import write_mtx
 
     A = make(kind, n=n, rows=rows, seed=seed)
     write_mtx(output, A, comment=f"tuner generate {kind} n={n} rows={rows} seed={seed}")
@@ -83,10 +83,10 @@ def tune(
     import optuna
 
     from db.store import Store
-    from tuner.backend import get_backend
-    from tuner.io import matrix_name, read_mtx
-    from tuner.search import tune as run_tune
-    from tuner.storage import default_storage, open_storage
+    from tuner.matrix.io import matrix_name, read_mtx
+    from tuner.measure.backend import get_backend
+    from tuner.search.loop import tune as run_tune
+    from tuner.search.storage import default_storage, open_storage
 
     check_dtype(dtype)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -163,10 +163,10 @@ def bench(
 
     from common.errors import InvalidConfigError
     from db.store import Store
-    from tuner.backend import get_backend
-    from tuner.bench import families_of, run_bench, sources
-    from tuner.portfolio import read_portfolio
-    from tuner.storage import default_storage, open_storage
+    from tuner.benchmark.bench import families_of, run_bench, sources
+    from tuner.measure.backend import get_backend
+    from tuner.search.storage import default_storage, open_storage
+    from tuner.select.portfolio import read_portfolio
 
     check_dtype(dtype)
     families = families_of(kernels.split(",")) if kernels else None  # unknown names fail before the store opens
@@ -204,7 +204,7 @@ def report(
     = None,
 ) -> None:
     """Draw the benchmark plots and write report.md / report.html."""
-    from tuner.report import render
+    from tuner.benchmark.report import render
 
     target = out or (results[0] if results[0].is_dir() else results[0].parent) / "report"
     made = render(results, target)
@@ -226,13 +226,13 @@ def recommend(
 ) -> None:
     """Say which kernel and config plan() would run for MATRIX: tuned, predicted by the selector, or the default."""
     from db.store import Store
-    from tuner.executor import choose
-    from tuner.features import extract_features, fingerprint
-    from tuner.io import read_mtx
+    from tuner.execute.executor import choose
+    from tuner.matrix.features import extract_features, fingerprint
+    from tuner.matrix.io import read_mtx
 
     check_dtype(dtype)
     if device is None:
-        from tuner.backend import GpuBackend
+        from tuner.measure.backend import GpuBackend
 
         device = GpuBackend().info.id  # NoDeviceError (a clear message) on a machine without a GPU
     A = read_mtx(matrix, dtype=dtype)
@@ -270,8 +270,8 @@ def show(
     """Print what the store knows about a matrix: best configs per device and dtype, trial counts."""
     from common.errors import TunerError as _TunerError
     from db.store import Store
-    from tuner.features import fingerprint
-    from tuner.io import read_mtx
+    from tuner.matrix.features import fingerprint
+    from tuner.matrix.io import read_mtx
 
     store = Store(db)
     key = fingerprint(read_mtx(matrix)) if Path(matrix).is_file() else matrix
@@ -325,14 +325,14 @@ def train(
 ) -> None:
     """Train the kernel selector (or the SpMSpV mode selector) from the store on a device; save it as a new model."""
     from db.store import Store
-    from tuner.model import KernelSelector, pick_device, save_model, ship_model, training_table
+    from tuner.select.model import KernelSelector, pick_device, save_model, ship_model, training_table
 
     check_dtype(dtype)
     if task not in ("spmv", "spmspv"):
         raise TunerError(f"unknown task {task!r}: spmv (the kernel selector) or spmspv (the SpMSpV mode selector)")
     with Store(db) as store:
         if corpus:
-            from tuner.corpus import import_corpus
+            from tuner.select.corpus import import_corpus
 
             for path in corpus:
                 _print_import(import_corpus(store, path))
@@ -357,7 +357,7 @@ def train(
         console.print(out)
         metrics = {"cv": model.cv_scores_, "classifier": model.classifier_name_, "skipped": len(table.skipped)}
         if evaluate:  # (two or more matrices: one row per tuned matrix, checked above)
-            from tuner.model_eval import evaluate_selector
+            from tuner.select.evaluation import evaluate_selector
 
             result = evaluate_selector(table, device=device, dtype=dtype,
                                        classifier=model.classifier_name_, cv=cv, random_state=seed)
@@ -367,7 +367,7 @@ def train(
         console.print(f"saved model {model_id} ({model.classifier_name_}, {len(table)} matrices, "
                       f"{len(table.skipped)} skipped without features)")
         if ship:
-            from tuner.shipped import shipped_dir
+            from tuner.select.shipped import shipped_dir
 
             path = ship_model(model, device=device, dtype=dtype, metrics=metrics, folder=ship_dir or shipped_dir())
             console.print(f"shipped as {path} ({path.stat().st_size / 1024:.0f} KiB): plan() predicts with it "
@@ -375,7 +375,7 @@ def train(
 
 
 def _train_spmspv(store: Any, *, device: str, dtype: str, cv: int, ship: bool, ship_dir: Path | None) -> None:
-    from tuner import spmspv_selector
+    from tuner.select import spmspv_selector
 
     model, report = spmspv_selector.train(store, device=device, dtype=dtype, cv=cv)
     out = Table(title=f"SpMSpV mode, out of fold by matrix: {report['rows']} measurements of {report['matrices']} "
@@ -390,7 +390,7 @@ def _train_spmspv(store: Any, *, device: str, dtype: str, cv: int, ship: bool, s
         raise TunerError(f"SpMSpV selector not trained: {report['not_trained']}")
     console.print(f"saved the SpMSpV selector (SVM {report['svm_params']}) for {device} in {dtype}")
     if ship:
-        from tuner.shipped import shipped_dir
+        from tuner.select.shipped import shipped_dir
 
         path = spmspv_selector.ship(model, device=device, dtype=dtype, metrics=report, folder=ship_dir or shipped_dir())
         console.print(f"shipped as {path}: plan(A, op='spmspv') uses it on {device} in {dtype}")
@@ -406,7 +406,7 @@ def _print_evaluation(result: Any) -> None:
         table.add_row(escape(r.strategy), acc, f"{r.geomean:.3f}", f"{r.worst5:.3f}", str(r.matrices))
     console.print(table)
     console.print(f"the predicted config itself was measured on {result.exact} of {result.matrices} matrices; "
-                  "elsewhere its family's default stands in (see tuner.model_eval)")
+                  "elsewhere its family's default stands in (see tuner.select.evaluation)")
 
 
 def _per_dtype(report: Any) -> str:
@@ -434,7 +434,7 @@ def corpus_export(
 ) -> None:
     """Write the store's trials, with their matrices, features and devices, to one compact file."""
     from db.store import Store
-    from tuner.corpus import export_corpus
+    from tuner.select.corpus import export_corpus
 
     if dtype is not None:
         check_dtype(dtype)
@@ -453,7 +453,7 @@ def corpus_import(
 ) -> None:
     """Add corpus files' trials to the store (each trial once: importing again adds nothing)."""
     from db.store import Store
-    from tuner.corpus import import_corpus
+    from tuner.select.corpus import import_corpus
 
     with Store(db) as store:
         for path in files:
@@ -469,10 +469,10 @@ def corpus_portfolio(
     = None,
     per_family: Annotated[int, typer.Option(min=1, help="configs of each family with a large space")] = 6,
 ) -> None:
-    """Write the configs that `tune-many --enqueue` measures on every matrix (see tuner.portfolio)."""
+    """Write the configs that `tune-many --enqueue` measures on every matrix (see tuner.select.portfolio)."""
     from db.store import Store
-    from tuner.model import pick_device
-    from tuner.portfolio import build_portfolio, write_portfolio
+    from tuner.select.model import pick_device
+    from tuner.select.portfolio import build_portfolio, write_portfolio
 
     with Store(db) as store:
         configs = build_portfolio(store, device=pick_device(store, device), per_family=per_family)
@@ -499,7 +499,7 @@ def list_kernels(as_json: Annotated[bool, typer.Option("--json", help="print the
 def _register_commands_of_other_modules() -> None:
     """Commands written beside the code they drive; they print their own errors."""
     from service.cli import serve
-    from tuner.distributed import sync, tune_many
+    from tuner.search.distributed import sync, tune_many
 
     app.command("tune-many")(tune_many)
     app.command("sync")(sync)

@@ -19,7 +19,7 @@ from service.models import (
     ratio,
 )
 from service.uploads import FILE_FIELD, read_upload, receive_upload
-from tuner.executor import choose
+from tuner.execute.executor import choose
 
 router = APIRouter(prefix="/recommend", tags=["recommend"])
 
@@ -82,7 +82,7 @@ def recommendation(
     device_kind: str,
     dtype: str,
 ) -> RecommendationPublic:
-    """Ask :func:`tuner.executor.choose` (the one place that decides a config) and add what is known of it.
+    """Ask :func:`tuner.execute.executor.choose` (the one place that decides a config) and add what is known of it.
 
     ``features`` go to the selector model behind ``choose`` (used when the vector is complete, the
     store holds a model for the device and dtype, and nothing is tuned for the fingerprint).
@@ -124,7 +124,7 @@ async def recommend(request: Request) -> Response:
     """The kernel and parameters to use for a matrix, where they come from and how fast they are.
 
     Body: a feature vector as JSON (``rows``, ``cols``, ``nnz`` required, the
-    other names of ``tuner.features.FEATURE_NAMES`` optional, plus an optional
+    other names of ``tuner.matrix.features.FEATURE_NAMES`` optional, plus an optional
     ``fingerprint``), or a Matrix Market file (``.mtx`` or ``.mtx.gz``) in the
     multipart field ``file``, whose fingerprint and features are computed here. Query: ``device`` (default:
     the server's) and ``dtype`` (``float64`` or ``float32``).

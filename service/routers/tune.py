@@ -20,7 +20,7 @@ from service.jobs import QueueFullError, ShuttingDownError
 from service.models import JobPublic, TuneCreate, TuneOptions, error_responses
 from service.settings import Settings
 from service.uploads import FILE_FIELD, read_upload, receive_upload
-from tuner.io import as_csr, matrix_name
+from tuner.matrix.io import as_csr, matrix_name
 
 router = APIRouter(prefix="/tune", tags=["jobs"], dependencies=[TokenDep])
 

@@ -16,9 +16,9 @@ import numpy as np
 
 from common.errors import InvalidConfigError, TunerError
 from kernels import Family
-from tuner.backend import Backend, Timing
-from tuner.metrics import gbps, gflops
-from tuner.verify import Reference
+from tuner.measure.backend import Backend, Timing
+from tuner.measure.metrics import gbps, gflops
+from tuner.measure.verify import Reference
 
 # Exception class names (CuPy's are matched by name so CuPy stays an optional import).
 _KINDS = {

@@ -4,7 +4,7 @@ The executor keeps both representations of A, built once: CSC for the sparse
 mode and, for the dense mode, what its SpMV needs (:mod:`kernels.spmspv`): the
 config ``plan(A)`` would run, or the paper's NuT tiles. It picks a mode per
 call from x's fill (nnz(x) / cols) through a table that the mode selector
-(:mod:`tuner.spmspv_selector`) filled for this matrix at plan time.
+(:mod:`tuner.select.spmspv_selector`) filled for this matrix at plan time.
 Without a GPU the same API runs both modes' CPU references.
 
 x may be an ``(indices, values)`` tuple of NumPy or CuPy arrays, or a SciPy or
@@ -17,7 +17,7 @@ nonzero; ``ex(x, dense=True)`` gives the dense y instead.
 Example::
 
     from tuner import plan
-    from tuner.generate import generate
+    from tuner.matrix.generate import generate
     ex = plan(generate("powerlaw", rows=100_000), op="spmspv")
     idx, val = ex((np.array([0, 5, 9]), np.ones(3)))
     print(ex.last_mode, ex.explain())
@@ -35,9 +35,9 @@ import scipy.sparse as sp
 from db.store import Store
 from kernels._cuda import gpu_available, require_cupy
 from kernels.spmspv import MODES, sum_runs
-from tuner import spmspv_selector
-from tuner.features import extract_features, fingerprint
-from tuner.io import as_csr
+from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.io import as_csr
+from tuner.select import spmspv_selector
 
 
 def as_sparse_vector(x: Any, n: int, dtype: Any, xp: Any = np) -> tuple[Any, Any]:
@@ -164,7 +164,7 @@ class SpMSpVExecutor:
 
 def plan_spmspv(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None,
                 params: Mapping[str, Mapping[str, Any]] | None = None) -> SpMSpVExecutor:
-    """Prepare y = A·x for sparse x (see :func:`tuner.executor.plan` with ``op="spmspv"``).
+    """Prepare y = A·x for sparse x (see :func:`tuner.execute.executor.plan` with ``op="spmspv"``).
 
     ``params`` may set each mode's parameters (``{"sparse": {...}, "dense": {"kernel": ..., ...}}``). On a
     GPU the dense mode runs, unless told otherwise, the SpMV that ``plan(A)`` runs (tuned, predicted or
@@ -178,8 +178,8 @@ def plan_spmspv(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Sto
     selector, source = None, "default"
     params = dict(params or {})
     if on_gpu:  # (without a GPU no selector applies and the dense mode is NuT's reference: no features needed)
-        from tuner.backend import GpuBackend
-        from tuner.executor import choose
+        from tuner.execute.executor import choose
+        from tuner.measure.backend import GpuBackend
 
         features = extract_features(A)
         device = GpuBackend().info.id

@@ -6,7 +6,7 @@ StandardScaler, then gradient boosting, a random forest or an SVM, picked by
 cross-validation grouped by matrix fingerprint, see :func:`select_model`); the
 family's parameters are chosen on the ``n_neighbors`` most similar training
 matrices (in the scaled feature space): among the family's configs measured on
-most training matrices (the corpus measures a :mod:`tuner.portfolio` on every
+most training matrices (the corpus measures a :mod:`tuner.select.portfolio` on every
 one), the config with the best mean log of t_best / t there. Where none was
 measured on enough of them, the params of the nearest matrix that the family
 won. Each prediction carries the classifier's probability of the family
@@ -15,10 +15,10 @@ won. Each prediction carries the classifier's probability of the family
 
 Models are stored in the ``models`` table (:func:`save_model`,
 :func:`load_latest`), one versioned row per (device, dtype) training run;
-:func:`tuner.executor.choose` uses the latest one for a matrix without a tuned
+:func:`tuner.execute.executor.choose` uses the latest one for a matrix without a tuned
 best (source ``'predicted'``), else the one shipped inside the package for
 exactly that device and dtype (:func:`ship_model`, :func:`load_shipped`,
-:mod:`tuner.shipped`). Both hold the same row and the same pickled blob
+:mod:`tuner.select.shipped`). Both hold the same row and the same pickled blob
 (:func:`model_row`): one way of serializing.
 
 Example (on a synthetic table)::
@@ -35,6 +35,7 @@ Example (on a synthetic table)::
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 import pickle
@@ -60,7 +61,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from common.errors import InvalidConfigError, StoreError
 from kernels import config_key, config_of
-from tuner.features import FEATURE_NAMES
+from tuner.matrix.features import FEATURE_NAMES
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -83,6 +84,7 @@ __all__ = [
     "ship_model",
     "pick_device",
     "training_table",
+    "unpickle_blob",
 ]
 _log = logging.getLogger(__name__)
 
@@ -380,7 +382,7 @@ def model_row(model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any]
     """A fitted selector as a ``models`` row: what the store keeps and a shipped file holds (the blob pickled).
 
     ``task`` is 'spmv' for a :class:`KernelSelector` (its ``feature_names_in_`` are the features) or
-    'spmspv' for :class:`tuner.spmspv_selector.ModeSelector` (pass its ``features``).
+    'spmspv' for :class:`tuner.select.spmspv_selector.ModeSelector` (pass its ``features``).
     """
     check_is_fitted(model, "pipeline_")
     return {
@@ -409,13 +411,30 @@ def save_model(store: Store, model: Any, *, device: str, dtype: str, metrics: Ma
 
 def ship_model(model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any] | None = None,
                folder: str | Path | None = None, task: str = "spmv", features: Sequence[str] | None = None) -> Path:
-    """Write a fitted selector as the one shipped for exactly (device, dtype) (:mod:`tuner.shipped`) into
+    """Write a fitted selector as the one shipped for exactly (device, dtype) (:mod:`tuner.select.shipped`) into
     ``folder`` (default: the package's ``tuner/data``); returns the file's path."""
-    from tuner.shipped import DATA_DIR, write_shipped
+    from tuner.select.shipped import DATA_DIR, write_shipped
 
     row = model_row(model, device=device, dtype=dtype, metrics=metrics, task=task, features=features)
     blob = row.pop("blob")
     return write_shipped(row, blob, Path(folder) if folder is not None else DATA_DIR)
+
+
+RENAMED_MODULES = {"tuner.model": "tuner.select.model", "tuner.spmspv_selector": "tuner.select.spmspv_selector"}
+"""Where the classes and functions a pickled selector names lived before tuner/ was split by stage: the shipped
+files and the models in users' stores name those paths, and keep loading."""
+
+
+class _RenamingUnpickler(pickle.Unpickler):
+    """An unpickler that finds what a blob names under its module's new path (:data:`RENAMED_MODULES`)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(RENAMED_MODULES.get(module, module), name)
+
+
+def unpickle_blob(blob: bytes) -> Any:
+    """A ``models`` blob (or a shipped file's) as an object, pickled before or after the modules moved."""
+    return _RenamingUnpickler(io.BytesIO(blob)).load()
 
 
 def _unpickle(row: Mapping[str, Any], features: Sequence[str]) -> Any:
@@ -425,7 +444,7 @@ def _unpickle(row: Mapping[str, Any], features: Sequence[str]) -> Any:
     if row.get("blob") is None or json.loads(row["features"]) != list(features):
         return None  # trained on another feature set: unusable until retrained
     try:
-        model = pickle.loads(row["blob"])
+        model = unpickle_blob(row["blob"])
         check_is_fitted(model)
     except (AttributeError, ImportError, NotFittedError) as exc:  # a class or function renamed since
         _log.warning("model %s (%s, %s) was saved by an older version and cannot be used (%s); run `tuner "
@@ -464,7 +483,7 @@ _LOADED_MAX = 8
 def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Sequence[str] = FEATURE_NAMES) -> Any:
     """The ``task`` selector shipped for exactly (device, dtype), or None (also when it cannot be unpickled
     here, e.g. under an incompatible scikit-learn: logged). Each file is unpickled once."""
-    from tuner.shipped import shipped_path
+    from tuner.select.shipped import shipped_path
 
     path = shipped_path(device, dtype, task=task)
     if path is None or not path.is_file():
@@ -476,7 +495,7 @@ def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Seque
 @functools.lru_cache(maxsize=8)
 def _load_shipped(path: str, mtime_ns: int, size: int, device: str, dtype: str, task: str,
                   features: tuple[str, ...]) -> Any:
-    from tuner.shipped import read_shipped
+    from tuner.select.shipped import read_shipped
 
     try:
         found = read_shipped(device, dtype, task=task)

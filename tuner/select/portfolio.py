@@ -1,7 +1,7 @@
 """The portfolio: configs measured on every corpus matrix, beside those that optuna samples per matrix.
 
 Tuning a matrix measures a few dozen configs, mostly different ones on each
-matrix. The selector (:class:`tuner.model.KernelSelector`) chooses a family's
+matrix. The selector (:class:`tuner.select.model.KernelSelector`) chooses a family's
 parameters by how candidate configs did on the most similar training matrices,
 which needs configs measured on many matrices, and its evaluation is exact only
 where the predicted config was measured on the held-out matrix. The portfolio
@@ -45,7 +45,7 @@ def build_portfolio(store: Store, *, device: str, dtypes: Sequence[str] = ("floa
                     exhaustive_up_to: int = 32, per_family: int = 6, within: float = 0.03,
                     near_best: float = 0.10) -> list[Config]:
     """The portfolio for ``device`` from the store's verified trials in ``dtypes`` (see the module's doc)."""
-    from tuner.model import measured_times  # scikit-learn only here, not in the workers that read a portfolio
+    from tuner.select.model import measured_times  # scikit-learn only here, not in the workers that read a portfolio
 
     times = {(fp, dtype): row for dtype in dtypes  # (fingerprint, dtype) -> config key -> time
              for fp, row in measured_times(store, device=device, dtype=dtype).items()}

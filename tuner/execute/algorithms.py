@@ -15,8 +15,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from db.store import Store
-from tuner.io import as_csr
-from tuner.spmspv import SpMSpVExecutor, plan_spmspv
+from tuner.execute.spmspv import SpMSpVExecutor, plan_spmspv
+from tuner.matrix.io import as_csr
 
 
 def frontier_matrix(A: Any) -> sp.csr_matrix:

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from common.errors import TunerError  # noqa: E402
-from tuner.bench import PLAN_LABEL  # noqa: E402
+from tuner.benchmark.bench import PLAN_LABEL  # noqa: E402
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Where the config comes from is part of the answer (``ex.source``):
 ``'tuned'`` when the store has a best config for this matrix's fingerprint on
 this device model and dtype, ``'predicted'`` when it has none but holds a
-trained selector for the device and dtype (:mod:`tuner.model`), ``'default'``
+trained selector for the device and dtype (:mod:`tuner.select.model`), ``'default'``
 otherwise (cuSPARSE, the safe choice), and ``'cpu'`` on a machine without a
 GPU, where SciPy computes y.
 """
@@ -21,13 +21,13 @@ from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, get_family
 from kernels._cuda import gpu_available
-from tuner.backend import GpuBackend
-from tuner.features import FEATURE_NAMES, extract_features, fingerprint
-from tuner.io import as_csr
-from tuner.shipped import may_predict
+from tuner.matrix.features import FEATURE_NAMES, extract_features, fingerprint
+from tuner.matrix.io import as_csr
+from tuner.measure.backend import GpuBackend
+from tuner.select.shipped import may_predict
 
 if TYPE_CHECKING:
-    from tuner.spmspv import SpMSpVExecutor
+    from tuner.execute.spmspv import SpMSpVExecutor
 
 
 class Executor:
@@ -36,7 +36,7 @@ class Executor:
     Example (on a generated matrix)::
 
         from tuner import plan
-        from tuner.generate import generate
+        from tuner.matrix.generate import generate
         A = generate("poisson2d", n=500)
         ex = plan(A)
         y = ex(np.ones(A.shape[1]))
@@ -130,7 +130,7 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     if best is not None:
         return Choice(best["kernel"], best["params"], "tuned", best["gflops"], best["time_s"], best["cusparse_time_s"])
     if features is not None and set(FEATURE_NAMES) <= set(features) and may_predict(store, device, dtype):
-        from tuner.model import find_model  # scikit-learn only when a model is stored or shipped
+        from tuner.select.model import find_model  # scikit-learn only when a model is stored or shipped
 
         model = find_model(store, device=device, dtype=dtype)
         if model is not None:
@@ -151,10 +151,10 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     on this GPU model and dtype in the store ``db`` (default: the per-user
     store); without one it uses cuSPARSE. Preprocessing happens here, once.
     ``op="spmspv"`` prepares y = A·x for a *sparse* x instead
-    (:class:`~tuner.spmspv.SpMSpVExecutor`).
+    (:class:`~tuner.execute.spmspv.SpMSpVExecutor`).
     """
     if op == "spmspv":
-        from tuner.spmspv import plan_spmspv
+        from tuner.execute.spmspv import plan_spmspv
 
         return plan_spmspv(A, dtype=dtype, db=db)
     if op != "spmv":

@@ -19,7 +19,7 @@ decides: sparse mode below that fill, dense above.
 The measurements live in the store's ``spmspv_trials`` table
 (:meth:`db.store.Store.add_spmspv_trials`), a trained selector in ``models``
 with ``task = 'spmspv'``; a selector for the GPU measured here ships in
-``tuner/data/`` (:func:`ship`, :mod:`tuner.shipped`).
+``tuner/data/`` (:func:`ship`, :mod:`tuner.select.shipped`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from sklearn.svm import SVC
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from common.errors import InvalidConfigError, StoreError
-from tuner.features import CF_WIDTHS
+from tuner.matrix.features import CF_WIDTHS
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -232,12 +232,12 @@ def train(store: Store, *, device: str, dtype: str, cv: int = 5) -> tuple[ModeSe
     return model, report
 
 
-# -- storage: the models table and the shipped files of the SpMV selector (tuner.model), task 'spmspv' ---------
+# -- storage: the models table and the shipped files of the SpMV selector (tuner.select.model), task 'spmspv' ---------
 
 
 def save(store: Store, model: ModeSelector, *, device: str, dtype: str, metrics: Mapping[str, Any]) -> int:
     """Store a fitted selector for (device, dtype) as a new ``models`` row (task 'spmspv'); its id."""
-    from tuner.model import save_model
+    from tuner.select.model import save_model
 
     return save_model(store, model, device=device, dtype=dtype, metrics=metrics, task=TASK,
                       features=SELECTOR_FEATURES)
@@ -246,7 +246,7 @@ def save(store: Store, model: ModeSelector, *, device: str, dtype: str, metrics:
 def ship(model: ModeSelector, *, device: str, dtype: str, metrics: Mapping[str, Any],
          folder: str | Path | None = None) -> Path:
     """Write a fitted selector as the one shipped for (device, dtype) (default folder: ``tuner/data``)."""
-    from tuner.model import ship_model
+    from tuner.select.model import ship_model
 
     return ship_model(model, device=device, dtype=dtype, metrics=metrics, folder=folder, task=TASK,
                       features=SELECTOR_FEATURES)
@@ -258,7 +258,7 @@ def load(store: Store | None, *, device: str, dtype: str) -> tuple[ModeSelector 
     Returns ``(selector, source)`` with source 'trained', 'shipped' or 'default'.
     Selectors are pickles: only load stores and packages you trust.
     """
-    from tuner.model import load_latest, load_shipped
+    from tuner.select.model import load_latest, load_shipped
 
     found = {"device": device, "dtype": dtype, "task": TASK, "features": SELECTOR_FEATURES}
     if store is not None and (model := load_latest(store, **found)) is not None:

@@ -5,7 +5,7 @@ A shipped selector is one file per (device, dtype),
 line, the header (the ``models`` row's fields but the blob: ``task``,
 ``device``, ``dtype``, ``created_at``, ``n_train``, ``features``, ``metrics``,
 and the scikit-learn version it was pickled with), then the blob, the same
-bytes the store's ``models.blob`` holds (:func:`tuner.model.save_model`).
+bytes the store's ``models.blob`` holds (:func:`tuner.select.model.save_model`).
 ``tuner train --ship`` writes it. It is used only for exactly the device and
 dtype its header names (the file name is only where to look), and only when
 the store has no selector of its own for them.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["DATA_DIR", "ENV", "may_predict", "read_header", "read_shipped", "shipped_dir", "shipped_path", "slug",
            "write_shipped"]
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 ENV = "SPMV_TUNER_MODELS"
 FORMAT = "spmv-tuner-selector"
 VERSION = 1

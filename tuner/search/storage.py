@@ -55,7 +55,7 @@ def open_storage(
     """An RDB URL (``postgresql://``, ``sqlite:///``), ``journal:PATH`` or a path ending in ``.log``.
 
     ``heartbeat_interval`` (seconds, off by default) makes every trial asked
-    through :func:`tuner.search.tune` beat that often; a RUNNING trial silent for
+    through :func:`tuner.search.loop.tune` beat that often; a RUNNING trial silent for
     ``grace_period`` seconds (default: twice the interval) is failed by the next
     ``fail_stale_trials``, and ``stale_trial_callback(study, trial)`` is called for it.
     """

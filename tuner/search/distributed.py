@@ -49,8 +49,8 @@ from rich.table import Table
 
 from common.errors import InvalidConfigError, TunerError
 from db.store import TRIAL_FIELDS
-from tuner.io import check_dtype
-from tuner.portfolio import read_portfolio
+from tuner.matrix.io import check_dtype
+from tuner.select.portfolio import read_portfolio
 
 DEFAULT_ATTR = "default"  # a trial enqueued by tune(total=N): a family's default or a config of its `enqueue`
 SURPLUS_ATTR = "surplus"  # a trial asked past the budget and pruned unmeasured
@@ -195,13 +195,13 @@ def repeats_queued(study: optuna.Study, trial: optuna.Trial) -> bool:
 
 def read_sources(items: Sequence[str | Path], suite: str | None = None) -> list[Any]:
     """``.mtx``/``.mtx.gz`` files, folders of them, and manifests, then a named generated suite's
-    matrices (:mod:`tuner.suites`, built by each worker itself), as :class:`tuner.bench.Source`.
+    matrices (:mod:`tuner.matrix.suites`, built by each worker itself), as :class:`tuner.benchmark.bench.Source`.
 
     A manifest is any other file: one path per line (blank lines and ``#``
     comments skipped, relative paths taken from the manifest's folder), or a
     TSV whose header has a ``path`` or ``file`` column (like shared/matrices/MANIFEST.tsv).
     """
-    from tuner.bench import sources
+    from tuner.benchmark.bench import sources
 
     paths: list[Path] = []
     for item in map(Path, items):
@@ -249,7 +249,7 @@ class WorkerStats:
 def open_shared_storage(spec: str, *, heartbeat: int, grace: int,
                         on_stale: Callable[..., None] | None = None) -> optuna.storages.BaseStorage:
     """``spec`` opened with heartbeats every ``heartbeat`` seconds (0: none) and ``grace`` seconds of grace."""
-    from tuner.storage import open_storage
+    from tuner.search.storage import open_storage
 
     return open_storage(spec, heartbeat_interval=heartbeat or None, grace_period=grace if heartbeat else None,
                         stale_trial_callback=on_stale)
@@ -280,13 +280,13 @@ def run_worker(
     study is done. A source with a ``key`` whose study is done is passed by
     without building its matrix. With ``deadline`` (a ``time.time()``), no
     trial starts after it and the rest of the list is left (``stats.left``)
-    for a later run. ``enqueue`` (a :mod:`tuner.portfolio`) is measured in every study (see
-    :func:`tuner.search.tune`).
+    for a later run. ``enqueue`` (a :mod:`tuner.select.portfolio`) is measured in every study (see
+    :func:`tuner.search.loop.tune`).
     """
-    from tuner.evaluate import ContextLostError
-    from tuner.features import fingerprint
-    from tuner.io import as_csr
-    from tuner.search import study_name, tune
+    from tuner.matrix.features import fingerprint
+    from tuner.matrix.io import as_csr
+    from tuner.measure.evaluate import ContextLostError
+    from tuner.search.loop import study_name, tune
 
     stats = WorkerStats()
     pending: dict[str, tuple[int, Any]] = {}
@@ -367,7 +367,7 @@ def run_worker(
 def _studies_by_source(storage: optuna.storages.BaseStorage, suffix: str) -> dict[str, str]:
     """Source key → study name, for the storage's studies whose name ends with ``suffix``
     (``|device|dtype|registry version``: this worker's device model, dtype and registry)."""
-    from tuner.search import SOURCE_ATTR
+    from tuner.search.loop import SOURCE_ATTR
 
     return {s.user_attrs[SOURCE_ATTR]: s.study_name for s in storage.get_all_studies()
             if s.study_name.endswith(suffix) and s.user_attrs.get(SOURCE_ATTR)}
@@ -389,8 +389,8 @@ def worker(
     enqueue: Annotated[Path | None, typer.Option(help="portfolio file: configs measured in every study")] = None,
 ) -> None:
     """One worker (started by tune-many): JSON lines of progress on stdout."""
-    from tuner.backend import get_backend
-    from tuner.evaluate import ContextLostError
+    from tuner.measure.backend import get_backend
+    from tuner.measure.evaluate import ContextLostError
 
     def emit(event: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(event) + "\n")
@@ -517,13 +517,13 @@ def tune_many(
         args += ["--deadline", repr(deadline)]
     if enqueue is not None:
         args += ["--enqueue", str(enqueue.resolve())]
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     pool = [_Worker(k, label, {**os.environ, "PYTHONPATH": pythonpath, **env}) for k, (label, env) in enumerate(slots)]
     events: queue.Queue[tuple[_Worker, str, str | None]] = queue.Queue()
 
     def start(w: _Worker) -> None:
-        cmd = [sys.executable, "-m", "tuner.distributed", "worker", *args, "--seed", str(_seed(seed, w.slot)),
+        cmd = [sys.executable, "-m", "tuner.search.distributed", "worker", *args, "--seed", str(_seed(seed, w.slot)),
                "--start", str(w.slot * len(srcs) // len(pool))]  # each worker begins on its own share
         w.proc = subprocess.Popen(cmd, env=w.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   bufsize=1)
@@ -662,7 +662,7 @@ class SyncReport:
 
 def sync_storage(storage: optuna.storages.BaseStorage, store: Any) -> SyncReport:
     """Copy every finished trial of the storage's tuner studies into ``store``, each once (by ``trial_uid``)."""
-    from tuner.search import CACHED_ATTR, RECORD_ATTR
+    from tuner.search.loop import CACHED_ATTR, RECORD_ATTR
 
     report = SyncReport()
     for study in sorted(storage.get_all_studies(), key=lambda s: s.study_name):
@@ -701,7 +701,7 @@ def sync_storage(storage: optuna.storages.BaseStorage, store: Any) -> SyncReport
 
 def _uid(study: str, t: optuna.trial.FrozenTrial) -> str:
     """The uid tune() gave the trial; for one it never got to (its worker died at once), one made from it."""
-    from tuner.search import UID_ATTR
+    from tuner.search.loop import UID_ATTR
 
     made = hashlib.blake2b(f"{study}|{t.number}|{t.datetime_start}".encode(), digest_size=16).hexdigest()
     return t.user_attrs.get(UID_ATTR) or f"derived-{made}"
@@ -727,7 +727,7 @@ def sync(
 ) -> None:
     """Copy the finished trials of the shared optuna storage into the local store (again: adds only new ones)."""
     from db.store import Store
-    from tuner.storage import open_storage
+    from tuner.search.storage import open_storage
 
     try:
         store = Store(db)
@@ -749,7 +749,9 @@ app.command("tune-many")(tune_many)
 app.command("sync")(sync)
 app.command("worker", hidden=True)(worker)
 
-if __name__ == "__main__":  # `python -m tuner.distributed`: run the commands of the importable module,
-    from tuner.distributed import app as _app  # so that tuner.search and this share one Budget and one settle()
+if __name__ == "__main__":  # `python -m tuner.search.distributed`: run the commands of the importable module,
+    from tuner.search.distributed import (
+        app as _app,  # so that tuner.search.loop and this share one Budget and one settle()
+    )
 
     _app()

@@ -9,7 +9,7 @@ vectorized pass: NumPy for a SciPy matrix (a fraction of a second for 10 M
 nonzeros), CuPy on the GPU for a ``cupyx.scipy.sparse`` matrix already there
 (the same operations, the same values up to float rounding).
 
-Input is the canonical CSR form that :func:`tuner.io.as_csr` produces: int32
+Input is the canonical CSR form that :func:`tuner.matrix.io.as_csr` produces: int32
 indices, sorted columns within each row, no duplicates.
 
 >>> import scipy.sparse as sp

@@ -11,7 +11,7 @@ What the store knows of a predicted config: its time when that exact config
 was measured on the matrix; otherwise the time of the predicted family's
 default config, which tuning measures on every matrix (a stand-in). ``exact``
 counts the matrices where the predicted config itself was measured: all of
-them when the corpus measured a :mod:`tuner.portfolio` everywhere (the
+them when the corpus measured a :mod:`tuner.select.portfolio` everywhere (the
 selector scores only configs measured on most training matrices). The row
 "predicted family, best params" is the upper bound of choosing the family
 right. Times are single measurements taken while tuning (two independent
@@ -31,7 +31,7 @@ import numpy as np
 from sklearn.model_selection import GroupKFold
 
 from kernels import BASELINE, REGISTRY, config_key, get_family
-from tuner.model import KernelSelector, TrainingTable
+from tuner.select.model import KernelSelector, TrainingTable
 
 __all__ = ["Evaluation", "StrategyScore", "evaluate_selector"]
 

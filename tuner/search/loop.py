@@ -2,14 +2,14 @@
 
 It knows no family by name: the kernel is a categorical over the registry,
 each family's parameters come from its declared :class:`~kernels.Space`, and a
-config is measured by :func:`tuner.evaluate.evaluate` on a
-:class:`~tuner.backend.Backend`. One study per (matrix fingerprint, device,
+config is measured by :func:`tuner.measure.evaluate.evaluate` on a
+:class:`~tuner.measure.backend.Backend`. One study per (matrix fingerprint, device,
 dtype, registry version) lives in optuna's storage, so running ``tuner tune``
 again continues it; every measurement also goes into the SQLite store.
 
 Many workers share a study through one storage (``tuner tune-many``): with
 ``total=N`` each worker stops once the study holds N *finished* trials (COMPLETE
-or FAIL) across all of them, exactly N (see :class:`tuner.distributed.Budget`);
+or FAIL) across all of them, exactly N (see :class:`tuner.search.distributed.Budget`);
 every trial's full record is kept in its user attrs (``record``) so ``tuner
 sync`` can rebuild the store's rows from optuna alone; and, when the storage has
 heartbeats, every asked trial beats while it runs and stale trials are failed
@@ -37,8 +37,13 @@ from optuna.trial import TrialState
 
 from db.store import Store
 from kernels import BASELINE, REGISTRY, Family, config_key, get_family
-from tuner.backend import Backend, DeviceInfo, Timing
-from tuner.distributed import (
+from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.io import as_csr
+from tuner.measure.backend import Backend, DeviceInfo, Timing
+from tuner.measure.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
+from tuner.measure.metrics import gbps, gflops
+from tuner.measure.verify import Reference
+from tuner.search.distributed import (
     DEFAULT_ATTR,
     SURPLUS_ATTR,
     Budget,
@@ -48,11 +53,6 @@ from tuner.distributed import (
     settle,
     study_budget,
 )
-from tuner.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
-from tuner.features import extract_features, fingerprint
-from tuner.io import as_csr
-from tuner.metrics import gbps, gflops
-from tuner.verify import Reference
 
 RECORD_ATTR = "record"  # a trial's user attr holding its full store row (tune() sets it for every measurement)
 UID_ATTR = "uid"  # a trial's user attr: a unique id, set right after ask(); the store's trial_uid
@@ -135,10 +135,10 @@ def tune(
     still caps this call. ``store=None`` writes no SQLite row (the trials'
     ``record`` user attrs keep everything; ``tuner sync`` copies them), and
     ``summary=False`` skips the final re-timing. ``source`` (a generated
-    matrix's :attr:`~tuner.suites.SuiteMatrix.key`) is kept in the study's
+    matrix's :attr:`~tuner.matrix.suites.SuiteMatrix.key`) is kept in the study's
     user attrs (:data:`SOURCE_ATTR`), so a later run finds the study without
     building the matrix. ``enqueue`` (``(kernel, params)`` pairs, e.g. a
-    :mod:`tuner.portfolio`) is measured right after the defaults, each config
+    :mod:`tuner.select.portfolio`) is measured right after the defaults, each config
     once per study; those of families outside ``kernels`` are left out.
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]

@@ -4,7 +4,7 @@ Each kind stands for a structure that favours a different SpMV kernel (regular
 stencils, a dense band, uniform rows, power-law rows, a few huge rows, wide LP
 rows, tall and skinny, mostly empty rows). :data:`KINDS` declares them in one
 place, which the CLI and the docs read; :func:`generate` builds one in the
-canonical CSR form of :mod:`tuner.io`. The same kind, size, options and seed
+canonical CSR form of :mod:`tuner.matrix.io`. The same kind, size, options and seed
 always give bit-identical ``indptr``, ``indices`` and ``data``. Some kinds take
 options that move them across the feature space (``generate("banded", rows=1000,
 half_width=32)``): :attr:`Generator.options` lists them with their defaults.
@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from common.errors import InvalidConfigError
-from tuner.io import as_csr
+from tuner.matrix.io import as_csr
 
 __all__ = ["KINDS", "Generator", "generate"]
 

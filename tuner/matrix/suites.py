@@ -20,7 +20,7 @@ from typing import Any
 import scipy.sparse as sp
 
 from common.errors import InvalidConfigError
-from tuner.generate import KINDS, generate
+from tuner.matrix.generate import KINDS, generate
 
 __all__ = ["SUITES", "SuiteMatrix", "approx_nnz", "corpus", "suite"]
 
@@ -122,7 +122,7 @@ _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 def corpus() -> tuple[SuiteMatrix, ...]:
     """The selector's training corpus: 228 generated matrices of 10 K to 50 M nonzeros, fewest first.
 
-    Every kind of :data:`tuner.generate.KINDS` in the 24 :data:`CORPUS_VARIANTS`,
+    Every kind of :data:`tuner.matrix.generate.KINDS` in the 24 :data:`CORPUS_VARIANTS`,
     each at 6 sizes of 10 K to 300 K nonzeros and 3 of 300 K to 3 M
     (:data:`CORPUS_TIERS`), plus 12 large ones of 3 M to 50 M
     (:data:`CORPUS_LARGE`). Random kinds get a distinct seed per matrix.

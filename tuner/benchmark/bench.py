@@ -4,7 +4,7 @@ For each matrix: tune (or reuse what the store holds): one search over every
 family, then optionally ``family_trials`` more trials for each family alone (a
 joint search of a few dozen trials spends most of them on the families leading
 early, so the others would be timed near their defaults), and any ``enqueue``
-configs (a :mod:`tuner.portfolio`); then time in the same run, interleaved,
+configs (a :mod:`tuner.select.portfolio`); then time in the same run, interleaved,
 cuSPARSE's best config, every family's best config, and the config ``plan()``
 would pick without tuning; cold (L2 flushed between repeats)
 and warm. Every figure is a ratio to cuSPARSE measured in that same run, and the
@@ -31,16 +31,16 @@ import optuna
 
 from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
-from tuner.backend import Backend
-from tuner.evaluate import time_interleaved
-from tuner.executor import choose
-from tuner.features import extract_features, fingerprint
-from tuner.io import matrix_name, read_mtx
-from tuner.metrics import gbps, gflops
-from tuner.search import tune
-from tuner.shipped import slug
-from tuner.suites import suite
-from tuner.verify import Reference
+from tuner.execute.executor import choose
+from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.io import matrix_name, read_mtx
+from tuner.matrix.suites import suite
+from tuner.measure.backend import Backend
+from tuner.measure.evaluate import time_interleaved
+from tuner.measure.metrics import gbps, gflops
+from tuner.measure.verify import Reference
+from tuner.search.loop import tune
+from tuner.select.shipped import slug
 
 COLUMNS = (
     "suite", "matrix", "fingerprint", "rows", "cols", "nnz", "dtype", "npr_cv", "npr_max", "empty_row_frac",
