@@ -53,7 +53,8 @@ from kernels.spmspv import DENSE, SPARSE  # noqa: E402
 from tuner.execute.algorithms import bfs, frontier_matrix  # noqa: E402
 from tuner.execute.executor import choose  # noqa: E402
 from tuner.execute.spmspv import plan_spmspv  # noqa: E402
-from tuner.matrix.features import extract_features, fingerprint  # noqa: E402
+from tuner.matrix.features import extract_features  # noqa: E402
+from tuner.matrix.fingerprint import fingerprint  # noqa: E402
 from tuner.matrix.io import read_mtx  # noqa: E402
 from tuner.matrix.suites import SuiteMatrix  # noqa: E402
 from tuner.measure.backend import GpuBackend  # noqa: E402

@@ -204,6 +204,22 @@ def _m003_spmspv(db: Database) -> None:
     db["models"].add_column("task", str, not_null_default="spmv")
 
 
+def _m004_fingerprint_scheme(db: Database) -> None:
+    """``matrices.fingerprint_scheme`` and ``devices.l2_bytes``.
+
+    Scheme 2 (:mod:`tuner.matrix.fingerprint`, computed on the GPU where the
+    matrix is) names every matrix added from now on, the column's default; the
+    rows before were named by scheme 1 (BLAKE2b), and say so, so that ``plan()``
+    still finds what was tuned under it (:meth:`Store.has_legacy_matrix`).
+    ``devices.l2_bytes``: the L2 size, which the selector's device-relative
+    features need to answer for another GPU.
+    """
+    db["matrices"].add_column("fingerprint_scheme", int, not_null_default=2)
+    db["matrices"].convert("fingerprint_scheme", lambda _: 1)
+    db["matrices"].create_index(["rows", "cols", "nnz"])
+    db["devices"].add_column("l2_bytes", int)
+
+
 def _convert(kind: type, value: Any) -> Any:
     """``value`` as the plain Python type of a column (NumPy scalars included), or TypeError/ValueError."""
     if value is None:
@@ -264,7 +280,8 @@ class Store:
     """
 
     #: The schema's migrations, in order. Append new ones; never edit, rename or reorder applied ones.
-    MIGRATIONS: ClassVar[tuple[Migration, ...]] = (_m001_initial, _m002_trial_uid, _m003_spmspv)
+    MIGRATIONS: ClassVar[tuple[Migration, ...]] = (_m001_initial, _m002_trial_uid, _m003_spmspv,
+                                                   _m004_fingerprint_scheme)
     SCHEMA_VERSION: ClassVar[int] = len(MIGRATIONS)
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, memory: bool = False) -> None:
@@ -449,14 +466,15 @@ class Store:
         cols: int,
         nnz: int,
         features: Mapping[str, float] | None = None,
+        fingerprint_scheme: int | None = None,
     ) -> None:
         """Record a matrix (keeping its first ``created_at``, and its first name unless that was empty)
-        and merge in its features, in one transaction."""
-        row = self._row(
-            "matrices",
-            {"fingerprint": fingerprint, "name": name, "rows": rows, "cols": cols, "nnz": nnz},
-            ("fingerprint", "rows", "cols", "nnz"),
-        )
+        and merge in its features, in one transaction. ``fingerprint_scheme``: which scheme named it (None:
+        the current one, the column's default; 1 for fingerprints imported from before scheme 2)."""
+        record = {"fingerprint": fingerprint, "name": name, "rows": rows, "cols": cols, "nnz": nnz}
+        if fingerprint_scheme is not None:
+            record["fingerprint_scheme"] = fingerprint_scheme
+        row = self._row("matrices", record, ("fingerprint", "rows", "cols", "nnz"))
         if row["name"] is None or min(row["rows"], row["cols"], row["nnz"]) < 0:
             raise StoreError(f"matrix {fingerprint!r}: needs a name (may be empty) and rows, cols, nnz >= 0")
         values = _feature_values(features or {})
@@ -608,6 +626,12 @@ class Store:
         return list(
             self.db["matrices"].rows_where(order_by="created_at, fingerprint", limit=limit, offset=offset)
         )
+
+    def has_legacy_matrix(self, *, rows: int, cols: int, nnz: int) -> bool:
+        """Whether a matrix named by fingerprint scheme 1 has this shape and count of nonzeros: only then
+        is its old fingerprint worth computing to look it up."""
+        return bool(self.db["matrices"].count_where("fingerprint_scheme = 1 and rows = ? and cols = ? and nnz = ?",
+                                                    [rows, cols, nnz]))
 
     def count_matrices(self) -> int:
         """How many matrices the store knows."""

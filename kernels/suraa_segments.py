@@ -42,6 +42,7 @@ __all__ = [
     "decompose",
     "freedman_diaconis_segments",
     "row_order",
+    "segments_of_quartiles",
     "threads_per_row",
 ]
 
@@ -75,8 +76,15 @@ def freedman_diaconis_segments(npr: NDArray[np.integer]) -> tuple[int, int]:
     m = npr.size
     if m == 0:
         return 0, 0
-    lo, hi = int(npr.min()), int(npr.max())
     q25, q75 = (float(q) for q in xp.percentile(npr, xp.asarray([25.0, 75.0])))
+    return segments_of_quartiles(m, int(npr.min()), int(npr.max()), q25, q75)
+
+
+def segments_of_quartiles(m: int, lo: int, hi: int, q25: float, q75: float) -> tuple[int, int]:
+    """:func:`freedman_diaconis_segments` from ``m`` rows' shortest and longest lengths and quartiles
+    (for callers that have them already, such as the features computed on the GPU)."""
+    if m == 0:
+        return 0, 0
     iqr = q75 - q25
     if m < 2 or iqr == 0 or hi == lo:
         k = 1

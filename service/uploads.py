@@ -26,7 +26,8 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from common.errors import MatrixFormatError
-from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.features import extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.io import read_mtx
 
 FILE_FIELD = "file"

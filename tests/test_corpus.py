@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from common.errors import InvalidConfigError, TunerError
 from db.store import Store
 from tuner.cli import app
-from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.features import extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.generate import generate
 from tuner.select.corpus import export_corpus, import_corpus, read_corpus
 

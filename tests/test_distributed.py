@@ -185,7 +185,7 @@ DIE = textwrap.dedent(
     import optuna
     from tuner.search import distributed, loop as search
     from tuner.measure.backend import CpuReferenceBackend
-    from tuner.matrix.features import fingerprint
+    from tuner.matrix.fingerprint import fingerprint
     from tuner.matrix.io import read_mtx
     from tuner.search.loop import study_name
     spec, folder, how = sys.argv[1:]

@@ -1,11 +1,9 @@
-"""Tests of tuner.matrix.features: hand-computed features, brute-force references, fingerprints, speed."""
+"""Tests of tuner.matrix.features: hand-computed features, brute-force references, speed, the GPU path."""
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import math
-import struct
 import time
 from pathlib import Path
 
@@ -18,12 +16,7 @@ from hypothesis import strategies as st
 
 from common.errors import MatrixFormatError
 from tests.conftest import shared_manifest
-from tuner.matrix.features import (
-    CF_WIDTHS,
-    FEATURE_NAMES,
-    extract_features,
-    fingerprint,
-)
+from tuner.matrix.features import CF_WIDTHS, FEATURE_NAMES, extract_features
 
 
 def canonical(M, shape: tuple[int, int] | None = None) -> sp.csr_matrix:
@@ -315,35 +308,8 @@ def test_gini_matches_pairwise_formula(npr: list[int]) -> None:
     assert extract_features(with_row_counts(npr))["npr_gini"] == pytest.approx(want, abs=1e-12)
 
 
-def test_fingerprint_layout() -> None:
-    A = from_rows([[0, 2], [], [1]], 4)
-    h = hashlib.blake2b(struct.pack("<qq", 3, 4), digest_size=16)
-    h.update(struct.pack("<4i", 0, 2, 2, 3))
-    h.update(struct.pack("<3i", 0, 2, 1))
-    assert fingerprint(A) == h.hexdigest()
-
-
-def test_fingerprint_ignores_values_and_dtype() -> None:
-    A = random_canonical(5, (50, 70), 400)
-    B = A.astype(np.float32)
-    B.data[:] = np.arange(B.nnz)
-    assert fingerprint(A) == fingerprint(B) == fingerprint(A.copy())
-
-
-def test_fingerprint_sees_every_index_and_the_shape() -> None:
-    rows = [[0, 2], [], [1, 3]]
-    base = fingerprint(from_rows(rows, 5))
-    moved_one_index = [[[1, 2], [], [1, 3]], [[0, 4], [], [1, 3]], [[0, 2], [], [0, 3]], [[0, 2], [], [1, 4]]]
-    for variant in moved_one_index:
-        assert fingerprint(from_rows(variant, 5)) != base, variant
-    assert fingerprint(from_rows([[0, 2], [1], [3]], 5)) != base  # same indices, other indptr
-    assert fingerprint(from_rows(rows, 6)) != base  # same arrays, one more column
-    assert fingerprint(from_rows(rows + [[]], 5)) != base  # one more (empty) row
-    assert fingerprint(canonical(sp.csr_matrix((0, 3)))) != fingerprint(canonical(sp.csr_matrix((0, 4))))
-
-
-@pytest.mark.parametrize("f", [extract_features, fingerprint])
-def test_non_canonical_input_is_refused(f) -> None:
+def test_non_canonical_input_is_refused() -> None:
+    f = extract_features
     unsorted = sp.csr_matrix(
         (np.ones(2), np.array([3, 1], dtype=np.int32), np.array([0, 2], dtype=np.int32)), shape=(1, 4)
     )
@@ -412,4 +378,3 @@ def test_features_on_the_gpu_equal_the_cpu_ones() -> None:
         assert got.keys() == want.keys()
         for name in want:
             assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12), name
-        assert fingerprint(cusp.csr_matrix(A)) == fingerprint(A)

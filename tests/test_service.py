@@ -22,7 +22,8 @@ from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from service import Settings, create_app
 from service.jobs import JobQueue
-from tuner.matrix.features import FEATURE_NAMES, extract_features, fingerprint
+from tuner.matrix.features import FEATURE_NAMES, extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.generate import generate
 from tuner.matrix.io import read_mtx, write_mtx
 from tuner.measure.backend import CpuReferenceBackend

@@ -15,7 +15,8 @@ from tests.conftest import REPO
 from tests.kernel_cases import CASES, load_shared, shared_cases
 from tuner.execute.algorithms import bfs, frontier_matrix
 from tuner.execute.spmspv import SpMSpVExecutor, as_sparse_vector, plan_spmspv
-from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.features import extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.generate import generate
 from tuner.matrix.io import as_csr
 from tuner.select import spmspv_selector

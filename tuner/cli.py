@@ -227,7 +227,8 @@ def recommend(
     """Say which kernel and config plan() would run for MATRIX: tuned, predicted by the selector, or the default."""
     from db.store import Store
     from tuner.execute.executor import choose
-    from tuner.matrix.features import extract_features, fingerprint
+    from tuner.matrix.features import extract_features
+    from tuner.matrix.fingerprint import fingerprint
     from tuner.matrix.io import read_mtx
 
     check_dtype(dtype)
@@ -270,7 +271,7 @@ def show(
     """Print what the store knows about a matrix: best configs per device and dtype, trial counts."""
     from common.errors import TunerError as _TunerError
     from db.store import Store
-    from tuner.matrix.features import fingerprint
+    from tuner.matrix.fingerprint import fingerprint
     from tuner.matrix.io import read_mtx
 
     store = Store(db)

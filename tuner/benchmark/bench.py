@@ -32,7 +32,8 @@ import optuna
 from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from tuner.execute.executor import choose
-from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.features import extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.io import matrix_name, read_mtx
 from tuner.matrix.suites import suite
 from tuner.measure.backend import Backend
@@ -128,7 +129,8 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
     """
     families = families_of(kernels)
     A = src.load(dtype)
-    fp = fingerprint(A)
+    A_dev = backend.matrix(A)
+    fp = fingerprint(A_dev)
     device = backend.info.id
     stored = store.best_per_kernel(fp, device=device, dtype=dtype)
     common = {"backend": backend, "store": store, "storage": storage, "name": src.name, "dtype": dtype,
@@ -138,14 +140,13 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
     for family in families if family_trials > 0 else ():
         tune(A, **common, trials=family_trials, kernels=[family])
     bests = [b for b in store.best_per_kernel(fp, device=device, dtype=dtype) if b["kernel"] in families]
-    feats = extract_features(A)
+    feats = extract_features(A_dev)
     untuned = choose(fp, store=store, device=device, dtype=dtype, use_tuned=False, features=feats)
     labelled = [(b["kernel"], b["kernel"], b["params"]) for b in bests]
     labelled.append((PLAN_LABEL, untuned.kernel, untuned.params))
     configs = [(get_family(family), params) for _, family, params in labelled]
 
-    reference = Reference.build(A, dtype)
-    A_dev, x_dev = backend.matrix(A), backend.vector(reference.x)
+    x_dev = Reference.build(A_dev, dtype).x
     cold = time_interleaved(backend, configs, A_dev, x_dev, flush_l2=True)
     warm = time_interleaved(backend, configs, A_dev, x_dev)
     base = dict(zip([lab for lab, _, _ in labelled], zip(cold, warm, strict=True), strict=True)).get(BASELINE)

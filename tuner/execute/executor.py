@@ -21,7 +21,8 @@ from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, get_family
 from kernels._cuda import gpu_available
-from tuner.matrix.features import FEATURE_NAMES, extract_features, fingerprint
+from tuner.matrix.features import FEATURE_NAMES, extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import GpuBackend
 from tuner.select.shipped import may_predict

@@ -35,7 +35,8 @@ import scipy.sparse as sp
 from db.store import Store
 from kernels._cuda import gpu_available, require_cupy
 from kernels.spmspv import MODES, sum_runs
-from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.features import extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.io import as_csr
 from tuner.select import spmspv_selector
 

@@ -1,13 +1,16 @@
-"""Structural features of a CSR matrix, and the fingerprint that names it in the store.
+"""Structural features of a CSR matrix: what the selector learns from.
 
 The features describe what decides an SpMV kernel's speed: the shape, how the
 nonzeros spread over rows (SURAA's and PCSR's row classes, load imbalance) and
 columns, how far they sit from the diagonal, and how they cluster into column
 panels (Hong et al.'s clustering factors, which drive the tile choice of
-``nut``). Everything is computed from ``indptr`` and ``indices`` only, in one
-vectorized pass: NumPy for a SciPy matrix (a fraction of a second for 10 M
-nonzeros), CuPy on the GPU for a ``cupyx.scipy.sparse`` matrix already there
-(the same operations, the same values up to float rounding).
+``nut``). Everything is computed from ``indptr`` and ``indices`` only: NumPy
+for a SciPy matrix (one vectorized pass, a fraction of a second for 10 M
+nonzeros; this path is the features' definition), and for a
+``cupyx.scipy.sparse`` matrix already on the GPU a few fused kernels and one
+read-back (:mod:`tuner.matrix.features_gpu`: the same values up to float
+rounding, for a few SpMVs' worth of time, which ``plan()`` pays on every new
+matrix).
 
 Input is the canonical CSR form that :func:`tuner.matrix.io.as_csr` produces: int32
 indices, sorted columns within each row, no duplicates.
@@ -21,21 +24,20 @@ indices, sorted columns within each row, no duplicates.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from common.errors import MatrixFormatError
-from kernels.suraa_segments import freedman_diaconis_segments
+from kernels.suraa_segments import freedman_diaconis_segments, segments_of_quartiles
 
 __all__ = [
     "CF_WIDTHS",
     "FEATURE_NAMES",
     "LONG_ROW",
+    "csr_arrays",
     "extract_features",
-    "fingerprint",
 ]
 
 LONG_ROW = 32
@@ -70,7 +72,7 @@ FEATURE_NAMES: tuple[str, ...] = (
 _INT32_LIMIT = 2**31
 
 
-def _csr_arrays(A: Any) -> tuple[Any, int, int, Any, Any]:
+def csr_arrays(A: Any) -> tuple[Any, int, int, Any, Any]:
     """Check that ``A`` is canonical CSR and return (xp, rows, cols, indptr, indices), int32 arrays of ``xp``
     (NumPy for a SciPy matrix, CuPy for a ``cupyx.scipy.sparse`` one).
 
@@ -149,8 +151,10 @@ def extract_features(A: Any) -> dict[str, float]:
     denominator is 0 (no rows, no columns, no nonzeros), so degenerate
     matrices (0×0, all-zero, one row, one column) still give a full vector.
     """
-    xp, m, n, indptr, indices = _csr_arrays(A)
+    xp, m, n, indptr, indices = csr_arrays(A)
     nnz = int(indices.size)
+    if xp is not np and nnz and m:
+        return _gpu_features(xp, m, n, indptr, indices)
     npr = xp.diff(indptr)
 
     # Signed distance of each entry from the diagonal, in the int32 row-id buffer itself.
@@ -188,18 +192,27 @@ def extract_features(A: Any) -> dict[str, float]:
     return {name: float(features[name]) for name in FEATURE_NAMES}
 
 
-def fingerprint(A: Any) -> str:
-    """Hex BLAKE2b-128 of the structure: shape (2 × LE int64), then indptr and indices (LE int32).
+def _gpu_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any) -> dict[str, float]:
+    """:func:`extract_features` for a CuPy matrix with rows and nonzeros, from the fused kernels' numbers."""
+    from tuner.matrix.features_gpu import device_features
 
-    Values are left out on purpose: the kernels' speed depends on the
-    structure and the dtype, not on the numbers, so a matrix with the same
-    structure and new values reuses the tuning already stored for it.
-    """
-    xp, m, n, indptr, indices = _csr_arrays(A)
-    if xp is not np:
-        indptr, indices = indptr.get(), indices.get()
-    h = hashlib.blake2b(digest_size=16)
-    h.update(np.array([m, n], dtype="<i8"))
-    h.update(np.ascontiguousarray(indptr, dtype="<i4"))
-    h.update(np.ascontiguousarray(indices, dtype="<i4"))
-    return h.hexdigest()
+    nnz = int(indices.size)
+    raw = device_features(cupy, m, n, indptr, indices, long_row=LONG_ROW, cf_widths=CF_WIDTHS)
+    mean = nnz / m
+    npr_std = float(np.sqrt(max(raw["npr_sum_sq"] / m - mean * mean, 0.0)))
+    col_mean = nnz / n
+    col_std = float(np.sqrt(max(raw["col_sum_sq"] / n - col_mean * col_mean, 0.0)))
+    seg_size, seg_count = segments_of_quartiles(m, int(raw["npr_min"]), int(raw["npr_max"]), raw["q25"], raw["q75"])
+    diag_len = min(m, n)
+    features = {
+        "rows": m, "cols": n, "nnz": nnz, "density": nnz / (m * n),
+        "npr_min": raw["npr_min"], "npr_max": raw["npr_max"], "npr_mean": mean,
+        "npr_std": npr_std, "npr_cv": npr_std / mean,
+        "npr_gini": 0.0 if raw["npr_min"] == raw["npr_max"] else raw["gini_sum"] / (m * nnz),
+        "empty_row_frac": raw["empty"] / m, "long_row_frac": raw["long"] / m,
+        "fd_seg_count": seg_count, "fd_seg_size": seg_size,
+        "bandwidth": raw["bandwidth"], "diag_frac": raw["diag"] / diag_len if diag_len else 0,
+        "col_std": col_std, "col_cv": col_std / col_mean,
+        **{f"cf_{w}": nnz / segments for w, segments in zip(CF_WIDTHS, raw["segments"], strict=True)},
+    }  # fmt: skip
+    return {name: float(features[name]) for name in FEATURE_NAMES}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,9 +45,7 @@ class DeviceInfo:
     l2_bytes: int = 0
 
     def record(self, copy_bandwidth_gbs: float | None = None) -> dict[str, Any]:
-        row = asdict(self)
-        row.pop("l2_bytes")
-        return {**row, "copy_bandwidth_gbs": copy_bandwidth_gbs}
+        return {**asdict(self), "copy_bandwidth_gbs": copy_bandwidth_gbs}
 
 
 @dataclass(frozen=True)
@@ -96,6 +94,13 @@ class Backend(ABC):
     def time(self, fn: Callable[[], object], *, repeats: int = 100, max_duration: float = 1.0,
              flush_l2: bool = False) -> Timing:
         """Median time of ``fn``; ``flush_l2`` evicts the cache between repeats (cold figures)."""
+
+    @abstractmethod
+    def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
+                    lead: Sequence[bool] | None = None) -> list[list[float]]:
+        """``repeats`` products of each fn in turn, back to back with no wait between them: the seconds of
+        each product. Cheaper than :meth:`time` (no wait, no spin per product); ``lead[i]`` fills the queue
+        before fn i, for products too short to hide the host's next launch (else their samples include it)."""
 
     @abstractmethod
     def copy_bandwidth_gbs(self) -> float:
@@ -189,10 +194,28 @@ class GpuBackend(Backend):
             self._flush = self.cp.empty(max(2 * self.info.l2_bytes, 64 << 20), dtype=self.cp.uint8)
         self._flush.fill(i & 0xFF)
 
-    def _spin(self, i: int) -> None:
+    def _spin(self, i: int, cycles: int = SPIN_CYCLES) -> None:
         if self._spinner is None:
             self._spinner = self.cp.RawKernel(_SPIN, "spin_cycles")
-        self._spinner((1,), (1,), (np.int64(SPIN_CYCLES),))
+        self._spinner((1,), (1,), (np.int64(cycles),))
+
+    def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
+                    lead: Sequence[bool] | None = None) -> list[list[float]]:
+        """CUDA events between consecutive products, all recorded before one wait at the end."""
+        cp = self.cp
+        marks = []
+        for i, fn in enumerate(fns):
+            if lead is None or lead[i]:
+                self._spin(i, cycles=SPIN_CYCLES * repeats // 2)
+            events = [cp.cuda.Event() for _ in range(repeats + 1)]
+            events[0].record()
+            for event in events[1:]:
+                fn()
+                event.record()
+            marks.append(events)
+        if marks:
+            marks[-1][-1].synchronize()
+        return [[cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in zip(ev, ev[1:], strict=False)] for ev in marks]
 
     def copy_bandwidth_gbs(self) -> float:
         if self._bandwidth is None:
@@ -252,6 +275,18 @@ class CpuReferenceBackend(Backend):
             if time.perf_counter() > deadline and len(samples) >= 3:
                 break
         return Timing.from_samples(np.asarray(samples))
+
+    def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
+                    lead: Sequence[bool] | None = None) -> list[list[float]]:
+        samples = []
+        for fn in fns:
+            mine = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                mine.append(time.perf_counter() - start)
+            samples.append(mine)
+        return samples
 
     def copy_bandwidth_gbs(self) -> float:
         if self._bandwidth is None:

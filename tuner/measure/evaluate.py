@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidConfigError, TunerError
-from kernels import Family
+from kernels import Family, Prepared
 from tuner.measure.backend import Backend, Timing
 from tuner.measure.metrics import gbps, gflops
 from tuner.measure.verify import Reference
@@ -107,6 +107,33 @@ def evaluate(
     ``x`` is ``reference.x`` already on the backend's device. A single product
     slower than ``max_run_s`` is recorded as a ``timeout`` and not repeated.
     """
+    result, prepared, out = checked_prepare(backend, family, A, params, reference, x, max_run_s=max_run_s)
+    if prepared is None:
+        return result
+    try:
+        result.timing = backend.time(
+            lambda: backend.run(family, prepared, x, out), repeats=repeats, max_duration=max_duration
+        )
+        result.state = "ok"
+    except Exception as exc:  # every failure of a config is an outcome
+        _failed(result, exc, family, params)
+    return result
+
+
+def checked_prepare(
+    backend: Backend,
+    family: Family,
+    A: Any,
+    params: dict[str, Any],
+    reference: Reference,
+    x: Any,
+    *,
+    max_run_s: float = 2.0,
+) -> tuple[TrialResult, Prepared | None, Any]:
+    """Prepare and check one product against ``reference``: ``(result, prepared, out)``, the last two None
+    when the config failed (``result`` says how). A passing result is not yet timed (state 'failed' until
+    it is); ``out`` is the output buffer to time it with.
+    """
     result = TrialResult(family.name, dict(params), "failed")
     try:
         prepared, result.prepare_s = backend.timed_prepare(family, A, params)
@@ -115,28 +142,29 @@ def evaluate(
         backend.run(family, prepared, x, out)
         backend.synchronize()
         once = time.perf_counter() - start
-        passed, result.rel_error, message = reference.check(backend.to_host(out))
+        passed, result.rel_error, message = reference.check(out)
         if not passed:
             result.error_kind, result.error = "wrong_answer", message
-            return result
+            return result, None, None
         if once > max_run_s:
             result.error_kind = "timeout"
             result.error = f"one product took {once:.2f} s (limit {max_run_s} s)"
-            return result
-        result.timing = backend.time(
-            lambda: backend.run(family, prepared, x, out), repeats=repeats, max_duration=max_duration
-        )
-        result.state = "ok"
-        return result
+            return result, None, None
+        return result, prepared, out
     except Exception as exc:  # every failure of a config is an outcome
-        result.error_kind, result.error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
-        if any(s in str(exc) or s in type(exc).__name__ for s in _STICKY):
-            raise ContextLostError(
-                f"{family.name} {params} broke the CUDA context ({result.error}); "
-                "run the command again: the study resumes where it stopped",
-                result,
-            ) from exc
-        return result
+        _failed(result, exc, family, params)
+        return result, None, None
+
+
+def _failed(result: TrialResult, exc: Exception, family: Family, params: dict[str, Any]) -> None:
+    """Record ``exc`` on ``result``; a failure that broke the CUDA context raises ContextLostError."""
+    result.error_kind, result.error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
+    if any(s in str(exc) or s in type(exc).__name__ for s in _STICKY):
+        raise ContextLostError(
+            f"{family.name} {params} broke the CUDA context ({result.error}); "
+            "run the command again: the study resumes where it stopped",
+            result,
+        ) from exc
 
 
 def time_interleaved(

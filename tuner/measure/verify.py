@@ -11,50 +11,82 @@ absolute, not relative. A missing or doubled entry is far above it in both dtype
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 
 @dataclass(frozen=True)
 class Reference:
-    """y = A·x and |A|·|x| in float64 for one random x, and the tolerance for a dtype."""
+    """y = A·x and |A|·|x| in float64 for one random x, and the tolerance for a dtype.
 
-    x: np.ndarray
-    y: np.ndarray
-    scale: np.ndarray
+    Where A is: NumPy and SciPy for a SciPy matrix, CuPy and cuSPARSE (in float64) for a CuPy one, so a
+    matrix on the GPU is checked there without a copy to the host (``plan()``'s race checks every entrant
+    this way). ``x`` is in the dtype, on the same side as A.
+    """
+
+    x: Any
+    y: Any
+    scale: Any
     rtol: float
     atol: float = 0.0
 
     @classmethod
-    def build(cls, A, dtype: np.dtype | str, *, seed: int = 0) -> Reference:
+    def build(cls, A: Any, dtype: np.dtype | str, *, seed: int = 0) -> Reference:
         dtype = np.dtype(dtype)
-        x = np.random.default_rng(seed).uniform(-1.0, 1.0, A.shape[1]).astype(dtype)
-        A64 = A.astype(np.float64)
-        x64 = x.astype(np.float64)
-        y = A64 @ x64
-        scale = abs(A64) @ np.abs(x64)
-        npr_max = int(np.diff(A.indptr).max(initial=0))
+        if type(A).__module__.startswith("cupyx"):
+            import cupy
+            import cupyx.scipy.sparse as cusp
+
+            x = cupy.random.RandomState(seed).uniform(-1.0, 1.0, A.shape[1]).astype(dtype)
+            data = A.data.astype(cupy.float64)
+            x64 = x.astype(cupy.float64)
+            y = cusp.csr_matrix((data, A.indices, A.indptr), shape=A.shape) @ x64
+            cupy.abs(data, out=data)
+            scale = cusp.csr_matrix((data, A.indices, A.indptr), shape=A.shape) @ cupy.abs(x64)
+            npr_max = int(cupy.diff(A.indptr).max()) if A.shape[0] else 0
+        else:
+            x = np.random.default_rng(seed).uniform(-1.0, 1.0, A.shape[1]).astype(dtype)
+            A64 = A.astype(np.float64)
+            x64 = x.astype(np.float64)
+            y = np.asarray(A64 @ x64)
+            scale = np.asarray(abs(A64) @ np.abs(x64))
+            npr_max = int(np.diff(A.indptr).max(initial=0))
         rtol = float(np.finfo(dtype).eps) * (8.0 + 2.0 * np.sqrt(npr_max))
         atol = float(np.finfo(dtype).tiny) * 2.0 * max(npr_max, 1)
-        return cls(x=x, y=np.asarray(y), scale=np.asarray(scale), rtol=rtol, atol=atol)
+        return cls(x=x, y=y, scale=scale, rtol=rtol, atol=atol)
 
-    def check(self, y: np.ndarray) -> tuple[bool, float, str]:
-        """(passed, max relative error, message). NaN anywhere fails: outputs are poisoned with NaN first."""
-        y = np.asarray(y, dtype=np.float64)
+    def check(self, y: Any) -> tuple[bool, float, str]:
+        """(passed, max relative error, message). NaN anywhere fails: outputs are poisoned with NaN first.
+        ``y`` may be on either side; it is compared where the reference is."""
+        xp = _module(self.y)
+        if xp is np and not isinstance(y, np.ndarray):
+            y = y.get()
+        y = xp.asarray(y, dtype=xp.float64)
         if y.shape != self.y.shape:
             return False, float("inf"), f"y has shape {y.shape}, expected {self.y.shape}"
-        bad = ~np.isfinite(y)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            return False, float("inf"), f"{int(bad.sum())} entries of y not finite (first: row {i}); unwritten?"
-        err = np.maximum(np.abs(y - self.y) - self.atol, 0.0)
-        tiny = np.finfo(np.float64).tiny
-        rel = err / np.maximum(self.scale, tiny)
-        worst = int(np.argmax(rel)) if rel.size else 0
-        max_rel = float(rel[worst]) if rel.size else 0.0
+        if not y.size:
+            return True, 0.0, ""
+        bad = ~xp.isfinite(y)
+        if n_bad := int(bad.sum()):
+            first = int(xp.argmax(bad))
+            return False, float("inf"), f"{n_bad} entries of y not finite (first: row {first}); unwritten?"
+        err = xp.maximum(xp.abs(y - self.y) - self.atol, 0.0)
+        rel = err / xp.maximum(self.scale, np.finfo(np.float64).tiny)
+        worst = int(xp.argmax(rel))
+        max_rel = float(rel[worst])
         if max_rel > self.rtol:
             return False, max_rel, (
-                f"row {worst}: y={y[worst]!r}, reference {self.y[worst]!r} "
+                f"row {worst}: y={float(y[worst])!r}, reference {float(self.y[worst])!r} "
                 f"(relative error {max_rel:.3g} > bound {self.rtol:.3g})"
             )
         return True, max_rel, ""
+
+
+def _module(a: Any) -> Any:
+    """NumPy for a NumPy array, else CuPy (imported only then)."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+
+    return cupy

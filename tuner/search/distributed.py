@@ -283,7 +283,7 @@ def run_worker(
     for a later run. ``enqueue`` (a :mod:`tuner.select.portfolio`) is measured in every study (see
     :func:`tuner.search.loop.tune`).
     """
-    from tuner.matrix.features import fingerprint
+    from tuner.matrix.fingerprint import fingerprint
     from tuner.matrix.io import as_csr
     from tuner.measure.evaluate import ContextLostError
     from tuner.search.loop import study_name, tune

@@ -37,7 +37,8 @@ from optuna.trial import TrialState
 
 from db.store import Store
 from kernels import BASELINE, REGISTRY, Family, config_key, get_family
-from tuner.matrix.features import extract_features, fingerprint
+from tuner.matrix.features import extract_features
+from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import Backend, DeviceInfo, Timing
 from tuner.measure.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
@@ -143,16 +144,17 @@ def tune(
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]
     A = as_csr(A, dtype=dtype)
-    fp = fingerprint(A)
-    features = extract_features(A)
+    A_dev = backend.matrix(A)  # fingerprint, features and reference where the kernels run: on the GPU, fast
+    fp = fingerprint(A_dev)
+    features = extract_features(A_dev)
     device = backend.info
     bandwidth = backend.copy_bandwidth_gbs()
     if store is not None:
         store.add_matrix(fp, name=name, rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
         store.add_device(device.record(bandwidth))
 
-    reference = Reference.build(A, dtype, seed=seed)
-    A_dev, x_dev = backend.matrix(A), backend.vector(reference.x)
+    reference = Reference.build(A_dev, dtype, seed=seed)
+    x_dev = reference.x
     study = optuna.create_study(
         study_name=study_name(fp, device, dtype),
         storage=storage,

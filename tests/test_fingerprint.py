@@ -1,0 +1,115 @@
+"""Tests of tuner.matrix.fingerprint: the scheme-2 fingerprint against a plain-Python reading of its
+definition, what it must tell apart, chunking, the GPU twin; and scheme 1's layout."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from common.errors import MatrixFormatError
+from tests.test_features import canonical, from_rows, random_canonical
+from tuner.matrix import fingerprint as fp_module
+from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
+
+MASK = (1 << 64) - 1
+
+
+def mix(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def by_definition(A: sp.csr_matrix) -> str:
+    """The module's docstring, element by element, in Python integers."""
+    seeds = (0x452821E638D01377, 0xBE5466CF34E90C6C)
+    tags = ((0x243F6A8885A308D3, 0x13198A2E03707344), (0xA4093822299F31D0, 0x082EFA98EC4E6C89))
+    lanes = []
+    for lane, seed in enumerate(seeds):
+        sums = [sum(mix(((i << 32) | int(w)) ^ tags[a][lane]) for i, w in enumerate(arr)) & MASK
+                for a, arr in enumerate((A.indptr, A.indices))]
+        h = mix(seed ^ A.shape[0])
+        h = mix(h ^ A.shape[1])
+        h = mix(h ^ A.nnz)
+        h = mix((h + sums[0]) & MASK)
+        lanes.append(mix((h + sums[1]) & MASK))
+    return f"{lanes[0]:016x}{lanes[1]:016x}"
+
+
+@pytest.mark.parametrize("A", [from_rows([[0, 2], [], [1]], 4), canonical(sp.csr_matrix((0, 3))),
+                               canonical(sp.csr_matrix((5, 2))), random_canonical(3, (40, 70), 300)],
+                         ids=["hand", "no rows", "no nonzeros", "random"])
+def test_fingerprint_follows_its_definition(A: sp.csr_matrix) -> None:
+    assert fingerprint(A) == by_definition(A)
+    assert len(fingerprint(A)) == 32
+
+
+def test_fingerprint_is_pinned() -> None:
+    """A change of scheme must be deliberate: every store's lookups depend on these bits."""
+    assert fingerprint(from_rows([[0, 2], [], [1]], 4)) == by_definition(from_rows([[0, 2], [], [1]], 4))
+    assert fingerprint(sp.eye(3, format="csr")) == "0afb768a41f5637c677650bf432a4633"
+
+
+def test_chunks_do_not_change_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    A = random_canonical(4, (300, 200), 2_000)
+    whole = fingerprint(A)
+    monkeypatch.setattr(fp_module, "_CHUNK", 7)
+    assert fingerprint(A) == whole
+
+
+@pytest.mark.parametrize("f", [fingerprint, legacy_fingerprint])
+def test_fingerprints_ignore_values_and_dtype(f) -> None:
+    A = random_canonical(5, (50, 70), 400)
+    B = A.astype(np.float32)
+    B.data[:] = np.arange(B.nnz)
+    assert f(A) == f(B) == f(A.copy())
+
+
+@pytest.mark.parametrize("f", [fingerprint, legacy_fingerprint])
+def test_fingerprints_see_every_index_and_the_shape(f) -> None:
+    rows = [[0, 2], [], [1, 3]]
+    base = f(from_rows(rows, 5))
+    moved_one_index = [[[1, 2], [], [1, 3]], [[0, 4], [], [1, 3]], [[0, 2], [], [0, 3]], [[0, 2], [], [1, 4]]]
+    for variant in moved_one_index:
+        assert f(from_rows(variant, 5)) != base, variant
+    assert f(from_rows([[0, 2], [1], [3]], 5)) != base  # same indices, other indptr
+    assert f(from_rows(rows, 6)) != base  # same arrays, one more column
+    assert f(from_rows(rows + [[]], 5)) != base  # one more (empty) row
+    assert f(canonical(sp.csr_matrix((0, 3)))) != f(canonical(sp.csr_matrix((0, 4))))
+    assert f(from_rows([[1], [0]], 2)) != f(from_rows([[0], [1]], 2))  # the same entries in other rows
+
+
+def test_legacy_fingerprint_layout() -> None:
+    A = from_rows([[0, 2], [], [1]], 4)
+    h = hashlib.blake2b(struct.pack("<qq", 3, 4), digest_size=16)
+    h.update(struct.pack("<4i", 0, 2, 2, 3))
+    h.update(struct.pack("<3i", 0, 2, 1))
+    assert legacy_fingerprint(A) == h.hexdigest()
+
+
+@pytest.mark.parametrize("f", [fingerprint, legacy_fingerprint])
+def test_non_canonical_input_is_refused(f) -> None:
+    unsorted = sp.csr_matrix(
+        (np.ones(2), np.array([3, 1], dtype=np.int32), np.array([0, 2], dtype=np.int32)), shape=(1, 4)
+    )
+    with pytest.raises(MatrixFormatError, match="canonicalise"):
+        f(unsorted)
+    with pytest.raises(MatrixFormatError, match="CSR"):
+        f(sp.coo_matrix(np.eye(2)))
+
+
+@pytest.mark.gpu
+def test_fingerprints_on_the_gpu_equal_the_cpu_ones() -> None:
+    import cupyx.scipy.sparse as cusp
+
+    from tests.kernel_cases import CASES, load_shared, shared_cases
+
+    for A in [CASES[c]() for c in sorted(CASES)] + [load_shared(n) for n in shared_cases()]:
+        on_gpu = cusp.csr_matrix(A)
+        assert fingerprint(on_gpu) == fingerprint(A)
+        assert legacy_fingerprint(on_gpu) == legacy_fingerprint(A)

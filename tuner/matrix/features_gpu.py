@@ -1,0 +1,125 @@
+"""The feature vector of a CSR matrix on the GPU in a handful of launches and one read-back.
+
+:func:`tuner.matrix.features.extract_features` defines the features (its NumPy
+path is the definition); this module computes the same numbers for a CuPy
+matrix without a pass per feature, so that ``plan()`` pays a few SpMVs' worth
+of time for them, not a hundred: one kernel over the rows (lengths, bandwidth,
+diagonal, the entries that open a row), one over the entries (the bit length
+of each XOR of neighbouring columns, a 33-bin histogram in shared memory:
+every clustering factor at once), a column histogram, one sort of the row
+lengths (the quartiles of the Freedman–Diaconis rule and the Gini weights),
+and every scalar read back in one copy. Bandwidth and diagonal need no pass
+over the entries: columns are sorted within a row, so a row's farthest entry
+is its first or its last, and its diagonal entry is found by binary search.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+_ROWS = r"""
+extern "C" __global__ void feature_rows(const int* __restrict__ indptr, const int* __restrict__ indices, int m,
+                                        int long_row, unsigned char* __restrict__ opens,
+                                        unsigned long long* __restrict__ counts, int* __restrict__ extent) {
+    // counts: [empty rows, long rows, diagonal entries]; extent: [largest |row - col|]
+    __shared__ unsigned long long s_counts[3];
+    __shared__ int s_extent;
+    if (threadIdx.x < 3) s_counts[threadIdx.x] = 0;
+    if (threadIdx.x == 0) s_extent = 0;
+    __syncthreads();
+    unsigned long long empty = 0, longr = 0, diag = 0;
+    int far = 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += gridDim.x * blockDim.x) {
+        int s = indptr[i], e = indptr[i + 1];
+        if (s == e) { ++empty; continue; }
+        if (e - s > long_row) ++longr;
+        if (s > 0) opens[s - 1] = 1;  // the entry before a row's first opens no segment with it
+        int first = indices[s], last = indices[e - 1];
+        far = max(far, max(i - first, last - i));
+        int lo = s, hi = e;  // binary search for column i
+        while (lo < hi) { int mid = (lo + hi) >> 1; if (indices[mid] < i) lo = mid + 1; else hi = mid; }
+        if (lo < e && indices[lo] == i) ++diag;
+    }
+    atomicAdd(&s_counts[0], empty); atomicAdd(&s_counts[1], longr); atomicAdd(&s_counts[2], diag);
+    atomicMax(&s_extent, far);
+    __syncthreads();
+    if (threadIdx.x < 3) atomicAdd(&counts[threadIdx.x], s_counts[threadIdx.x]);
+    if (threadIdx.x == 0) atomicMax(extent, s_extent);
+}
+
+extern "C" __global__ void feature_xor_bits(const int* __restrict__ indices, long long nnz,
+                                            const unsigned char* __restrict__ opens,
+                                            unsigned long long* __restrict__ hist) {
+    // hist[b]: entries j < nnz - 1 whose change to entry j + 1 (XOR of the columns, or a full change
+    // where j + 1 opens a row) has bit length b
+    __shared__ unsigned long long s_hist[33];
+    if (threadIdx.x < 33) s_hist[threadIdx.x] = 0;
+    __syncthreads();
+    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j + 1 < nnz;
+         j += (long long)gridDim.x * blockDim.x) {
+        unsigned int change = opens[j] ? 0x7fffffffu : (unsigned int)(indices[j + 1] ^ indices[j]);
+        atomicAdd(&s_hist[32 - __clz(change)], 1ull);
+    }
+    __syncthreads();
+    if (threadIdx.x < 33) atomicAdd(&hist[threadIdx.x], s_hist[threadIdx.x]);
+}
+"""
+
+
+def _kernels(cupy: Any) -> tuple[Any, Any]:
+    module = cupy.RawModule(code=_ROWS)  # CuPy caches the module by its source
+    return module.get_function("feature_rows"), module.get_function("feature_xor_bits")
+
+
+def device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
+                    cf_widths: tuple[int, ...]) -> dict[str, float]:
+    """The raw numbers :func:`extract_features` needs, from CuPy int32 ``indptr``/``indices`` (nnz > 0)."""
+    rows_kernel, xor_kernel = _kernels(cupy)
+    nnz = int(indices.size)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    opens = cupy.zeros(nnz, dtype=cupy.uint8)
+    counts = cupy.zeros(3, dtype=cupy.uint64)
+    extent = cupy.zeros(1, dtype=cupy.int32)
+    hist = cupy.zeros(33, dtype=cupy.uint64)
+    blocks = max(1, min(-(-m // 256), 16 * sms))
+    rows_kernel((blocks,), (256,), (indptr, indices, np.int32(m), np.int32(long_row), opens, counts, extent))
+    xor_kernel((max(1, min(-(-nnz // 256), 16 * sms)),), (256,), (indices, np.int64(nnz), opens, hist))
+    npr = cupy.diff(indptr)
+    ordered = cupy.sort(npr)
+    weights = cupy.arange(1 - m, m, 2, dtype=cupy.float64)
+    columns = cupy.bincount(indices, minlength=n).astype(cupy.float64)
+    lengths = npr.astype(cupy.float64)
+    q25, q75 = _quantile_positions(m, 25.0), _quantile_positions(m, 75.0)
+    picks = cupy.asarray([q25[0], q25[1], q75[0], q75[1]], dtype=cupy.int64)
+    scalars = cupy.concatenate([
+        counts.astype(cupy.float64), extent.astype(cupy.float64), hist.astype(cupy.float64),
+        cupy.stack([ordered[0].astype(cupy.float64), ordered[-1].astype(cupy.float64),
+                    (lengths * lengths).sum(), (columns * columns).sum(), weights @ ordered.astype(cupy.float64)]),
+        ordered[picks].astype(cupy.float64),
+    ]).get()  # the one read-back
+    empty, longr, diag, far = scalars[:4]
+    bits = scalars[4:37]
+    lo, hi, sum_sq, col_sq, gini_sum = scalars[37:42]
+    a25, b25, a75, b75 = scalars[42:46]
+    changes_at_least = np.cumsum(bits[::-1])[::-1]  # [b]: changes of bit length >= b
+    return {
+        "empty": empty, "long": longr, "diag": diag, "bandwidth": far, "npr_min": lo, "npr_max": hi,
+        "npr_sum_sq": sum_sq, "col_sum_sq": col_sq, "gini_sum": gini_sum,
+        "q25": _lerp(a25, b25, q25[2]), "q75": _lerp(a75, b75, q75[2]),
+        "segments": [1.0 + changes_at_least[int(math.log2(w)) + 1] for w in cf_widths],
+    }
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """NumPy's linear interpolation for percentiles, its two formulas included (so ties round alike)."""
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
+
+
+def _quantile_positions(m: int, q: float) -> tuple[int, int, float]:
+    """The two sorted positions and the weight NumPy's linear percentile interpolates between."""
+    pos = (m - 1) * q / 100.0
+    lo = int(math.floor(pos))
+    return lo, min(lo + 1, m - 1), pos - lo
