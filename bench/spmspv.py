@@ -51,7 +51,7 @@ from db.store import Store  # noqa: E402
 from kernels import get_family  # noqa: E402
 from kernels.spmspv import DENSE, SPARSE  # noqa: E402
 from tuner.execute.algorithms import bfs, frontier_matrix  # noqa: E402
-from tuner.execute.executor import choose  # noqa: E402
+from tuner.execute.choice import choose  # noqa: E402
 from tuner.execute.spmspv import plan_spmspv  # noqa: E402
 from tuner.matrix.features import extract_features  # noqa: E402
 from tuner.matrix.fingerprint import fingerprint  # noqa: E402

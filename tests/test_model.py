@@ -13,7 +13,7 @@ from sklearn.exceptions import NotFittedError
 from common.errors import InvalidConfigError, StoreError
 from db.store import Store
 from kernels import BASELINE, config_key, get_family
-from tuner.execute.executor import choose
+from tuner.execute.choice import choose
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.model import (
     KernelSelector,

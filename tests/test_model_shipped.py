@@ -17,7 +17,7 @@ from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from tests.test_model import DEV_A, DEV_B, DTYPE, _features, _fill
 from tuner.cli import app
-from tuner.execute.executor import choose
+from tuner.execute.choice import choose
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select import shipped
 from tuner.select.evaluation import evaluate_selector
@@ -198,7 +198,7 @@ def test_train_ship_writes_the_file_the_executor_reads(tmp_path, models):
 
 @pytest.mark.gpu
 def test_plan_predicts_from_the_shipped_model_on_a_fresh_store(models, table):
-    from tuner.execute.executor import plan
+    from tuner.execute.plan import plan
     from tuner.matrix.generate import generate
     from tuner.measure.backend import GpuBackend
 

@@ -174,7 +174,7 @@ def test_the_small_sort_size_is_the_same_in_python_and_cuda() -> None:
 
 
 def test_plan_with_op_spmspv_and_an_unknown_op(monkeypatch) -> None:
-    from tuner.execute.executor import plan
+    from tuner.execute.plan import plan
 
     monkeypatch.setattr("tuner.execute.spmspv.gpu_available", lambda: False)
     assert isinstance(plan(CASES["random"](), op="spmspv"), SpMSpVExecutor)

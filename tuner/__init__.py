@@ -14,16 +14,19 @@ from typing import TYPE_CHECKING, Any
 from common.errors import InvalidConfigError, MatrixFormatError, NoDeviceError, StoreError, TunerError
 
 if TYPE_CHECKING:
-    from tuner.execute.executor import Executor, plan
+    from tuner.execute.executor import Executor
+    from tuner.execute.plan import plan
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("plan", "Executor"):
-        from tuner.execute import executor
-
-        globals()[name] = value = getattr(executor, name)
-        return value
-    raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    if name == "plan":
+        from tuner.execute.plan import plan as value
+    elif name == "Executor":
+        from tuner.execute.executor import Executor as value
+    else:
+        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 __all__ = [

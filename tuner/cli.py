@@ -226,7 +226,7 @@ def recommend(
 ) -> None:
     """Say which kernel and config plan() would run for MATRIX: tuned, predicted by the selector, or the default."""
     from db.store import Store
-    from tuner.execute.executor import choose
+    from tuner.execute.choice import choose
     from tuner.matrix.features import extract_features
     from tuner.matrix.fingerprint import fingerprint
     from tuner.matrix.io import read_mtx

@@ -19,7 +19,7 @@ from service.models import (
     ratio,
 )
 from service.uploads import FILE_FIELD, read_upload, receive_upload
-from tuner.execute.executor import choose
+from tuner.execute.choice import choose
 
 router = APIRouter(prefix="/recommend", tags=["recommend"])
 
@@ -82,7 +82,7 @@ def recommendation(
     device_kind: str,
     dtype: str,
 ) -> RecommendationPublic:
-    """Ask :func:`tuner.execute.executor.choose` (the one place that decides a config) and add what is known of it.
+    """Ask :func:`tuner.execute.choice.choose` (the one place that decides a config) and add what is known of it.
 
     ``features`` go to the selector model behind ``choose`` (used when the vector is complete, the
     store holds a model for the device and dtype, and nothing is tuned for the fingerprint).

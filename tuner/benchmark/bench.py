@@ -31,7 +31,7 @@ import optuna
 
 from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
-from tuner.execute.executor import choose
+from tuner.execute.choice import choose
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.io import matrix_name, read_mtx

@@ -1,34 +1,18 @@
-"""``plan(A)``: a ready-to-call y = A·x with the best config known for this matrix and GPU.
+"""The executor of ``plan(A)`` for a dense x: the kernel prepared once for one matrix, y = ex(x) on every call.
 
-Where the config comes from is part of the answer (``ex.source``):
-``'tuned'`` when the store has a best config for this matrix's fingerprint on
-this device model and dtype, ``'predicted'`` when it has none but holds a
-trained selector for the device and dtype (:mod:`tuner.select.model`), ``'default'``
-otherwise (cuSPARSE, the safe choice), and ``'cpu'`` on a machine without a
-GPU, where SciPy computes y.
+It runs the config :func:`tuner.execute.choice.choose` picked (on the GPU),
+or, on a machine without a GPU, SciPy's product.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from common.errors import InvalidConfigError
-from db.store import Store
-from kernels import BASELINE, get_family
-from kernels._cuda import gpu_available
-from tuner.matrix.features import FEATURE_NAMES, extract_features
-from tuner.matrix.fingerprint import fingerprint
-from tuner.matrix.io import as_csr
+from kernels import get_family
+from tuner.execute.choice import Choice
 from tuner.measure.backend import GpuBackend
-from tuner.select.shipped import may_predict
-
-if TYPE_CHECKING:
-    from tuner.execute.spmspv import SpMSpVExecutor
 
 
 class Executor:
@@ -103,76 +87,4 @@ class Executor:
         return f"<Executor {self.kernel} {self.params} source={self.source!r}{speed}>"
 
 
-@dataclass(frozen=True)
-class Choice:
-    """A kernel config and where it came from ('tuned', 'predicted' or 'default'); for a tuned one, the
-    times of it and of cuSPARSE the store holds (``cusparse_time_s`` may be unknown); for a predicted one,
-    the GFLOP/s its neighbours measured (may be unknown) and the selector's probability of the family."""
-
-    kernel: str
-    params: dict[str, Any]
-    source: str
-    expected_gflops: float | None = None
-    time_s: float | None = None
-    cusparse_time_s: float | None = None
-    confidence: float | None = None
-
-
-def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
-           features: Mapping[str, float] | None = None) -> Choice:
-    """The config plan() runs: the stored best for (fingerprint, device, dtype), else the
-    prediction from ``features`` of the store's latest model for (device, dtype) or, without one, of
-    the model shipped in the package for exactly that device and dtype, else the default.
-
-    ``use_tuned=False`` gives what plan() would pick for a matrix it has never
-    tuned (the benchmark compares that with the tuned best).
-    """
-    best = store.best(fp, device=device, dtype=dtype) if (use_tuned and store is not None) else None
-    if best is not None:
-        return Choice(best["kernel"], best["params"], "tuned", best["gflops"], best["time_s"], best["cusparse_time_s"])
-    if features is not None and set(FEATURE_NAMES) <= set(features) and may_predict(store, device, dtype):
-        from tuner.select.model import find_model  # scikit-learn only when a model is stored or shipped
-
-        model = find_model(store, device=device, dtype=dtype)
-        if model is not None:
-            p = model.predict_details(features)[0]
-            try:  # a model trained before the registry changed may name what no longer exists
-                return Choice(p.kernel, get_family(p.kernel).space.validate(p.params, family=p.kernel), "predicted",
-                              expected_gflops=p.expected_gflops, confidence=p.confidence)
-            except InvalidConfigError:
-                pass
-    return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
-
-
-def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None,
-         op: str = "spmv") -> Executor | SpMSpVExecutor:
-    """Prepare y = A·x for ``A`` (a .mtx path, SciPy/CuPy sparse matrix or CSR triple).
-
-    Looks up the tuned best config for this matrix (by structural fingerprint)
-    on this GPU model and dtype in the store ``db`` (default: the per-user
-    store); without one it uses cuSPARSE. Preprocessing happens here, once.
-    ``op="spmspv"`` prepares y = A·x for a *sparse* x instead
-    (:class:`~tuner.execute.spmspv.SpMSpVExecutor`).
-    """
-    if op == "spmspv":
-        from tuner.execute.spmspv import plan_spmspv
-
-        return plan_spmspv(A, dtype=dtype, db=db)
-    if op != "spmv":
-        raise ValueError(f"unknown op {op!r}: 'spmv' (dense x) or 'spmspv' (sparse x)")
-    given, A = A, as_csr(A, dtype=dtype)
-    fp = fingerprint(A)
-    if not gpu_available():
-        return Executor(A=A, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fp)
-    backend = GpuBackend()
-    store = db if isinstance(db, Store) else Store(db)
-    # only a model needs them; on the GPU for a canonical CuPy CSR matrix already there
-    on_gpu = type(given).__module__.startswith("cupyx") and getattr(given, "format", None) == "csr" and \
-        given.has_canonical_format
-    features = extract_features(given if on_gpu else A) if may_predict(store, backend.info.id, str(A.dtype)) \
-        else None
-    choice = choose(fp, store=store, device=backend.info.id, dtype=str(A.dtype), features=features)
-    return Executor(A=A, choice=choice, backend=backend, fingerprint=fp)
-
-
-__all__ = ["Choice", "Executor", "choose", "plan"]
+__all__ = ["Executor"]

@@ -35,6 +35,7 @@ import scipy.sparse as sp
 from db.store import Store
 from kernels._cuda import gpu_available, require_cupy
 from kernels.spmspv import MODES, sum_runs
+from tuner.execute.choice import choose
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.io import as_csr
@@ -165,7 +166,7 @@ class SpMSpVExecutor:
 
 def plan_spmspv(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None,
                 params: Mapping[str, Mapping[str, Any]] | None = None) -> SpMSpVExecutor:
-    """Prepare y = A·x for sparse x (see :func:`tuner.execute.executor.plan` with ``op="spmspv"``).
+    """Prepare y = A·x for sparse x (see :func:`tuner.execute.plan.plan` with ``op="spmspv"``).
 
     ``params`` may set each mode's parameters (``{"sparse": {...}, "dense": {"kernel": ..., ...}}``). On a
     GPU the dense mode runs, unless told otherwise, the SpMV that ``plan(A)`` runs (tuned, predicted or
@@ -179,7 +180,6 @@ def plan_spmspv(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Sto
     selector, source = None, "default"
     params = dict(params or {})
     if on_gpu:  # (without a GPU no selector applies and the dense mode is NuT's reference: no features needed)
-        from tuner.execute.executor import choose
         from tuner.measure.backend import GpuBackend
 
         features = extract_features(A)

@@ -15,7 +15,7 @@ won. Each prediction carries the classifier's probability of the family
 
 Models are stored in the ``models`` table (:func:`save_model`,
 :func:`load_latest`), one versioned row per (device, dtype) training run;
-:func:`tuner.execute.executor.choose` uses the latest one for a matrix without a tuned
+:func:`tuner.execute.choice.choose` uses the latest one for a matrix without a tuned
 best (source ``'predicted'``), else the one shipped inside the package for
 exactly that device and dtype (:func:`ship_model`, :func:`load_shipped`,
 :mod:`tuner.select.shipped`). Both hold the same row and the same pickled blob

@@ -1,0 +1,226 @@
+"""The race at plan time: a shortlist of configs prepared, checked and timed on this GPU, the fastest kept.
+
+A selector's ranking (:meth:`tuner.select.model.KernelSelector.rank`) is a
+guess about a matrix it has not seen; the race turns it into a measurement.
+:func:`shortlist` takes the first configs of the ranking (a few families,
+within a preparation budget) and always adds cuSPARSE's two CSR algorithms,
+so the winner is never slower than cuSPARSE as measured in the same race.
+:func:`race` prepares each entrant on the matrix, checks one product against
+the float64 reference (on the GPU, :class:`~tuner.measure.verify.Reference`),
+then times the survivors in rounds, dropping those far behind after the first
+(successive halving), and hands back the winner already prepared: plan()
+runs it without preparing it again. A config that fails (wrong y, out of
+memory, a launch error) leaves the race with its reason, and the race goes on.
+
+Every lap is a trial (:meth:`Lap.record`): :func:`record_race` writes them
+to the store in one transaction, so a later ``plan()`` of the same matrix
+answers from the store at once, and every race grows the corpus.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kernels import BASELINE, Prepared, get_family
+from tuner.measure.backend import Backend, Timing
+from tuner.measure.evaluate import TrialResult, checked_prepare
+
+if TYPE_CHECKING:
+    from db.store import Store
+    from tuner.measure.verify import Reference
+    from tuner.select.model import RankedConfig
+
+__all__ = ["BASELINE_ENTRANTS", "DEFAULT_ENTRANTS", "STUDY", "Entrant", "Lap", "RaceResult", "race",
+           "record_race", "shortlist"]
+
+STUDY = "race"
+"""The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
+
+BASELINE_ENTRANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (BASELINE, {"algorithm": "csr_alg1"}),
+    (BASELINE, {"algorithm": "csr_alg2"}),
+)
+"""In every race: cuSPARSE's two CSR algorithms, the reference every result is a ratio to."""
+
+SHORT_S = 60e-6
+"""A product shorter than this may not hide the host's launch of the next: the race fills the queue first."""
+
+DEFAULT_ENTRANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("csr_vector", {"threads_per_row": 4, "block_size": 256}),
+    ("csr_scalar", {"block_size": 256}),
+    ("specsum", {}),
+)
+"""What races without a selector for this GPU: cheap to prepare, and each best on some structures."""
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """A config in the race, with what the selector expected of it (None: raced without a selector)."""
+
+    kernel: str
+    params: dict[str, Any]
+    expected_s: float | None = None
+    prepare_spmvs: float | None = None
+
+
+@dataclass
+class Lap:
+    """One entrant's outcome: its trial result (failed with a reason, or timed)."""
+
+    entrant: Entrant
+    result: TrialResult
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def time_s(self) -> float:
+        return self.result.timing.median_s if self.result.ok and self.result.timing else float("inf")
+
+
+@dataclass
+class RaceResult:
+    """The laps in the order raced, the winner (None when every entrant failed), its prepared matrix, and
+    the wall seconds of each step (``prepare``, ``verify``, ``time``)."""
+
+    laps: list[Lap]
+    winner: Lap | None
+    prepared: Prepared | None
+    seconds: dict[str, float]
+
+    @property
+    def baseline_s(self) -> float | None:
+        """cuSPARSE's best time in this race (None when both its algorithms failed)."""
+        times = [lap.time_s for lap in self.laps if lap.entrant.kernel == BASELINE and lap.result.ok]
+        return min(times) if times else None
+
+    def table(self) -> list[str]:
+        """One line per lap, fastest first, for ``explain()`` and the CLI."""
+        lines = []
+        for lap in sorted(self.laps, key=lambda lap: lap.time_s):
+            e = lap.entrant
+            expected = f", expected {e.expected_s * 1e6:.1f} us" if e.expected_s else ""
+            if lap.result.ok:
+                mark = "*" if lap is self.winner else " "
+                lines.append(f"{mark} {e.kernel} {e.params}: {lap.time_s * 1e6:.1f} us{expected}")
+            else:
+                lines.append(f"  {e.kernel} {e.params}: out ({lap.result.error_kind}: {lap.result.error}){expected}")
+        return lines
+
+
+def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_family: int = 2,
+              prepare_budget: float = 120.0, slack: float = 1.5) -> list[Entrant]:
+    """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (fastest expected
+    first), then cuSPARSE's two algorithms.
+
+    From the ranking: at most ``per_family`` configs of one family (a second family often wins where the
+    selector is wrong), none expected slower than ``slack`` times the first, and preparation within
+    ``prepare_budget`` SpMVs in all (the first is always in: it is the selector's answer). cuSPARSE's
+    configs in the ranking are left for the two always raced. Without a ranking (no selector for this
+    GPU): :data:`DEFAULT_ENTRANTS`.
+    """
+    if size < 1:
+        raise ValueError(f"a race needs at least one entrant besides cuSPARSE, got size={size}")
+    picked: list[Entrant] = []
+    if ranking is None:
+        picked = [Entrant(k, get_family(k).space.validate(p, family=k)) for k, p in DEFAULT_ENTRANTS[:size]]
+    else:
+        ranked = [r for r in ranking if r.kernel != BASELINE]
+        spent = 0.0
+        for r in ranked:
+            if len(picked) == size:
+                break
+            if picked and r.expected_s > slack * picked[0].expected_s:
+                break
+            cost = r.prepare_spmvs if r.prepare_spmvs is not None and np.isfinite(r.prepare_spmvs) else 0.0
+            if sum(e.kernel == r.kernel for e in picked) >= per_family or (picked and spent + cost > prepare_budget):
+                continue
+            picked.append(Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs))
+            spent += cost
+    expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
+    for kernel, params in BASELINE_ENTRANTS:
+        r = expected.get((kernel, _key(params)))
+        picked.append(Entrant(kernel, dict(params), r.expected_s if r else None, r.prepare_spmvs if r else None))
+    return picked
+
+
+def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
+
+
+def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Reference, x: Any, *,
+         repeats: int = 3, rounds: int = 2, drop: float = 1.25,
+         on_lap: Callable[[Lap], None] | None = None) -> RaceResult:
+    """Prepare, check and time every entrant on ``A`` (on ``backend``'s device; ``x`` is ``reference.x``
+    there); the winner stays prepared, the others are released.
+
+    Timing: ``rounds`` rounds of ``repeats`` products of each survivor, interleaved, each product between
+    two CUDA events (:meth:`~tuner.measure.backend.Backend.time_queued`); after the first round an entrant
+    slower than ``drop`` times the leader leaves. A lap's time is the median of its products.
+    """
+    seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
+    laps: list[Lap] = []
+    ready: dict[int, tuple[Prepared, Any]] = {}  # lap index -> prepared, out
+    for entrant in entrants:
+        start = time.perf_counter()
+        result, prepared, out = checked_prepare(backend, get_family(entrant.kernel), A, entrant.params, reference, x)
+        seconds["prepare"] += result.prepare_s or 0.0
+        seconds["verify"] += time.perf_counter() - start - (result.prepare_s or 0.0)
+        laps.append(Lap(entrant, result))
+        if prepared is not None:
+            ready[len(laps) - 1] = (prepared, out)
+        elif on_lap:
+            on_lap(laps[-1])
+    start = time.perf_counter()
+    for round_ in range(rounds):
+        if not ready:
+            break
+        order = list(ready)
+        fns = [_runner(backend, laps[i].entrant.kernel, *ready[i], x) for i in order]
+        # Before a product too short to hide the host's next launch behind it, the queue is filled first.
+        lead = [not laps[i].samples or float(np.median(laps[i].samples)) < SHORT_S for i in order]
+        for i, samples in zip(order, backend.time_queued(fns, repeats=repeats, lead=lead), strict=True):
+            laps[i].samples += samples
+        if round_ + 1 < rounds:
+            leader = min(float(np.median(laps[i].samples)) for i in order)
+            for i in order:
+                if float(np.median(laps[i].samples)) > drop * leader:
+                    del ready[i]  # far behind: its memory goes back now
+    seconds["time"] = time.perf_counter() - start
+    for lap in laps:
+        if lap.samples:
+            lap.result.timing = Timing.from_samples(np.asarray(lap.samples))
+            lap.result.state = "ok"
+            if on_lap:
+                on_lap(lap)
+    win = min(ready, key=lambda i: laps[i].time_s, default=None)  # among those that ran every round
+    prepared = ready.pop(win)[0] if win is not None else None
+    ready.clear()
+    return RaceResult(laps, laps[win] if win is not None else None, prepared, seconds)
+
+
+def _runner(backend: Backend, kernel: str, prepared: Prepared, out: Any, x: Any) -> Callable[[], object]:
+    family = get_family(kernel)
+    return lambda: backend.run(family, prepared, x, out)
+
+
+def record_race(store: Store, result: RaceResult, *, fingerprint: str, device: str, dtype: str,
+                shape: tuple[int, int], nnz: int) -> None:
+    """Write every lap as a trial of the matrix (study :data:`STUDY`), in one transaction: all or none.
+
+    The matrix and the device must be in the store already. cuSPARSE's time in the race goes on the best
+    row, so ``explain()`` can give the ratio later.
+    """
+    records = []
+    for lap in result.laps:
+        row = lap.result.record(shape=shape, nnz=nnz, dtype=dtype)
+        records.append({**row, "fingerprint": fingerprint, "device": device, "dtype": dtype, "study": STUDY,
+                        "trial_uid": uuid.uuid4().hex})
+    with store.transaction():
+        store.add_trials(records)
+        if (base := result.baseline_s) is not None:
+            store.set_cusparse_time(fingerprint, device=device, dtype=dtype, time_s=base)
