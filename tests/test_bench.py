@@ -107,8 +107,9 @@ def test_family_trials_tune_every_family_and_enqueued_configs_are_measured(tmp_p
 
     from db.store import Store
     from kernels import config_key, config_of, get_family
-    from tuner.benchmark.bench import bench_matrix, sources
+    from tuner.benchmark.bench import bench_matrix
     from tuner.matrix.fingerprint import fingerprint
+    from tuner.matrix.sources import sources
     from tuner.measure.backend import get_backend
     from tuner.search.storage import default_storage, open_storage
 

@@ -33,19 +33,13 @@ from db.store import Store
 from tests.conftest import REPO
 from tuner.matrix.generate import KINDS, generate
 from tuner.matrix.io import write_mtx
+from tuner.matrix.sources import read_sources
 from tuner.measure.backend import CpuReferenceBackend
-from tuner.search.distributed import (
-    fail_stale_trials,
-    keeps_place,
-    read_sources,
-    settle,
-    study_budget,
-    sync,
-    sync_storage,
-    tune_many,
-)
-from tuner.search.loop import CACHED_ATTR, RECORD_ATTR, tune
+from tuner.search.loop import tune
+from tuner.search.pool import tune_many
 from tuner.search.storage import HeartbeatJournalStorage, HeartbeatRDBStorage, open_storage
+from tuner.search.study import CACHED_ATTR, RECORD_ATTR, fail_stale_trials, keeps_place, settle, study_budget
+from tuner.search.sync import sync, sync_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used:UserWarning")
@@ -174,7 +168,7 @@ def children(pid: int) -> list[int]:
 
 
 def tune_many_cmd(spec: str, folder: Path, workers: int) -> list[str]:
-    return [sys.executable, "-m", "tuner.search.distributed", "tune-many", str(folder), "--storage", spec,
+    return [sys.executable, "-m", "tuner", "tune-many", str(folder), "--storage", spec,
             "--trials-per-matrix", str(N), "--device", "cpu-reference", "--workers", str(workers),
             "--heartbeat", str(HEARTBEAT), "--grace", str(GRACE)]
 
@@ -183,14 +177,14 @@ DIE = textwrap.dedent(
     """
     import os, signal, sys
     import optuna
-    from tuner.search import distributed, loop as search
+    from tuner.search import loop as search, worker
     from tuner.measure.backend import CpuReferenceBackend
     from tuner.matrix.fingerprint import fingerprint
     from tuner.matrix.io import read_mtx
-    from tuner.search.loop import study_name
+    from tuner.search.study import study_name
     spec, folder, how = sys.argv[1:]
     if how == "before-first-beat":  # asks a trial of the first matrix's study and dies at once
-        storage = distributed.open_shared_storage(spec, heartbeat=1, grace=2)
+        storage = worker.open_shared_storage(spec, heartbeat=1, grace=2)
         first = sorted(p for p in os.listdir(folder))[0]
         name = study_name(fingerprint(read_mtx(os.path.join(folder, first))), CpuReferenceBackend().info, "float64")
         study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True)
@@ -204,8 +198,8 @@ DIE = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         return real(*args, **kwargs)
     search.evaluate = evaluate
-    distributed.app(["worker", folder, "--storage", spec, "--trials-per-matrix", "6", "--device", "cpu-reference",
-                     "--heartbeat", "1", "--grace", "2"])
+    worker.app([folder, "--storage", spec, "--trials-per-matrix", "6", "--device", "cpu-reference",
+                "--heartbeat", "1", "--grace", "2"])
     """
 )
 
@@ -392,8 +386,8 @@ def test_a_worker_whose_cuda_context_broke_records_the_trial_and_exits_for_a_res
     matrices: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tuner.measure.evaluate import ContextLostError, TrialResult
-    from tuner.search import distributed
     from tuner.search import loop as search
+    from tuner.search import worker
 
     def broken(backend, family, A, params, reference, x, **kw):
         result = TrialResult(family.name, dict(params), "failed", error_kind="launch_error",
@@ -402,9 +396,9 @@ def test_a_worker_whose_cuda_context_broke_records_the_trial_and_exits_for_a_res
 
     monkeypatch.setattr(search, "evaluate", broken)
     spec = str(tmp_path / "s.log")
-    out = runner.invoke(distributed.app, ["worker", str(matrices), "--storage", spec, "--trials-per-matrix", "3",
-                                          "--device", "cpu-reference"])
-    assert out.exit_code == distributed.CONTEXT_LOST, out.output
+    out = runner.invoke(worker.app, [str(matrices), "--storage", spec, "--trials-per-matrix", "3",
+                                     "--device", "cpu-reference"])
+    assert out.exit_code == worker.CONTEXT_LOST, out.output
     assert '"ev": "fatal"' in out.output and "CUDA context" in out.output
     (trials,) = studies(spec).values()
     (failed,) = [t for t in trials if t.state.name == "FAIL"]

@@ -93,7 +93,7 @@ def test_cli_writes_it_and_tune_many_measures_it_in_every_study(tuned: Store, tm
     journal = tmp_path / "j.log"
     total = len(REGISTRY) + len(few)
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}
-    proc = subprocess.run([sys.executable, "-m", "tuner.search.distributed", "tune-many", str(folder), "--storage",
+    proc = subprocess.run([sys.executable, "-m", "tuner", "tune-many", str(folder), "--storage",
                            str(journal), "--trials-per-matrix", str(total), "--device", "cpu-reference",
                            "--workers", "2", "--enqueue", str(out)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -109,7 +109,7 @@ def test_cli_writes_it_and_tune_many_measures_it_in_every_study(tuned: Store, tm
         seen = {(t.params["kernel"], json.dumps({k.split(".", 1)[1]: v for k, v in t.params.items() if "." in k},
                                                 sort_keys=True)) for t in done}
         assert want <= seen
-    bad = subprocess.run([sys.executable, "-m", "tuner.search.distributed", "tune-many", str(folder), "--storage",
+    bad = subprocess.run([sys.executable, "-m", "tuner", "tune-many", str(folder), "--storage",
                           str(journal), "--trials-per-matrix", "2", "--device", "cpu-reference", "--enqueue",
                           str(tmp_path / "missing.json")], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)

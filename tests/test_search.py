@@ -20,8 +20,9 @@ from kernels.csr_vector import CsrVector
 from tests.conftest import REPO
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import CpuReferenceBackend, get_backend
-from tuner.search.loop import study_name, tune
+from tuner.search.loop import tune
 from tuner.search.storage import open_storage
+from tuner.search.study import study_name
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -16,11 +16,12 @@ import pytest
 from common.errors import InvalidConfigError
 from tests.conftest import REPO
 from tuner.matrix.generate import KINDS, generate
+from tuner.matrix.sources import read_sources
 from tuner.matrix.suites import SUITES, SuiteMatrix, approx_nnz, corpus
 from tuner.measure.backend import CpuReferenceBackend
-from tuner.search.distributed import read_sources, run_worker
-from tuner.search.loop import SOURCE_ATTR
 from tuner.search.storage import open_storage
+from tuner.search.study import SOURCE_ATTR
+from tuner.search.worker import run_worker
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used:UserWarning")

@@ -163,7 +163,8 @@ def bench(
 
     from common.errors import InvalidConfigError
     from db.store import Store
-    from tuner.benchmark.bench import families_of, run_bench, sources
+    from tuner.benchmark.bench import families_of, run_bench
+    from tuner.matrix.sources import sources
     from tuner.measure.backend import get_backend
     from tuner.search.storage import default_storage, open_storage
     from tuner.select.portfolio import read_portfolio
@@ -500,7 +501,8 @@ def list_kernels(as_json: Annotated[bool, typer.Option("--json", help="print the
 def _register_commands_of_other_modules() -> None:
     """Commands written beside the code they drive; they print their own errors."""
     from service.cli import serve
-    from tuner.search.distributed import sync, tune_many
+    from tuner.search.pool import tune_many
+    from tuner.search.sync import sync
 
     app.command("tune-many")(tune_many)
     app.command("sync")(sync)

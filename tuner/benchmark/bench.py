@@ -22,7 +22,6 @@ import platform
 import re
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,7 @@ from kernels import BASELINE, REGISTRY, get_family
 from tuner.execute.choice import choose
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint
-from tuner.matrix.io import matrix_name, read_mtx
-from tuner.matrix.suites import suite
+from tuner.matrix.sources import Source
 from tuner.measure.backend import Backend
 from tuner.measure.evaluate import time_interleaved
 from tuner.measure.metrics import gbps, gflops
@@ -50,32 +48,6 @@ COLUMNS = (
     "error",
 )
 PLAN_LABEL = "plan-untuned"
-
-
-@dataclass(frozen=True)
-class Source:
-    """One matrix to benchmark: a name, the suite it belongs to, and how to load it.
-
-    ``key``, for a generated matrix, says which one it is without building it
-    (``tune-many`` passes done studies by it).
-    """
-
-    name: str
-    suite: str
-    load: Callable[[str], Any]
-    key: str | None = None
-
-
-def sources(matrices: Sequence[str | Path], suite_name: str | None = None) -> list[Source]:
-    """Files, folders of .mtx/.mtx.gz files, and the matrices of a named suite."""
-    out: list[Source] = []
-    for item in map(Path, matrices):
-        files = sorted([*item.glob("*.mtx"), *item.glob("*.mtx.gz")]) if item.is_dir() else [item]
-        label = item.name if item.is_dir() else "files"
-        out += [Source(matrix_name(f), label, lambda dtype, f=f: read_mtx(f, dtype=dtype)) for f in files]
-    if suite_name:
-        out += [Source(m.name, suite_name, m.build, m.key) for m in suite(suite_name)]
-    return out
 
 
 def environment(backend: Backend) -> dict[str, Any]:

@@ -9,7 +9,7 @@ again continues it; every measurement also goes into the SQLite store.
 
 Many workers share a study through one storage (``tuner tune-many``): with
 ``total=N`` each worker stops once the study holds N *finished* trials (COMPLETE
-or FAIL) across all of them, exactly N (see :class:`tuner.search.distributed.Budget`);
+or FAIL) across all of them, exactly N (see :class:`tuner.search.study.Budget`);
 every trial's full record is kept in its user attrs (``record``) so ``tuner
 sync`` can rebuild the store's rows from optuna alone; and, when the storage has
 heartbeats, every asked trial beats while it runs and stale trials are failed
@@ -19,8 +19,6 @@ before each ask.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import time
 import uuid
@@ -44,33 +42,23 @@ from tuner.measure.backend import Backend, DeviceInfo, Timing
 from tuner.measure.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
 from tuner.measure.metrics import gbps, gflops
 from tuner.measure.verify import Reference
-from tuner.search.distributed import (
+from tuner.search.study import (
+    CACHED_ATTR,
     DEFAULT_ATTR,
+    RECORD_ATTR,
+    SOURCE_ATTR,
     SURPLUS_ATTR,
+    UID_ATTR,
     Budget,
     fail_stale_trials,
     keeps_place,
     repeats_queued,
     settle,
     study_budget,
+    study_name,
 )
 
-RECORD_ATTR = "record"  # a trial's user attr holding its full store row (tune() sets it for every measurement)
-UID_ATTR = "uid"  # a trial's user attr: a unique id, set right after ask(); the store's trial_uid
-CACHED_ATTR = "cached"  # a trial told the value an earlier trial of the study measured for the same config
-SOURCE_ATTR = "source"  # a study's user attr: the key of the generated matrix it tunes (tune-many skips by it)
 _log = logging.getLogger(__name__)
-
-
-def registry_version() -> str:
-    """A short hash of every family's name and space: optuna needs fixed distributions
-    within a study, so a change to the registry starts new studies (the store keeps the old trials)."""
-    text = json.dumps({n: f.space.to_dict() for n, f in sorted(REGISTRY.items())}, sort_keys=True)
-    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
-
-
-def study_name(fp: str, device: DeviceInfo, dtype: str) -> str:
-    return f"{fp}|{device.id}|{dtype}|r{registry_version()}"
 
 
 @dataclass
