@@ -14,7 +14,7 @@ from tuner.matrix.generate import KINDS, Generator, generate
 
 SMALL = {"n": 6, "rows": 3000}
 RANDOM_KINDS = [name for name, g in KINDS.items() if g.size_arg == "rows"]  # random values
-RANDOM_STRUCTURE = [name for name in RANDOM_KINDS if name != "banded"]  # banded's band is fixed
+RANDOM_STRUCTURE = [name for name in RANDOM_KINDS if name not in ("banded", "blockfem")]  # fixed structures
 
 
 def small(kind: str, **kwargs) -> dict:
@@ -143,6 +143,59 @@ def test_emptyrows() -> None:
     per_row = np.diff(A.indptr)
     assert 0.67 < np.mean(per_row == 0) < 0.73
     assert per_row[per_row > 0].min() >= 4 and per_row.max() <= 32
+
+
+def test_lp_width() -> None:
+    assert generate("lp", rows=300, width=100).shape == (300, 30_000)
+
+
+def test_emptyrows_lengths() -> None:
+    A = generate("emptyrows", rows=20_000, empty=0.4, lo=1, hi=40)
+    per_row = np.diff(A.indptr)
+    assert 0.37 < np.mean(per_row == 0) < 0.43
+    assert per_row[per_row > 0].min() == 1 and per_row.max() <= 40
+    with pytest.raises(InvalidConfigError, match="lo must not exceed hi"):
+        generate("emptyrows", rows=100, lo=9, hi=3)
+
+
+@pytest.mark.parametrize(("block", "points", "per_node"), [(3, 27, 27), (2, 7, 7)])
+def test_blockfem(block: int, points: int, per_node: int) -> None:
+    A = generate("blockfem", rows=3000, block=block, points=points)
+    side = round((3000 / block) ** (1 / 3))
+    assert A.shape == (side**3 * block,) * 2
+    per_row = np.diff(A.indptr)
+    assert per_row.max() == per_node * block and per_row.min() % block == 0
+    dense = A.toarray() != 0
+    assert np.array_equal(dense, dense.T)
+    assert np.array_equal(dense[:block, :block], np.ones((block, block), dtype=bool))  # a node's own block
+    with pytest.raises(InvalidConfigError, match="points must be 7 or 27"):
+        generate("blockfem", rows=100, points=9)
+
+
+def test_kronecker_is_heavy_tailed_in_rows_and_columns() -> None:
+    A = generate("kronecker", rows=20_000)
+    per_row, per_col = np.diff(A.indptr), np.bincount(A.indices, minlength=A.shape[1])
+    assert A.shape == (20_000, 20_000) and 0.8 * 16 * 20_000 < A.nnz <= 16 * 20_000
+    assert per_row.max() > 50 * per_row.mean() and per_col.max() > 50 * per_col.mean()
+    assert np.mean(per_row == 0) > 0.1  # R-MAT leaves many vertices without edges
+    with pytest.raises(InvalidConfigError, match="below 1"):
+        generate("kronecker", rows=100, a=0.5, b=0.3, c=0.3)
+
+
+def test_arrowband() -> None:
+    A = generate("arrowband", rows=10_000, half_width=2, dense=8, dense_frac=0.1)
+    per_row, per_col = np.diff(A.indptr), np.bincount(A.indices, minlength=A.shape[1])
+    assert np.sum(per_row >= 800) == 8 and np.sum(per_col >= 800) == 8  # 1000 drawn, duplicates merged
+    assert np.median(per_row) <= 5 + 1
+    rows = np.repeat(np.arange(A.shape[0]), per_row)
+    assert np.mean(np.abs(rows - A.indices) <= 2) > 0.7  # most entries on the band
+
+
+def test_bipartite_is_tall_with_hot_columns_first() -> None:
+    A = generate("bipartite", rows=40_000, ratio=40, degree=8)
+    per_row, per_col = np.diff(A.indptr), np.bincount(A.indices, minlength=A.shape[1])
+    assert A.shape == (40_000, 1000) and per_row.min() >= 1 and per_row.max() <= 16
+    assert per_col[:10].sum() > per_col[-500:].sum()  # popular columns sit together at the low indices
 
 
 @pytest.mark.parametrize("dtype", ["float32", np.float32])

@@ -17,7 +17,7 @@ from common.errors import InvalidConfigError
 from tests.conftest import REPO
 from tuner.matrix.generate import KINDS, generate
 from tuner.matrix.sources import read_sources
-from tuner.matrix.suites import SUITES, SuiteMatrix, approx_nnz, corpus
+from tuner.matrix.suites import SUITES, SuiteMatrix, approx_nnz, corpus, corpus_more
 from tuner.measure.backend import CpuReferenceBackend
 from tuner.search.storage import open_storage
 from tuner.search.study import SOURCE_ATTR
@@ -32,7 +32,7 @@ def test_the_corpus_spreads_over_every_kind_and_10k_to_50m_nonzeros():
     assert matrices == corpus()  # deterministic
     assert 200 <= len(matrices) <= 300
     assert len({m.name for m in matrices}) == len({m.key for m in matrices}) == len(matrices)
-    assert set(Counter(m.kind for m in matrices)) == set(KINDS)
+    assert set(Counter(m.kind for m in matrices)) | {m.kind for m in SUITES["corpus-more"]} == set(KINDS)
     nnz = [approx_nnz(m.kind, m.size, dict(m.options)) for m in matrices]
     assert nnz == sorted(nnz)  # fewest first: a run cut short leaves the largest
     assert 8e3 <= nnz[0] < 2e4 and 4e7 <= nnz[-1] <= 6e7
@@ -41,7 +41,29 @@ def test_the_corpus_spreads_over_every_kind_and_10k_to_50m_nonzeros():
     npr = {dict(m.options).get("half_width", 8) for m in matrices if m.kind == "banded"}
     assert npr == {1, 3, 8, 24, 64}  # 3 to 129 nonzeros a row, not only each kind's default
     smoke = SUITES["corpus-smoke"]
-    assert {m.kind for m in smoke} == set(KINDS) and len(smoke) == len(KINDS) and set(smoke) <= set(matrices)
+    kinds = {m.kind for m in matrices}
+    assert {m.kind for m in smoke} == kinds and len(smoke) == len(kinds) and set(smoke) <= set(matrices)
+
+
+def test_the_second_corpus_adds_new_structures_and_every_kind_above_10m():
+    matrices = SUITES["corpus-more"]
+    assert matrices == corpus_more()
+    assert not {m.key for m in matrices} & {m.key for m in SUITES["corpus"]}
+    assert {m.kind for m in matrices} == set(KINDS)
+    nnz = [approx_nnz(m.kind, m.size, dict(m.options)) for m in matrices]
+    assert nnz == sorted(nnz) and 2e5 <= nnz[0] and nnz[-1] <= 7e7
+    new_kinds = {"blockfem", "kronecker", "arrowband", "bipartite"}
+    for kind in new_kinds:
+        assert sum(n >= 4e6 for m, n in zip(matrices, nnz, strict=True) if m.kind == kind) >= 3, kind
+    assert sum(n >= 1e7 for n in nnz) >= 20
+    smoke = SUITES["corpus-more-smoke"]
+    assert new_kinds <= {m.kind for m in smoke} and all(n < 1e6 for n in
+                                                       (approx_nnz(m.kind, m.size, dict(m.options)) for m in smoke))
+
+
+@pytest.mark.parametrize("m", SUITES["corpus-more-smoke"], ids=lambda m: m.name)
+def test_approx_nnz_of_the_new_kinds_is_within_20_percent(m: SuiteMatrix):
+    assert m.build().nnz == pytest.approx(approx_nnz(m.kind, m.size, dict(m.options)), rel=0.2)
 
 
 @pytest.mark.parametrize("m", [m for m in SUITES["corpus"] if approx_nnz(m.kind, m.size, dict(m.options)) < 4e5][::9],

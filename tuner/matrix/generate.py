@@ -2,7 +2,8 @@
 
 Each kind stands for a structure that favours a different SpMV kernel (regular
 stencils, a dense band, uniform rows, power-law rows, a few huge rows, wide LP
-rows, tall and skinny, mostly empty rows). :data:`KINDS` declares them in one
+rows, tall and skinny, mostly empty rows, FEM blocks, Kronecker graphs, a band
+with dense rows and columns, tall bipartite matrices with clustered columns). :data:`KINDS` declares them in one
 place, which the CLI and the docs read; :func:`generate` builds one in the
 canonical CSR form of :mod:`tuner.matrix.io`. The same kind, size, options and seed
 always give bit-identical ``indptr``, ``indices`` and ``data``. Some kinds take
@@ -222,9 +223,9 @@ def _fewhuge(rows: int, rng: np.random.Generator, huge: int = 4, huge_len: int =
     return _from_rows((rows, rows), degrees, cols, rng)
 
 
-def _lp(rows: int, rng: np.random.Generator, median: float = 12.0) -> sp.csr_matrix:
-    """Wide LP-like constraints: rows x 8·rows, log-normal row lengths (median 12, a long tail)."""
-    cols = 8 * rows
+def _lp(rows: int, rng: np.random.Generator, median: float = 12.0, width: int = 8) -> sp.csr_matrix:
+    """Wide LP-like constraints: rows x width·rows (8), log-normal row lengths (median 12, a long tail)."""
+    cols = width * rows
     degrees = np.clip(np.rint(rng.lognormal(np.log(median), 1.2, rows)), 1, cols).astype(np.int64)
     return _random_rows(rows, cols, degrees, rng)
 
@@ -234,12 +235,84 @@ def _tallskinny(rows: int, rng: np.random.Generator) -> sp.csr_matrix:
     return _random_rows(rows, max(rows // 1000, 8), rng.integers(1, 5, rows), rng)
 
 
-def _emptyrows(rows: int, rng: np.random.Generator, empty: float = 0.7) -> sp.csr_matrix:
-    """A fraction ``empty`` (70%) of the rows empty, the others 8 to 32 random nonzeros."""
+def _emptyrows(rows: int, rng: np.random.Generator, empty: float = 0.7, lo: int = 8, hi: int = 32
+               ) -> sp.csr_matrix:
+    """A fraction ``empty`` (70%) of the rows empty, the others ``lo`` to ``hi`` (8 to 32) random nonzeros."""
     if not empty < 1.0:
         raise InvalidConfigError(f"emptyrows: empty must be a fraction below 1, got {empty!r}")
-    degrees = np.where(rng.random(rows) < empty, 0, rng.integers(8, 33, rows))
+    if lo > hi:
+        raise InvalidConfigError(f"emptyrows: lo must not exceed hi, got lo={lo!r}, hi={hi!r}")
+    degrees = np.where(rng.random(rows) < empty, 0, rng.integers(lo, hi + 1, rows))
     return _random_rows(rows, rows, degrees, rng)
+
+
+
+def _blockfem(rows: int, rng: np.random.Generator, block: int = 3, points: int = 27) -> sp.csr_matrix:
+    """FEM-like: ``block`` x ``block`` dense blocks (unknowns per node) on a 3-D grid of nodes joined by a
+    ``points``-point stencil (27: every neighbour in the 3x3x3 box; 7: the faces), about ``rows`` rows."""
+    if points not in (7, 27):
+        raise InvalidConfigError(f"blockfem: points must be 7 or 27, got {points!r}")
+    side = max(2, round((rows / block) ** (1.0 / 3.0)))
+    if points == 27:
+        path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+        nodes = sp.kron(sp.kron(path, path, format="csr"), path, format="csr")
+    else:
+        nodes = _laplacian(side, 3)
+    A = sp.kron(nodes, np.ones((block, block)), format="csr")
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def _kronecker(rows: int, rng: np.random.Generator, edge_factor: int = 16, a: float = 0.57, b: float = 0.19,
+               c: float = 0.19) -> sp.csr_matrix:
+    """An R-MAT (Kronecker) graph as Graph500 draws it: ``edge_factor`` x rows edges, each placed by
+    recursive quadrant choice with probabilities a, b, c, 1-a-b-c over 2^k vertices, the vertices relabelled
+    at random and scaled onto ``rows`` (heavy-tailed degrees in rows and columns, no locality)."""
+    if not a + b + c < 1.0:
+        raise InvalidConfigError(f"kronecker: a + b + c must be below 1, got {a + b + c!r}")
+    scale = max(1, math.ceil(math.log2(rows)))
+    edges = edge_factor * rows
+    src = np.zeros(edges, dtype=np.int64)
+    dst = np.zeros(edges, dtype=np.int64)
+    for _ in range(scale):
+        r = rng.random(edges, dtype=np.float32)
+        src = 2 * src + (r >= a + b)
+        dst = 2 * dst + (((r >= a) & (r < a + b)) | (r >= a + b + c))
+    relabel = rng.permutation(1 << scale)
+    src = relabel[src] * rows >> scale
+    dst = relabel[dst] * rows >> scale
+    order = np.argsort(src, kind="stable")
+    return _from_rows((rows, rows), np.bincount(src, minlength=rows), dst[order], rng)
+
+
+def _arrowband(rows: int, rng: np.random.Generator, half_width: int = 3, dense: int = 64,
+               dense_frac: float = 0.02) -> sp.csr_matrix:
+    """A band of ``half_width`` plus ``dense`` random rows and as many random columns holding ``dense_frac``
+    of their entries each (spread over the whole row or column): a few long rows and many short ones."""
+    band = _banded(rows, rng, half_width=half_width)
+    k = min(dense, rows)
+    length = max(1, min(rows, round(dense_frac * rows)))
+    lines = rng.choice(rows, size=k, replace=False)
+    others = np.sort(rng.random((k, length)) * rows, axis=1).astype(np.int64)  # spread positions
+    r = np.concatenate([np.repeat(lines, length), others.ravel()])
+    cc = np.concatenate([others.ravel(), np.repeat(lines, length)])
+    extra = sp.csr_matrix((np.ones(r.size), (r, cc)), shape=(rows, rows))
+    A = (band + extra).tocsr()
+    A.sum_duplicates()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def _bipartite(rows: int, rng: np.random.Generator, ratio: int = 40, degree: int = 8,
+               zipf: float = 1.2) -> sp.csr_matrix:
+    """Tall rows x (rows // ratio): 1 to 2·degree entries a row, columns drawn from a Zipf law of exponent
+    ``zipf`` whose popular columns sit together at the low indices (users x items, clustered hot items)."""
+    cols = max(rows // ratio, 8)
+    degrees = rng.integers(1, 2 * degree + 1, rows)
+    u = rng.random(int(degrees.sum()))
+    s = 1.0 - zipf
+    x = ((cols**s - 1.0) * u + 1.0) ** (1.0 / s) if abs(s) > 1e-9 else cols**u  # truncated power law on [1, cols]
+    return _from_rows((rows, cols), degrees, np.minimum(x.astype(np.int64) - 1, cols - 1).clip(0), rng)
 
 
 KINDS: dict[str, Generator] = {
@@ -254,6 +327,12 @@ KINDS: dict[str, Generator] = {
         Generator("lp", "wide LP-like rows x 8·rows, log-normal row lengths", "rows", 1 << 15, _lp),
         Generator("tallskinny", "rows x max(rows//1000, 8), 1 to 4 per row", "rows", 1 << 20, _tallskinny),
         Generator("emptyrows", "70% empty rows, the others 8-32 nonzeros", "rows", 1 << 18, _emptyrows),
+        Generator("blockfem", "3x3 dense blocks on a 27-point 3-D mesh of nodes (FEM)", "rows", 1 << 18, _blockfem),
+        Generator("kronecker", "R-MAT graph, 16 edges a vertex (Graph500's Kronecker)", "rows", 1 << 18, _kronecker),
+        Generator("arrowband", "band of half-width 3 plus 64 dense-ish rows and columns", "rows", 1 << 18,
+                  _arrowband),
+        Generator("bipartite", "tall rows x rows/40, Zipf columns clustered at low indices", "rows", 1 << 20,
+                  _bipartite),
     )
 }
 """Every synthetic kind, by name: the one place the CLI and the docs read."""

@@ -5,7 +5,9 @@ is sized for a GPU: 10 M to 100 M nonzeros, x well above a 50 MB L2 for the
 power-law and LP cases; ``graphs``: power-law graphs of 12 M and 16 M rows
 (over 100 M nonzeros each). ``corpus`` (:func:`corpus`) is the selector's training
 set and ``corpus-smoke`` one small matrix of each kind from it, to try the
-corpus pipeline on a CPU. Each entry is (kind, size, options, seed):
+corpus pipeline on a CPU; ``corpus-more`` (:func:`corpus_more`) its second part,
+the structures the first lacks and every kind above 10 M nonzeros, with its own
+``corpus-more-smoke``. Each entry is (kind, size, options, seed):
 deterministic, so two runs of a suite measure the same matrices, and a worker
 builds each one itself (nothing is written to disk).
 """
@@ -69,10 +71,15 @@ def approx_nnz(kind: str, size: int, options: Mapping[str, Any] | None = None) -
         "powerlaw": lambda: 0.95 * (o["minimum"] * o["shape"] / max(o["shape"] - 1.0, 0.2) - 0.5),
         "lp": lambda: 2.05 * o.get("median", 0),  # log-normal with sigma 1.2: mean = median * e^0.72
         "tallskinny": lambda: 2.5,
-        "emptyrows": lambda: 20.0 * (1.0 - o.get("empty", 0)),
+        "emptyrows": lambda: (o["lo"] + o["hi"]) / 2.0 * (1.0 - o.get("empty", 0)),
+        "blockfem": lambda: o["points"] * o["block"] * 0.9,  # fewer neighbours on the mesh's faces
+        "kronecker": lambda: 0.95 * o["edge_factor"],  # less the duplicate edges among hubs
+        "bipartite": lambda: o["degree"] + 0.5,
     }
     if kind == "fewhuge":
         return 4.0 * size + min(o["huge"], size) * min(size, o["huge_len"])
+    if kind == "arrowband":
+        return size * (2.0 * o["half_width"] + 1.0) + 2.0 * min(o["dense"], size) * max(1.0, o["dense_frac"] * size)
     return per_row[kind]() * size
 
 
@@ -110,7 +117,7 @@ CORPUS_VARIANTS: tuple[tuple[str, tuple[tuple[str, int | float], ...]], ...] = (
 CORPUS_TIERS: tuple[tuple[float, float, int], ...] = ((1e4, 3e5, 6), (3e5, 3e6, 3))
 """(lowest nnz, highest nnz, matrices per variant): log-spaced, shifted per variant so no two coincide."""
 CORPUS_LARGE: tuple[tuple[str, tuple[tuple[str, int | float], ...]], ...] = (
-    *((kind, ()) for kind in KINDS),
+    *((kind, ()) for kind in dict.fromkeys(kind for kind, _ in CORPUS_VARIANTS)),  # the kinds of its time
     ("banded", (("half_width", 64),)),
     ("uniform", (("degree", 128),)),
     ("lp", (("median", 48.0),)),
@@ -122,7 +129,7 @@ _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 def corpus() -> tuple[SuiteMatrix, ...]:
     """The selector's training corpus: 228 generated matrices of 10 K to 50 M nonzeros, fewest first.
 
-    Every kind of :data:`tuner.matrix.generate.KINDS` in the 24 :data:`CORPUS_VARIANTS`,
+    The first nine kinds of :data:`tuner.matrix.generate.KINDS` in the 24 :data:`CORPUS_VARIANTS`,
     each at 6 sizes of 10 K to 300 K nonzeros and 3 of 300 K to 3 M
     (:data:`CORPUS_TIERS`), plus 12 large ones of 3 M to 50 M
     (:data:`CORPUS_LARGE`). Random kinds get a distinct seed per matrix.
@@ -153,6 +160,52 @@ def corpus() -> tuple[SuiteMatrix, ...]:
     return tuple(sorted(out, key=lambda m: (approx_nnz(m.kind, m.size, dict(m.options)), m.name)))
 
 
+CORPUS_MORE_VARIANTS: tuple[tuple[str, tuple[tuple[str, int | float], ...]], ...] = (
+    ("blockfem", (("block", 2),)),
+    ("blockfem", (("block", 3),)),
+    ("blockfem", (("block", 4), ("points", 7))),
+    ("blockfem", (("block", 6), ("points", 7))),
+    ("kronecker", ()),
+    ("kronecker", (("edge_factor", 4), ("a", 0.45), ("b", 0.22), ("c", 0.22))),
+    ("kronecker", (("edge_factor", 48),)),
+    ("arrowband", ()),
+    ("arrowband", (("half_width", 10), ("dense", 16), ("dense_frac", 0.1))),
+    ("arrowband", (("half_width", 1), ("dense", 256), ("dense_frac", 0.005))),
+    ("bipartite", ()),
+    ("bipartite", (("ratio", 10), ("degree", 3), ("zipf", 0.8))),
+    ("bipartite", (("ratio", 200), ("degree", 20), ("zipf", 1.5))),
+    ("lp", (("width", 100),)),
+    ("lp", (("width", 500), ("median", 100.0))),
+    ("emptyrows", (("empty", 0.4), ("lo", 1), ("hi", 40))),
+    ("emptyrows", (("empty", 0.85), ("lo", 1), ("hi", 200))),
+)
+"""The structures the first corpus lacks (FEM blocks, Kronecker graphs, bands with dense rows and columns,
+tall bipartite and very wide matrices, sparse mixtures of empty rows): 17 variants."""
+CORPUS_MORE_TIERS: tuple[tuple[float, float, int], ...] = ((3e5, 3e6, 2), (4e6, 4e7, 3))
+"""Two medium and three large matrices a variant: the large ones are what the first corpus misses most."""
+CORPUS_XL: tuple[tuple[str, tuple[tuple[str, int | float], ...]], ...] = tuple(
+    (kind, ()) for kind in dict.fromkeys(kind for kind, _ in CORPUS_VARIANTS))
+"""The first corpus's kinds once more above 10 M nonzeros (12 M to 60 M, log-spaced)."""
+
+
+def corpus_more() -> tuple[SuiteMatrix, ...]:
+    """The corpus's second part: :data:`CORPUS_MORE_VARIANTS` at :data:`CORPUS_MORE_TIERS` (85 matrices of
+    0.3 M to 40 M nonzeros) and :data:`CORPUS_XL` (9 of 12 M to 60 M), fewest nonzeros first; seeds apart
+    from :func:`corpus`'s."""
+    out: list[SuiteMatrix] = []
+    seed = 10_000
+    for v, (kind, options) in enumerate(CORPUS_MORE_VARIANTS):
+        for lo, hi, count in CORPUS_MORE_TIERS:
+            for i in range(count):
+                shift = (v * _GOLDEN) % 1.0
+                seed += 1
+                out.append(_entry(kind, lo * (hi / lo) ** ((i + shift) / count), seed, options))
+    for i, (kind, options) in enumerate(CORPUS_XL):
+        seed += 1
+        out.append(_entry(kind, 1.2e7 * (6e7 / 1.2e7) ** (i / (len(CORPUS_XL) - 1)), seed, options))
+    return tuple(sorted(out, key=lambda m: (approx_nnz(m.kind, m.size, dict(m.options)), m.name)))
+
+
 def _entry(kind: str, nnz: float, seed: int, options: tuple[tuple[str, int | float], ...]) -> SuiteMatrix:
     """A corpus matrix of about ``nnz`` nonzeros; the stencils, which draw nothing at random, get seed 1."""
     return SuiteMatrix(kind, _size_for(kind, nnz, dict(options)), seed if KINDS[kind].size_arg == "rows" else 1,
@@ -168,6 +221,7 @@ def _smoke(matrices: tuple[SuiteMatrix, ...]) -> tuple[SuiteMatrix, ...]:
 
 
 _CORPUS = corpus()
+_CORPUS_MORE = corpus_more()
 
 SUITES: dict[str, tuple[SuiteMatrix, ...]] = {
     "small": (
@@ -198,7 +252,9 @@ SUITES: dict[str, tuple[SuiteMatrix, ...]] = {
         SuiteMatrix("powerlaw", 16_000_000, options=(("shape", 1.3), ("minimum", 2))),  # heavier tail
     ),
     "corpus": _CORPUS,
+    "corpus-more": _CORPUS_MORE,
     "corpus-smoke": _smoke(_CORPUS),
+    "corpus-more-smoke": _smoke(tuple(m for m in _CORPUS_MORE if (m.kind, m.options) in CORPUS_MORE_VARIANTS)),
 }
 
 
