@@ -462,6 +462,47 @@ def corpus_import(
             _print_import(import_corpus(store, path))
 
 
+@corpus_app.command("measure")
+@_clean_errors
+def corpus_measure(
+    matrices: Annotated[list[Path] | None, typer.Argument(help=".mtx files, folders of them, manifests")] = None,
+    portfolio: Annotated[Path, typer.Option(help="the configs to measure on every matrix (a portfolio file)")]
+    = Path("bench/results/corpus/portfolio.json"),
+    suite: Annotated[list[str] | None, typer.Option(help="a generated suite (repeat for several)")] = None,
+    dtype: Annotated[list[str] | None, typer.Option(help="float64 and/or float32 (repeat; default both)")] = None,
+    db: DbOption = None,
+    device: Annotated[str, typer.Option(help="gpu, or cpu-reference (CPU references; not GPU figures)")] = "gpu",
+    workers: Annotated[int, typer.Option(min=0, help="processes building generated matrices ahead")] = 4,
+    repeats: Annotated[int, typer.Option(min=1, help="timed products per config (median)")] = 20,
+) -> None:
+    """Measure every config of a portfolio on every matrix, into the store: the selector's corpus."""
+    from db.store import Store
+    from tuner.matrix.sources import read_sources, sources
+    from tuner.measure.backend import get_backend
+    from tuner.search.survey import survey
+    from tuner.select.portfolio import read_portfolio
+
+    dtypes = dtype or ["float64", "float32"]
+    for d in dtypes:
+        check_dtype(d)
+    configs = read_portfolio(portfolio)
+    srcs = read_sources(matrices or [])
+    for name in suite or []:
+        srcs += sources([], name)
+    if not srcs:
+        raise typer.BadParameter("give matrices or --suite")
+    backend = get_backend(device)
+    with Store(db) as store, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("matrices", total=len(srcs))
+        report = survey(srcs, configs, backend=backend, store=store, dtypes=dtypes, repeats=repeats,
+                        workers=workers, on_matrix=lambda src, n: progress.update(
+                            task, advance=1, description=f"matrices (last: {src.name}, {n} trials)"))
+    console.print(f"{report.matrices} matrices measured ({report.passed_by} done before, passed by), "
+                  f"{report.trials} trials ({report.failed} failed) of {len(configs)} configs in "
+                  f"{report.seconds:.0f} s on {backend.info.id}")
+
+
 @corpus_app.command("portfolio")
 @_clean_errors
 def corpus_portfolio(

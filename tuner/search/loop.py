@@ -36,7 +36,7 @@ from optuna.trial import TrialState
 from db.store import Store
 from kernels import BASELINE, REGISTRY, Family, config_key, get_family
 from tuner.matrix.features import extract_features
-from tuner.matrix.fingerprint import fingerprint
+from tuner.matrix.fingerprint import SCHEME, fingerprint
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import Backend, DeviceInfo, Timing
 from tuner.measure.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
@@ -154,7 +154,7 @@ def tune(
         "fingerprint": fp, "device": device.id, "dtype": dtype,
         # what `tuner sync` needs to add the matrix and the device to a store that has never seen them
         "matrix": _jsonable({"name": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
-                             "features": features}),
+                             "features": features, "fingerprint_scheme": SCHEME}),
         "device_record": _jsonable(device.record(bandwidth)),
         **({SOURCE_ATTR: source} if source else {}),
     }

@@ -47,7 +47,8 @@ def sync_storage(storage: optuna.storages.BaseStorage, store: Any) -> SyncReport
         if "matrix" in attrs:
             m = attrs["matrix"]
             store.add_matrix(fp, name=m["name"], rows=m["rows"], cols=m["cols"], nnz=m["nnz"],
-                             features=m.get("features") or {})
+                             features=m.get("features") or {},
+                             fingerprint_scheme=m.get("fingerprint_scheme", 1))  # studies of old tuners: 1
         if "device_record" in attrs and store.device(device) is None:
             store.add_device(attrs["device_record"])
         if store.matrix(fp) is None or store.device(device) is None:

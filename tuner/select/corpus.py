@@ -5,7 +5,8 @@ can add each record as it comes:
 
 1. a header: ``{"format": "spmv-tuner-corpus", "version": 1, "counts": {...}, "filter": {...}}``;
 2. ``{"device": {...}}``, one per device (a ``devices`` row);
-3. ``{"matrix": {"fingerprint", "name", "rows", "cols", "nnz", "features": {...}}}``, one per matrix;
+3. ``{"matrix": {"fingerprint", "name", "rows", "cols", "nnz", "fingerprint_scheme", "features": {...}}}``,
+   one per matrix (a file without ``fingerprint_scheme`` is from before scheme 2: its matrices are scheme 1);
 4. ``{"trial": {...}}``, one per trial (a ``trials`` row without its local ``id``; empty fields left out);
 5. ``{"cusparse": {"fingerprint", "device", "dtype", "time_s"}}`` for the best rows that hold cuSPARSE's time.
 
@@ -117,7 +118,8 @@ def export_corpus(store: Store, path: str | os.PathLike[str], *, device: str | N
             line({"device": {k: v for k, v in store.device(d).items() if v is not None}})
         for fp in fps:
             m = store.matrix(fp)
-            line({"matrix": {**{k: m[k] for k in _MATRIX_FIELDS}, "features": m["features"]}})
+            line({"matrix": {**{k: m[k] for k in _MATRIX_FIELDS}, "fingerprint_scheme": m["fingerprint_scheme"],
+                             "features": m["features"]}})
         for t in trials:
             line({"trial": t})
         for c in cusparse:
@@ -180,7 +182,8 @@ def import_corpus(store: Store, path: str | os.PathLike[str]) -> CorpusReport:
                 report.matrices += 1
                 _require(path, kind, record, _MATRIX_FIELDS)
                 store.add_matrix(record["fingerprint"], **{k: record[k] for k in _MATRIX_FIELDS[1:]},
-                                 features=record.get("features") or {})
+                                 features=record.get("features") or {},
+                                 fingerprint_scheme=record.get("fingerprint_scheme", 1))  # files before scheme 2
             elif kind == "trial":
                 report.trials += 1
                 report.per_dtype[record.get("dtype", "?")] = report.per_dtype.get(record.get("dtype", "?"), 0) + 1
