@@ -498,6 +498,8 @@ def corpus_measure(
         report = survey(srcs, configs, backend=backend, store=store, dtypes=dtypes, repeats=repeats,
                         workers=workers, on_matrix=lambda src, n: progress.update(
                             task, advance=1, description=f"matrices (last: {src.name}, {n} trials)"))
+    for name, why in report.unreadable.items():
+        err_console.print(f"[yellow]{escape(name)} left out:[/] {escape(why)}")
     console.print(f"{report.matrices} matrices measured ({report.passed_by} done before, passed by), "
                   f"{report.trials} trials ({report.failed} failed) of {len(configs)} configs in "
                   f"{report.seconds:.0f} s on {backend.info.id}")

@@ -1,32 +1,39 @@
-"""Which config ``plan(A)`` runs, and where it comes from: tuned, predicted or the default.
+"""Which config ``plan(A)`` runs, and where it comes from: tuned, raced, predicted or the default.
 
 Where the config comes from is part of the answer (``ex.source``):
-``'tuned'`` when the store has a best config for this matrix's fingerprint on
-this device model and dtype, ``'predicted'`` when it has none but holds a
-trained selector for the device and dtype (:mod:`tuner.select.model`), ``'default'``
-otherwise (cuSPARSE, the safe choice), and ``'cpu'`` on a machine without a
-GPU, where SciPy computes y. The service's ``/recommend`` asks the same
-function.
+``'tuned'`` when the store's best config for this matrix's fingerprint on this
+device model and dtype was found by tuning (or a survey), ``'raced'`` when a
+race at plan time found it (:mod:`tuner.execute.race`), ``'predicted'`` when
+nothing is measured and a selector ranked the configs
+(:mod:`tuner.select.model`), ``'default'`` otherwise (cuSPARSE, the safe
+choice), and ``'cpu'`` on a machine without a GPU, where SciPy computes y. The
+service's ``/recommend`` asks :func:`choose`, which measures nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, get_family
+from tuner.execute.race import STUDY as RACE_STUDY
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.shipped import may_predict
+
+if TYPE_CHECKING:
+    from tuner.measure.backend import GpuBackend
+    from tuner.select.model import RankedConfig
 
 
 @dataclass(frozen=True)
 class Choice:
-    """A kernel config and where it came from ('tuned', 'predicted' or 'default'); for a tuned one, the
-    times of it and of cuSPARSE the store holds (``cusparse_time_s`` may be unknown); for a predicted one,
-    the GFLOP/s its neighbours measured (may be unknown) and the selector's probability of the family."""
+    """A kernel config and where it came from ('tuned', 'raced', 'predicted', 'default' or 'cpu'); for a
+    measured one, its time and cuSPARSE's (may be unknown); for a predicted one, the GFLOP/s the selector
+    expects and its confidence (the share of its trees that rank this config first); ``basis`` names the
+    selector that ranked the configs (a predicted or raced choice)."""
 
     kernel: str
     params: dict[str, Any]
@@ -35,32 +42,82 @@ class Choice:
     time_s: float | None = None
     cusparse_time_s: float | None = None
     confidence: float | None = None
+    basis: str | None = None
+
+
+def stored_choice(store: Store | None, fp: str, *, device: str, dtype: str) -> Choice | None:
+    """The store's best for (fingerprint, device, dtype), 'raced' when a race measured it, else 'tuned'."""
+    best = store.best(fp, device=device, dtype=dtype) if store is not None else None
+    if best is None:
+        return None
+    trial = store.db["trials"].get(best["trial_id"])
+    source = "raced" if trial["study"] == RACE_STUDY else "tuned"
+    return Choice(best["kernel"], best["params"], source, best["gflops"], best["time_s"], best["cusparse_time_s"])
+
+
+def default_choice() -> Choice:
+    """cuSPARSE at its default: what runs when nothing is measured or predicted."""
+    return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
+
+
+def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapping[str, float],
+                 backend: GpuBackend | None = None) -> tuple[list[RankedConfig] | None, str]:
+    """The configs by the time the selector expects on ``device`` (fastest first), and which selector
+    ranked them; ``(None, reason)`` without one for this device's architecture and dtype.
+
+    The selector is the store's newest for exactly this device and dtype, else the one shipped for it,
+    else one shipped for another GPU of the same architecture, whose expectations are then carried over
+    by this device's copy bandwidth, L2 size and SMs (:class:`tuner.select.model.DeviceSpec`; measured on
+    ``backend`` when the store has no record of the device).
+    """
+    if not set(FEATURE_NAMES) <= set(features) or not may_predict(store, device, dtype):
+        return None, "no selector for this GPU's architecture and dtype"
+    from tuner.select.model import find_selector  # scikit-learn only when a selector is stored or shipped
+
+    found = find_selector(store, device=device, dtype=dtype, backend=backend)
+    if found is None:
+        return None, "no selector for this GPU's architecture and dtype"
+    model, spec, basis = found
+    try:
+        ranking = [r for r in model.rank(features, device=spec) if _valid(r.kernel, r.params)]
+    except InvalidConfigError:  # a selector trained on other features: unusable until retrained
+        return None, f"{basis} cannot rank this matrix"
+    return ranking or None, basis
+
+
+def _valid(kernel: str, params: Mapping[str, Any]) -> bool:
+    """Whether a config the selector learned is still in the registry (it may predate a change of it)."""
+    try:
+        get_family(kernel).space.validate(params, family=kernel)
+    except InvalidConfigError:
+        return False
+    return True
+
+
+def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float) -> Choice:
+    """The selector's first config, as a prediction (for a matrix of ``nnz`` nonzeros)."""
+    first = ranking[0]
+    gflops = 2 * nnz / first.expected_s / 1e9 if first.expected_s else None
+    return Choice(first.kernel, dict(first.params), "predicted", expected_gflops=gflops,
+                  confidence=first.votes, basis=basis)
 
 
 def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
            features: Mapping[str, float] | None = None) -> Choice:
-    """The config plan() runs: the stored best for (fingerprint, device, dtype), else the
-    prediction from ``features`` of the store's latest model for (device, dtype) or, without one, of
-    the model shipped in the package for exactly that device and dtype, else the default.
+    """The config plan(effort="predict") runs, measuring nothing: the stored best for (fingerprint,
+    device, dtype), else the selector's first config for ``features``, else the default.
 
-    ``use_tuned=False`` gives what plan() would pick for a matrix it has never
+    ``use_tuned=False`` gives what plan() would predict for a matrix it has never
     tuned (the benchmark compares that with the tuned best).
     """
-    best = store.best(fp, device=device, dtype=dtype) if (use_tuned and store is not None) else None
-    if best is not None:
-        return Choice(best["kernel"], best["params"], "tuned", best["gflops"], best["time_s"], best["cusparse_time_s"])
-    if features is not None and set(FEATURE_NAMES) <= set(features) and may_predict(store, device, dtype):
-        from tuner.select.model import find_model  # scikit-learn only when a model is stored or shipped
-
-        model = find_model(store, device=device, dtype=dtype)
-        if model is not None:
-            p = model.predict_details(features)[0]
-            try:  # a model trained before the registry changed may name what no longer exists
-                return Choice(p.kernel, get_family(p.kernel).space.validate(p.params, family=p.kernel), "predicted",
-                              expected_gflops=p.expected_gflops, confidence=p.confidence)
-            except InvalidConfigError:
-                pass
-    return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
+    stored = stored_choice(store, fp, device=device, dtype=dtype) if use_tuned else None
+    if stored is not None:
+        return stored
+    if features is not None:
+        ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features)
+        if ranking:
+            return ranked_choice(ranking, basis, nnz=features["nnz"])
+    return default_choice()
 
 
-__all__ = ["Choice", "choose"]
+__all__ = ["Choice", "choose", "default_choice", "rank_configs", "ranked_choice", "stored_choice"]

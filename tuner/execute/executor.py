@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from kernels import get_family
+from kernels import Prepared, get_family
 from tuner.execute.choice import Choice
+from tuner.execute.race import RaceResult
 from tuner.measure.backend import GpuBackend
 
 
@@ -28,20 +29,26 @@ class Executor:
         print(ex.explain())
     """
 
-    def __init__(self, *, A: Any, choice: Choice, backend: GpuBackend | None, fingerprint: str) -> None:
+    def __init__(self, *, A: Any, choice: Choice, backend: GpuBackend | None, fingerprint: str,
+                 prepared: Prepared | None = None) -> None:
         self.shape: tuple[int, int] = tuple(A.shape)
         self.nnz = int(A.nnz)
         self.dtype = np.dtype(A.dtype)
         self.fingerprint = fingerprint
+        self.choice = choice
         self.kernel, self.params, self.source = choice.kernel, choice.params, choice.source
         self.expected_gflops, self.confidence = choice.expected_gflops, choice.confidence
         self.prepare_s: float | None = None
+        self.race: RaceResult | None = None  # plan()'s race, when it ran one
+        self.cost: dict[str, float] | None = None  # plan()'s seconds, step by step
         self._host = A if backend is None else None
         self.device = "cpu (SciPy)" if backend is None else backend.info.id
         if backend is not None:
             self._backend = backend
             self._family = get_family(self.kernel)
-            self._prepared, self.prepare_s = backend.timed_prepare(self._family, backend.matrix(A), self.params)
+            if prepared is None:  # a raced winner comes prepared already
+                prepared, self.prepare_s = backend.timed_prepare(self._family, backend.matrix(A), self.params)
+            self._prepared = prepared
 
     def __call__(self, x: Any, out: Any = None) -> Any:
         """y = A·x. A NumPy x gives a NumPy y (copied through the GPU), a CuPy x a CuPy y."""
@@ -66,21 +73,37 @@ class Executor:
         return out
 
     def explain(self) -> str:
-        """Why this kernel: the source of the config and what is known of its speed."""
+        """Why this kernel: where its config came from, what is known of its speed, and what plan() spent."""
         why = {
             "tuned": "the store holds a tuned best config for this matrix on this device and dtype",
-            "predicted": "nothing is tuned for this matrix on this device and dtype: the trained selector "
-                         "predicted this config from the matrix's features (run `tuner tune` to tune it)",
-            "default": "nothing is stored for this matrix on this device and dtype: cuSPARSE, the safe default "
-                       "(run `tuner tune` to tune it)",
+            "raced": "no config was measured for this matrix on this device and dtype before: the race at plan "
+                     "time measured these and kept the fastest (the store now holds them)",
+            "predicted": "nothing is measured for this matrix on this device and dtype: the selector's first "
+                         "config, unmeasured (plan(effort='race') measures a shortlist; `tuner tune` tunes)",
+            "default": "nothing is stored for this matrix on this device and dtype, and no selector ranks configs "
+                       "for this GPU: cuSPARSE, the safe default (plan(effort='race') or `tuner tune` measure)",
             "cpu": "no CUDA GPU (or CuPy) here: SciPy computes y on the CPU",
         }[self.source]
-        when = "as the nearest tuned matrices measured it" if self.source == "predicted" else "when tuned"
-        speed = f"{self.expected_gflops:.1f} GFLOP/s {when}" if self.expected_gflops else "speed unknown"
+        if self.choice.time_s:
+            speed = f"{self.choice.time_s * 1e6:.1f} us a product ({self.expected_gflops:.1f} GFLOP/s) as measured"
+            if self.choice.cusparse_time_s:
+                speed += f", {self.choice.cusparse_time_s / self.choice.time_s:.2f}x cuSPARSE's best measured beside"
+        elif self.expected_gflops:
+            speed = f"{self.expected_gflops:.1f} GFLOP/s expected by the selector"
+        else:
+            speed = "speed unknown"
         if self.confidence is not None:
-            speed += f"; the selector's confidence in the family: {self.confidence:.0%}"
-        return (f"{self.kernel} {self.params} for a {self.shape[0]}x{self.shape[1]} {self.dtype} matrix "
-                f"with {self.nnz} nonzeros on {self.device}: {why}; {speed}.")
+            speed += f"; {self.confidence:.0%} of the selector's trees rank it first"
+        lines = [f"{self.kernel} {self.params} for a {self.shape[0]}x{self.shape[1]} {self.dtype} matrix with "
+                 f"{self.nnz} nonzeros on {self.device}: {why}; {speed}."]
+        if self.choice.basis:
+            lines.append(f"ranked by: {self.choice.basis}")
+        if self.race is not None:
+            lines += ["the race (fastest first; * ran):", *(f"  {line}" for line in self.race.table())]
+        if self.cost:
+            steps = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in self.cost.items() if k != "total")
+            lines.append(f"plan() took {self.cost['total'] * 1e3:.1f} ms ({steps} ms)")
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         speed = f", ~{self.expected_gflops:.1f} GFLOP/s" if self.expected_gflops else ""

@@ -1,59 +1,160 @@
-"""``plan(A)``: a ready-to-call y = A·x with the best config known for this matrix and GPU.
+"""``plan(A)``: a ready-to-call y = A·x, with the fastest config this GPU can be shown to run for this matrix.
 
-``op="spmv"`` (a dense x) gives an :class:`~tuner.execute.executor.Executor`
-running the config of :func:`~tuner.execute.choice.choose` (``ex.source`` says
-where it came from); ``op="spmspv"`` (a sparse x) a
-:class:`~tuner.execute.spmspv.SpMSpVExecutor`. ``from tuner import plan`` is this.
+``effort`` says how much ``plan()`` may spend when the store holds nothing
+measured for the matrix on this GPU and dtype:
+
+- ``"predict"``: the selector's first config (:mod:`tuner.select.model`), or
+  cuSPARSE without a selector for this GPU; the matrix's features are the
+  only cost beyond preparing the kernel;
+- ``"race"`` (the default): the selector's shortlist and cuSPARSE's two
+  algorithms prepared, checked and timed here (:mod:`tuner.execute.race`); the
+  fastest runs, already prepared, and every lap goes into the store, so the
+  next ``plan()`` of the matrix answers from the store at once;
+- ``"tune"``: the optuna search (:func:`tuner.search.loop.tune`) for ``trials``
+  trials, seeded with the selector's first configs, then the tuned best.
+
+What is measured always wins over what is predicted: a tuned or raced best
+in the store is used whatever the effort. The matrix stays where it is: a
+canonical CuPy CSR matrix is fingerprinted, described and raced on the GPU
+without a copy. ``ex.cost`` holds the seconds of each step, ``ex.race`` the
+race. ``op="spmspv"`` (a sparse x) gives a
+:class:`~tuner.execute.spmspv.SpMSpVExecutor` instead. ``from tuner import plan`` is this.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from db.store import Store
 from kernels._cuda import gpu_available
-from tuner.execute.choice import Choice, choose
+from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
 from tuner.execute.executor import Executor
+from tuner.execute.race import race, record_race, shortlist
 from tuner.matrix.features import extract_features
-from tuner.matrix.fingerprint import fingerprint
-from tuner.matrix.io import as_csr
+from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
+from tuner.matrix.io import as_csr, as_device_csr
 from tuner.measure.backend import GpuBackend
-from tuner.select.shipped import may_predict
+from tuner.measure.verify import Reference
 
 if TYPE_CHECKING:
     from tuner.execute.spmspv import SpMSpVExecutor
 
+__all__ = ["DEFAULT_TRIALS", "EFFORTS", "plan"]
 
-def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None,
-         op: str = "spmv") -> Executor | SpMSpVExecutor:
-    """Prepare y = A·x for ``A`` (a .mtx path, SciPy/CuPy sparse matrix or CSR triple).
+EFFORTS = ("predict", "race", "tune")
+"""How much ``plan()`` may spend on a matrix it has no measurement of (see the module's doc)."""
+DEFAULT_TRIALS = 30
+"""Trials of ``effort="tune"`` when ``trials`` is not given."""
 
-    Looks up the tuned best config for this matrix (by structural fingerprint)
-    on this GPU model and dtype in the store ``db`` (default: the per-user
-    store); without one it uses cuSPARSE. Preprocessing happens here, once.
-    ``op="spmspv"`` prepares y = A·x for a *sparse* x instead
-    (:class:`~tuner.execute.spmspv.SpMSpVExecutor`).
+
+def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None, op: str = "spmv",
+         effort: str = "race", trials: int | None = None, race_size: int = 4) -> Executor | SpMSpVExecutor:
+    """Prepare y = A·x for ``A`` (a .mtx path, SciPy/CuPy sparse matrix or CSR triple) on this GPU.
+
+    The store ``db`` (default: the per-user store) is asked first; without a tuned or raced best config
+    for this matrix (by structural fingerprint), GPU model and dtype, ``effort`` decides: ``"predict"``,
+    ``"race"`` (up to ``race_size`` configs of the selector's ranking, and cuSPARSE) or ``"tune"``
+    (``trials`` trials of the search, 30 by default). Without a GPU, SciPy computes y (``effort`` is
+    checked, and has nothing to do). ``op="spmspv"`` prepares y = A·x for a *sparse* x instead.
     """
+    if effort not in EFFORTS:
+        raise ValueError(f"unknown effort {effort!r}: one of {', '.join(map(repr, EFFORTS))}")
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 0):
+        raise ValueError(f"trials must be a non-negative integer (the trials of effort='tune'), got {trials!r}")
+    if trials is not None and effort != "tune":
+        raise ValueError(f"trials is for effort='tune' only, not effort={effort!r}")
+    if isinstance(race_size, bool) or not isinstance(race_size, int) or race_size < 1:
+        raise ValueError(f"race_size must be a positive integer, got {race_size!r}")
     if op == "spmspv":
         from tuner.execute.spmspv import plan_spmspv
 
         return plan_spmspv(A, dtype=dtype, db=db)
     if op != "spmv":
         raise ValueError(f"unknown op {op!r}: 'spmv' (dense x) or 'spmspv' (sparse x)")
-    given, A = A, as_csr(A, dtype=dtype)
-    fp = fingerprint(A)
     if not gpu_available():
-        return Executor(A=A, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fp)
+        host = as_csr(A, dtype=dtype)
+        return Executor(A=host, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fingerprint(host))
+    start = time.perf_counter()
     backend = GpuBackend()
     store = db if isinstance(db, Store) else Store(db)
-    # only a model needs them; on the GPU for a canonical CuPy CSR matrix already there
-    on_gpu = type(given).__module__.startswith("cupyx") and getattr(given, "format", None) == "csr" and \
-        given.has_canonical_format
-    features = extract_features(given if on_gpu else A) if may_predict(store, backend.info.id, str(A.dtype)) \
-        else None
-    choice = choose(fp, store=store, device=backend.info.id, dtype=str(A.dtype), features=features)
-    return Executor(A=A, choice=choice, backend=backend, fingerprint=fp)
+    steps = _Steps(backend)
+    with steps("matrix"):
+        A_dev = as_device_csr(A, dtype=dtype)
+    dtype = str(A_dev.dtype)
+    device = backend.info.id
+    with steps("fingerprint"):
+        fp = fingerprint(A_dev)
+    with steps("lookup"):
+        choice = stored_choice(store, fp, device=device, dtype=dtype)
+        if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1], nnz=A_dev.nnz):
+            choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
+    raced = None
+    if choice is None:
+        with steps("features"):
+            features = extract_features(A_dev)
+        with steps("rank"):
+            ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend)
+        if effort == "tune":
+            with steps("tune"):
+                choice = _tuned(A_dev, store=store, backend=backend, dtype=dtype, fp=fp,
+                                trials=DEFAULT_TRIALS if trials is None else trials,
+                                seeds=[(r.kernel, r.params) for r in (ranking or [])[:race_size]])
+        elif effort == "predict":
+            choice = ranked_choice(ranking, basis, nnz=A_dev.nnz) if ranking else default_choice()
+        else:
+            with steps("race"):
+                raced = _race(A_dev, store=store, backend=backend, dtype=dtype, fp=fp, features=features,
+                              entrants=shortlist(ranking, size=race_size), basis=basis)
+            choice = raced[0]
+    with steps("prepare"):
+        ex = Executor(A=A_dev, choice=choice, backend=backend, fingerprint=fp,
+                      prepared=raced[1].prepared if raced else None)
+    ex.race = raced[1] if raced else None
+    ex.cost = {**steps.seconds, "total": time.perf_counter() - start}
+    return ex
 
 
-__all__ = ["plan"]
+class _Steps:
+    """Wall seconds of each named step of ``plan()``, the GPU's work in it included (synchronized)."""
+
+    def __init__(self, backend: GpuBackend) -> None:
+        self.seconds: dict[str, float] = {}
+        self._backend = backend
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self._backend.synchronize()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _race(A: Any, *, store: Store, backend: GpuBackend, dtype: str, fp: str, features: dict[str, float],
+          entrants: list[Any], basis: str) -> tuple[Choice, Any]:
+    """Race the entrants on ``A``, store every lap, and say what won (cuSPARSE's ALG1 if everything failed)."""
+    reference = Reference.build(A, dtype)
+    result = race(backend, A, entrants, reference, reference.x)
+    store.add_matrix(fp, name="", rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
+    store.add_device(backend.info.record(backend.copy_bandwidth_gbs()))
+    record_race(store, result, fingerprint=fp, device=backend.info.id, dtype=dtype, shape=A.shape, nnz=A.nnz)
+    if result.winner is None:
+        return default_choice(), result
+    e = result.winner.entrant
+    t = result.winner.time_s
+    return Choice(e.kernel, e.params, "raced", expected_gflops=2 * A.nnz / t / 1e9, time_s=t,
+                  cusparse_time_s=result.baseline_s, basis=basis), result
+
+
+def _tuned(A: Any, *, store: Store, backend: GpuBackend, dtype: str, fp: str, trials: int,
+           seeds: list[tuple[str, dict[str, Any]]]) -> Choice:
+    """Run the search on ``A`` (its study continues any earlier one), then the store's best."""
+    from tuner.search.loop import tune
+    from tuner.search.storage import default_storage, open_storage
+
+    tune(A.get(), backend=backend, store=store, storage=open_storage(default_storage(store.path)), dtype=dtype,
+         trials=trials, enqueue=seeds)
+    return stored_choice(store, fp, device=backend.info.id, dtype=dtype) or default_choice()

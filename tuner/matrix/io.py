@@ -32,7 +32,7 @@ import scipy.sparse as sp
 
 from common.errors import InvalidConfigError, MatrixFormatError
 
-__all__ = ["INDEX_MAX", "as_csr", "check_dtype", "matrix_name", "read_mtx", "write_mtx"]
+__all__ = ["INDEX_MAX", "as_csr", "as_device_csr", "check_dtype", "matrix_name", "read_mtx", "write_mtx"]
 
 INDEX_MAX = int(np.iinfo(np.int32).max)
 """Largest row count, column count or nnz that int32 indices and indptr can hold."""
@@ -250,6 +250,26 @@ def as_csr(A: Any, *, dtype: Any = None, shape: tuple[int, int] | None = None) -
         f"unsupported matrix input of type {type(A).__module__}.{type(A).__qualname__}: pass a path, "
         "a SciPy or CuPy sparse matrix, or an (indptr, indices, data) tuple"
     )
+
+
+def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
+    """The canonical CSR form of :func:`as_csr`, on the GPU (a ``cupyx.scipy.sparse.csr_matrix``).
+
+    A canonical CuPy CSR matrix with int32 indices stays where it is: no copy
+    through the host, only its values converted on the GPU when ``dtype``
+    asks for another type. Anything else goes through :func:`as_csr`, then to
+    the GPU.
+    """
+    import cupyx.scipy.sparse as cusp
+
+    if (cusp.isspmatrix_csr(A) and A.has_canonical_format and A.indices.dtype == np.int32
+            and A.indptr.dtype == np.int32):
+        _check_index_range(A.shape, A.nnz)
+        wanted = _value_dtype(np.dtype(A.dtype), dtype)
+        if wanted == A.dtype:
+            return A
+        return cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
+    return cusp.csr_matrix(as_csr(A, dtype=dtype))
 
 
 def _from_cupy(A: Any) -> Any:

@@ -17,12 +17,14 @@ survey being the matrices in flight.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import multiprocessing
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from common.errors import TunerError
 from db.store import Store
 from kernels import config_key, get_family
 from tuner.matrix.features import extract_features
@@ -48,6 +50,7 @@ class SurveyReport:
     trials: int = 0
     failed: int = 0
     seconds: float = 0.0
+    unreadable: dict[str, str] = field(default_factory=dict)  # source name -> why it could not be loaded
 
 
 def survey(srcs: Sequence[Source], configs: Sequence[Config], *, backend: Backend, store: Store,
@@ -72,6 +75,9 @@ def survey(srcs: Sequence[Source], configs: Sequence[Config], *, backend: Backen
         else:
             todo.append(src)
     for src, A in _loaded(todo, workers):
+        if isinstance(A, TunerError):  # a complex or malformed file: said, and the survey goes on
+            report.unreadable[src.name] = str(A)
+            continue
         stored = _measure_matrix(src, A, configs, backend=backend, store=store, dtypes=dtypes,
                                  repeats=repeats, max_duration=max_duration)
         report.matrices += 1
@@ -92,20 +98,28 @@ def _measured(store: Store, name: str, device: str, dtype: str) -> int:
 
 
 def _loaded(srcs: Sequence[Source], workers: int) -> Iterator[tuple[Source, Any]]:
-    """Each source with its float64 matrix, in order; generated ones built ``workers`` at a time elsewhere."""
+    """Each source with its float64 matrix (or the TunerError that loading it raised), in order; generated
+    ones built ``workers`` at a time in other processes (spawned: the parent holds a CUDA context)."""
     if workers == 0:
         for src in srcs:
-            yield src, src.load("float64")
+            yield src, _load(src)
         return
-    with cf.ProcessPoolExecutor(workers) as pool:
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         ahead: list[tuple[Source, cf.Future[Any] | None]] = []
         queue = list(srcs)
         while queue or ahead:
             while queue and len(ahead) < workers:
                 src = queue.pop(0)
-                ahead.append((src, pool.submit(src.load, "float64") if src.key is not None else None))
+                ahead.append((src, pool.submit(_load, src) if src.key is not None else None))
             src, future = ahead.pop(0)
-            yield src, future.result() if future is not None else src.load("float64")
+            yield src, future.result() if future is not None else _load(src)
+
+
+def _load(src: Source) -> Any:
+    try:
+        return src.load("float64")
+    except TunerError as exc:
+        return exc
 
 
 def _measure_matrix(src: Source, A: Any, configs: Sequence[Config], *, backend: Backend, store: Store,

@@ -1,0 +1,286 @@
+"""plan() on matrices no corpus, test or selector has seen, against cuSPARSE's best algorithm (issue #18).
+
+The generators here are this benchmark's own: no corpus suite, no test and no
+shipped selector was built from them, so the figures say how ``plan()``
+does on structures outside what it learned. Each matrix has at least 10 M
+nonzeros:
+
+- ``rgg``: a random geometric graph in the unit square (neighbours within a
+  radius, about 14 a vertex), vertices in strips: irregular rows, local columns;
+- ``communities``: 256 communities of log-normal sizes, log-normal degrees,
+  85 % of the edges inside a vertex's community: dense diagonal blocks and noise;
+- ``blockdiag``: dense diagonal blocks of 1 to 400 rows (log-uniform): row
+  lengths equal within a block, wildly different across;
+- ``perm27``: a 27-point 3-D stencil under a random symmetric permutation:
+  27 entries a row, no column locality at all;
+- ``skyline``: each row a contiguous run ending at the diagonal, of a heavy-tailed
+  length (an envelope / profile matrix);
+- ``bursts``: 90 % empty rows, the others in bursts of heavy-tailed lengths whose
+  columns cluster around the burst's centre.
+
+For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
+CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
+matrix already on the GPU (a fresh store each: nothing tuned or raced before,
+the selector as shipped), its whole wall time (fingerprint, features, ranking,
+race, preparation of the winner; the store's writes) and its steps; then the
+planned kernel and both cuSPARSE algorithms timed interleaved with L2 flushed
+before every product (cold). The ratio is cuSPARSE's best / plan's kernel, and
+the cost in SpMV-equivalents is plan's wall time / cuSPARSE's best time. Kernel
+compilation, once per process, is measured first and reported apart.
+
+    python bench/unseen.py --out bench/results            # both dtypes, every effort
+    python bench/unseen.py --dtype float32 --effort race --only rgg,perm27 --scale 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from db.store import Store  # noqa: E402
+from kernels import BASELINE, get_family  # noqa: E402
+from tuner.benchmark.bench import environment  # noqa: E402
+from tuner.execute.plan import EFFORTS, plan  # noqa: E402
+from tuner.matrix.io import as_csr  # noqa: E402
+from tuner.measure.backend import GpuBackend, Timing  # noqa: E402
+from tuner.select.shipped import slug  # noqa: E402
+
+# --------------------------------------------------------------------------- the held-out generators
+
+
+def _values(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.uniform(0.1, 1.0, n) * np.where(rng.random(n) < 0.5, -1.0, 1.0)
+
+
+def _csr(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], rng: np.random.Generator) -> sp.csr_matrix:
+    A = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=shape)
+    A.sum_duplicates()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def rgg(n: int, rng: np.random.Generator, degree: float = 14.0) -> sp.csr_matrix:
+    """Random geometric graph: n points in the unit square, an edge within radius sqrt(degree / (pi n))."""
+    from scipy.spatial import cKDTree
+
+    r = math.sqrt(degree / (math.pi * n))
+    pts = rng.random((n, 2))
+    strip = np.floor(pts[:, 1] / r)
+    pts = pts[np.lexsort((pts[:, 0], strip))]  # strips of height r, left to right: local columns
+    pairs = cKDTree(pts).query_pairs(r, output_type="ndarray")
+    i, j = pairs[:, 0], pairs[:, 1]
+    diag = np.arange(n)
+    return _csr(np.concatenate([i, j, diag]), np.concatenate([j, i, diag]), (n, n), rng)
+
+
+def communities(n: int, rng: np.random.Generator, k: int = 256, degree: float = 20.0,
+                inside: float = 0.85) -> sp.csr_matrix:
+    """k communities of log-normal sizes, log-normal degrees, ``inside`` of the edges within the community."""
+    sizes = rng.lognormal(0.0, 1.0, k)
+    bounds = np.concatenate([[0], np.round(np.cumsum(sizes) / sizes.sum() * n).astype(np.int64)])
+    bounds[-1] = n
+    deg = np.maximum(1, np.round(rng.lognormal(np.log(degree) - 0.5, 1.0, n))).astype(np.int64)
+    rows = np.repeat(np.arange(n), deg)
+    comm = np.searchsorted(bounds, rows, side="right") - 1
+    lo, hi = bounds[comm], np.maximum(bounds[comm + 1], bounds[comm] + 1)
+    local = rng.random(rows.size) < inside
+    cols = np.where(local, lo + (rng.random(rows.size) * (hi - lo)).astype(np.int64), rng.integers(0, n, rows.size))
+    return _csr(rows, cols, (n, n), rng)
+
+
+def blockdiag(n: int, rng: np.random.Generator, largest: int = 400) -> sp.csr_matrix:
+    """Dense diagonal blocks of log-uniform sizes in [1, largest], filling n rows."""
+    sizes = []
+    total = 0
+    while total < n:
+        b = min(int(np.exp(rng.uniform(0.0, np.log(largest)))), n - total)
+        sizes.append(max(b, 1))
+        total += sizes[-1]
+    blocks = [np.ones((b, b)) for b in sizes]
+    A = sp.block_diag(blocks, format="csr")
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def perm27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 27-point stencil on a side^3 grid, rows and columns under one random permutation."""
+    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+    A = sp.kron(sp.kron(path, path, format="csr"), path, format="csr")
+    p = rng.permutation(A.shape[0])
+    A = A[p][:, p].tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def skyline(n: int, rng: np.random.Generator, typical: int = 12, tail: float = 1.6, longest: int = 4000
+            ) -> sp.csr_matrix:
+    """Row i: the contiguous run of columns ending at i, of length typical * Pareto(tail), capped."""
+    lengths = np.minimum(np.floor(typical * (1.0 + rng.pareto(tail, n))).astype(np.int64), longest)
+    lengths = np.minimum(lengths, np.arange(n) + 1)
+    rows = np.repeat(np.arange(n), lengths)
+    starts = np.cumsum(lengths) - lengths
+    offset = np.arange(rows.size) - np.repeat(starts, lengths)
+    cols = rows - np.repeat(lengths, lengths) + 1 + offset
+    return _csr(rows, cols, (n, n), rng)
+
+
+def bursts(n: int, rng: np.random.Generator, filled: float = 0.1, tail: float = 1.3, longest: int = 50_000
+           ) -> sp.csr_matrix:
+    """``filled`` of the rows non-empty, in bursts of about 64 rows; heavy-tailed lengths; each burst's
+    columns normal around its own centre (sd 2 % of the columns)."""
+    burst = 64
+    starts = np.flatnonzero(rng.random(n // burst) < filled) * burst
+    rows_nz = (starts[:, None] + np.arange(burst)).ravel()
+    lengths = np.minimum(np.floor(2 * (1.0 + rng.pareto(tail, rows_nz.size))).astype(np.int64), longest)
+    centre = np.repeat(rng.random(starts.size) * n, burst)
+    rows = np.repeat(rows_nz, lengths)
+    cols = np.repeat(centre, lengths) + rng.normal(0.0, 0.02 * n, rows.size)
+    return _csr(rows, np.clip(cols, 0, n - 1).astype(np.int64), (n, n), rng)
+
+
+@dataclass(frozen=True)
+class Unseen:
+    """One matrix of the benchmark: a generator and its size at scale 1."""
+
+    name: str
+    build: Callable[..., sp.csr_matrix]
+    size: int
+    seed: int
+
+    def make(self, scale: float) -> sp.csr_matrix:
+        size = max(8, round(self.size * (scale ** (1 / 3) if self.build is perm27 else scale)))
+        return as_csr(self.build(size, np.random.default_rng(self.seed)))
+
+
+MATRICES = (
+    Unseen("rgg", rgg, 1_600_000, 11),                 # ~24 M nonzeros
+    Unseen("communities", communities, 2_000_000, 12),  # ~40 M
+    Unseen("blockdiag", blockdiag, 200_000, 13),       # ~40 M
+    Unseen("perm27", perm27, 120, 14),                 # ~45 M
+    Unseen("skyline", skyline, 1_000_000, 15),         # ~35 M
+    Unseen("bursts", bursts, 24_000_000, 16),          # ~18 M
+    Unseen("communities-large", communities, 8_000_000, 17),  # ~160 M
+)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def cold_times(backend: GpuBackend, fns: list[Callable[[], object]], *, rounds: int = 3,
+               repeats: int = 10) -> list[float]:
+    """Median cold time of each fn, timed round-robin (L2 flushed before every product)."""
+    per: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t: Timing = backend.time(fn, repeats=repeats, max_duration=0.5, flush_l2=True)
+            per[i].append(t.median_s)
+    return [float(np.median(p)) for p in per]
+
+
+def bench_one(backend: GpuBackend, name: str, A_host: sp.csr_matrix, dtype: str, efforts: list[str],
+              trials: int) -> list[dict[str, Any]]:
+    import cupyx.scipy.sparse as cusp
+
+    A = A_host.astype(dtype)
+    backend.synchronize()
+    start = time.perf_counter()
+    A_dev = cusp.csr_matrix(A)
+    backend.synchronize()
+    upload_s = time.perf_counter() - start
+    x = backend.cp.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
+    cus = get_family(BASELINE)
+    base = [cus.prepare(A_dev, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
+    outs = [backend.cp.empty(A.shape[0], dtype=dtype) for _ in base]
+    fns = [lambda p=p, o=o: cus.run(p, x, o) for p, o in zip(base, outs, strict=True)]
+    info = {"matrix": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz, "dtype": dtype,
+            "upload_s": upload_s}
+    return [planned(backend, A_dev, x, fns, effort, trials, info) for effort in efforts]
+
+
+def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], effort: str,
+            trials: int, info: dict[str, Any]) -> dict[str, Any]:
+    """plan() at one effort on a fresh store: its wall time, its pick, and the pick timed cold beside cuSPARSE."""
+    with tempfile.TemporaryDirectory() as tmp:
+        backend.synchronize()
+        start = time.perf_counter()
+        ex = plan(A_dev, effort=effort, db=Path(tmp) / "store.db", trials=trials if effort == "tune" else None)
+        backend.synchronize()
+        plan_s = time.perf_counter() - start
+    out = backend.cp.empty(A_dev.shape[0], dtype=A_dev.dtype)
+    t1, t2, t_plan = cold_times(backend, [*baseline, lambda: ex(x, out=out)])
+    best = min(t1, t2)
+    row = {**info, "effort": effort, "source": ex.source, "kernel": ex.kernel,
+           "params": json.dumps(ex.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
+           "cusparse_alg2_s": t2, "cusparse_best_s": best, "ratio_to_cusparse": best / t_plan, "plan_s": plan_s,
+           "plan_spmvs": plan_s / best, "plan_steps_s": ex.cost,
+           "race": ex.race.table() if ex.race is not None else None}
+    print(f"{info['matrix']:18s} {info['dtype']} {effort:8s} {row['ratio_to_cusparse']:.3f}x  plan "
+          f"{plan_s * 1e3:8.1f} ms = {plan_s / best:7.1f} SpMVs  {ex.source:9s} {ex.kernel} {ex.params}", flush=True)
+    return row
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for dtype in sorted({r["dtype"] for r in rows}):
+        for effort in EFFORTS:
+            mine = [r for r in rows if r["dtype"] == dtype and r["effort"] == effort]
+            if not mine:
+                continue
+            ratios = np.array([r["ratio_to_cusparse"] for r in mine])
+            spmvs = np.array([r["plan_spmvs"] for r in mine])
+            out.append(f"{dtype} {effort:8s}: geomean {np.exp(np.log(ratios).mean()):.3f}x, lowest {ratios.min():.3f}x "
+                       f"({len(mine)} matrices); cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
+    ap.add_argument("--effort", nargs="+", default=list(EFFORTS), choices=EFFORTS)
+    ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
+    ap.add_argument("--only", default="", help="comma-separated matrix names")
+    ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
+    ap.add_argument("--workers", type=int, default=4, help="processes generating matrices ahead of the GPU")
+    args = ap.parse_args()
+    chosen = [m for m in MATRICES if not args.only or m.name in args.only.split(",")]
+    backend = GpuBackend()
+    env = environment(backend)
+    start = time.perf_counter()
+    for dtype in args.dtype:  # compile every family once: a per-process cost, reported apart
+        warm = as_csr(rgg(20_000, np.random.default_rng(0)), dtype=dtype)
+        plan(warm, effort="race", db=Store(memory=True))
+    compile_s = time.perf_counter() - start
+    print(f"{env['device']}: compile and first plan() {compile_s:.1f} s", flush=True)
+    rows: list[dict[str, Any]] = []
+    stem = f"{env['date'][:10]}_{slug(env['device'])}_unseen"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with cf.ProcessPoolExecutor(args.workers) as pool:
+        futures = [(m.name, pool.submit(m.make, args.scale)) for m in chosen]
+        for name, future in futures:
+            A = future.result()
+            for dtype in args.dtype:
+                rows += bench_one(backend, name, A, dtype, args.effort, args.trials)
+            (out / f"{stem}.json").write_text(json.dumps(
+                {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
+    print("\n".join(summary(rows)))
+
+
+if __name__ == "__main__":
+    main()

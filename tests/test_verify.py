@@ -1,0 +1,83 @@
+"""tuner.measure.verify and the backends' queued timing: the float64 reference where the matrix is."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tests.kernel_cases import CASES
+from tuner.matrix.io import as_csr
+from tuner.measure.backend import CpuReferenceBackend
+from tuner.measure.verify import Reference
+
+
+@pytest.fixture
+def A() -> sp.csr_matrix:
+    return as_csr(sp.random(300, 200, density=0.05, format="csr", random_state=1))
+
+
+def test_a_right_product_passes_and_errors_are_named(A) -> None:
+    ref = Reference.build(A, "float32", seed=2)
+    y = (A.astype(np.float32) @ ref.x).astype(np.float32)
+    ok, rel, msg = ref.check(y)
+    assert ok and rel <= ref.rtol and msg == ""
+    wrong = y.copy()
+    wrong[7] += 1.0
+    ok, rel, msg = ref.check(wrong)
+    assert not ok and "row 7" in msg and rel > ref.rtol
+    unwritten = y.copy()
+    unwritten[[3, 9]] = np.nan
+    ok, rel, msg = ref.check(unwritten)
+    assert not ok and rel == float("inf") and "2 entries of y not finite (first: row 3)" in msg
+    assert not ref.check(y[:-1])[0]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_degenerate_matrices(name: str) -> None:
+    A = CASES[name]()
+    ref = Reference.build(A, "float64")
+    assert ref.check(A @ ref.x)[0]
+
+
+def test_cpu_queued_timing_gives_each_product_a_sample() -> None:
+    samples = CpuReferenceBackend().time_queued([lambda: None, lambda: sum(range(1000))], repeats=3)
+    assert len(samples) == 2 and all(len(s) == 3 and min(s) >= 0 for s in samples)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    A = CASES[name]()
+    for dtype in ("float64", "float32"):
+        host, dev = Reference.build(A, dtype), Reference.build(cusp.csr_matrix(A.astype(dtype)), dtype)
+        assert isinstance(dev.x, cupy.ndarray) and dev.x.dtype == np.dtype(dtype)
+        assert (dev.rtol, dev.atol) == (host.rtol, host.atol)
+        x64 = dev.x.get().astype(np.float64)
+        np.testing.assert_allclose(dev.y.get(), A @ x64, rtol=1e-12, atol=1e-300)
+        np.testing.assert_allclose(dev.scale.get(), abs(A) @ np.abs(x64), rtol=1e-12, atol=1e-300)
+        y = cusp.csr_matrix(A.astype(dtype)) @ dev.x
+        assert dev.check(y)[0] and dev.check(y.get())[0]  # on either side
+        if A.shape[0]:
+            y[0] += 1.0 if A[0].nnz else 0.0
+            y[-1] = cupy.nan
+            ok, _, msg = dev.check(y)
+            assert not ok and "not finite" in msg
+
+
+@pytest.mark.gpu
+def test_gpu_queued_timing_brackets_each_product() -> None:
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from tuner.measure.backend import GpuBackend
+
+    backend = GpuBackend()
+    A = cusp.csr_matrix(as_csr(sp.random(20_000, 20_000, density=1e-3, format="csr", random_state=3)))
+    x = cupy.ones(A.shape[1])
+    samples = backend.time_queued([lambda: A @ x, lambda: (A @ x, A @ x)], repeats=4, lead=[True, False])
+    assert [len(s) for s in samples] == [4, 4] and min(min(s) for s in samples) > 0
+    assert np.median(samples[1]) > np.median(samples[0])  # two products take longer than one
