@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
-
-from db.store import Store
-from kernels import config_key
 from tuner.corpus import import_corpus, read_corpus
 from tuner.errors import InvalidConfigError
 from tuner.features import FEATURE_NAMES
 from tuner.metrics import effective_bytes
+
+from db.store import Store
+from kernels import config_key
 from tuner.ranker import (
     DERIVED_FEATURES,
     MISSING_PENALTY,
