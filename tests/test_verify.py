@@ -57,8 +57,9 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
         assert isinstance(dev.x, cupy.ndarray) and dev.x.dtype == np.dtype(dtype)
         assert (dev.rtol, dev.atol) == (host.rtol, host.atol)
         x64 = dev.x.get().astype(np.float64)
-        np.testing.assert_allclose(dev.y.get(), A @ x64, rtol=1e-12, atol=1e-300)
-        np.testing.assert_allclose(dev.scale.get(), abs(A) @ np.abs(x64), rtol=1e-12, atol=1e-300)
+        A64 = A.astype(dtype).astype(np.float64)  # the values the GPU holds
+        np.testing.assert_allclose(dev.y.get(), A64 @ x64, rtol=1e-12, atol=1e-300)
+        np.testing.assert_allclose(dev.scale.get(), abs(A64) @ np.abs(x64), rtol=1e-12, atol=1e-300)
         y = cusp.csr_matrix(A.astype(dtype)) @ dev.x
         assert dev.check(y)[0] and dev.check(y.get())[0]  # on either side
         if A.shape[0]:
