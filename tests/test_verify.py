@@ -72,13 +72,14 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
 @pytest.mark.gpu
 def test_gpu_queued_timing_brackets_each_product() -> None:
     import cupy
-    import cupyx.scipy.sparse as cusp
 
     from tuner.measure.backend import GpuBackend
 
     backend = GpuBackend()
-    A = cusp.csr_matrix(as_csr(sp.random(20_000, 20_000, density=1e-3, format="csr", random_state=3)))
-    x = cupy.ones(A.shape[1])
-    samples = backend.time_queued([lambda: A @ x, lambda: (A @ x, A @ x)], repeats=4, lead=[True, False])
-    assert [len(s) for s in samples] == [4, 4] and min(min(s) for s in samples) > 0
-    assert np.median(samples[1]) > np.median(samples[0])  # two products take longer than one
+    a = cupy.ones(1 << 26, dtype=cupy.float32)  # 256 MB: a pass of it takes ~0.1 ms, longer than a launch
+    one, two = (lambda: a.sum()), (lambda: (a.sum(), a.sum()))
+    one(), two()
+    backend.synchronize()
+    samples = backend.time_queued([one, two], repeats=5, lead=[True, False])
+    assert [len(s) for s in samples] == [5, 5] and min(min(s) for s in samples) > 0
+    assert 1.5 < np.median(samples[1]) / np.median(samples[0]) < 2.5  # two passes take about twice one
