@@ -1,1 +1,1 @@
-"""The bottom floor, what every package may import: the project's exceptions. Imports nothing of the project."""
+"""The bottom floor, what every package may import: the project's exceptions; imports nothing of the project."""

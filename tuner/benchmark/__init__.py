@@ -1,1 +1,1 @@
-"""The benchmark: tuned kernels against cuSPARSE on a suite, and its report; imports tuner.execute and below."""
+"""The benchmark: tuned kernels against cuSPARSE on a suite, and its report; may import tuner.execute and below."""

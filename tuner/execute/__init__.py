@@ -1,1 +1,1 @@
-"""Running y = A·x: plan(), the config it runs, the SpMV and SpMSpV executors, BFS; imports tuner.search and below."""
+"""Running y = A·x: plan(), the config it runs, SpMV and SpMSpV executors, BFS; may import tuner.search and below."""

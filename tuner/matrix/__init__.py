@@ -1,1 +1,1 @@
-"""Matrices: reading, generating, describing them, suites and source lists; imports common and kernels only."""
+"""Matrices: reading, generating and describing them, suites, source lists; may import common, kernels, db."""

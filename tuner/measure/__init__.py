@@ -1,1 +1,1 @@
-"""Running and timing kernels on a device: backends, references, one config measured; imports tuner.matrix and below."""
+"""Running and timing kernels on a device: backends, references, evaluation; may import tuner.matrix and below."""

@@ -1,1 +1,1 @@
-"""Tuning by measuring: the optuna loop, storages, shared studies, tune-many, sync; imports tuner.select and below."""
+"""Tuning by measuring: the optuna loop, storages, study budgets, tune-many, sync; may import tuner.select and below."""

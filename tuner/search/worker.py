@@ -223,8 +223,7 @@ def worker(
     emit({"ev": "end", **asdict(stats)})
 
 
-app = typer.Typer(help="One tune-many worker (tune-many starts it): JSON lines of progress on stdout.",
-                  pretty_exceptions_enable=False)
+app = typer.Typer(pretty_exceptions_enable=False)
 app.command()(worker)
 
 if __name__ == "__main__":  # `python -m tuner.search.worker`, as tune-many starts it

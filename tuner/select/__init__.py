@@ -1,1 +1,1 @@
-"""Choosing a config without measuring: the selectors, their corpus, shipped files; imports tuner.measure and below."""
+"""Choosing a config without measuring: selectors, their corpus, shipped files; may import tuner.measure and below."""
