@@ -48,28 +48,74 @@ def test_plan_accepts_paths_triples_and_dtypes(A, tmp_path):
         plan(np.ones((3, 3)), db=tmp_path / "s.db")
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"effort": "fast"}, "unknown effort 'fast': one of 'predict', 'race', 'tune'"),
+    ({"effort": "tune", "trials": -1}, "trials must be a non-negative integer"),
+    ({"effort": "tune", "trials": 2.5}, "trials must be a non-negative integer"),
+    ({"effort": "race", "trials": 3}, "trials is for effort='tune' only"),
+    ({"race_size": 0}, "race_size must be a positive integer"),
+])
+def test_plan_refuses_what_it_cannot_mean(A, tmp_path, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan(A, db=tmp_path / "s.db", **kwargs)
+
+
 @pytest.mark.gpu
-def test_plan_on_gpu_default_then_tuned(A, tmp_path):
+def test_plan_on_gpu_predicts_races_then_answers_from_the_store(A, tmp_path):
     import cupy
 
-    from tuner.measure.backend import GpuBackend
-    from tuner.search.loop import tune
-    from tuner.search.storage import open_storage
-
     store = Store(tmp_path / "s.db")
-    ex = plan(A, db=store)
-    assert ex.source == "default" and ex.kernel == "cusparse"
-    result = tune(A, backend=GpuBackend(), store=store, storage=open_storage(str(tmp_path / "j.log")), trials=8)
-    ex = plan(A, db=store)
-    best = store.best(result.fingerprint, device=result.device.id, dtype="float64")
-    assert ex.source == "tuned" and (ex.kernel, ex.params) == (best["kernel"], best["params"])
-    assert "tuned" in ex.explain() and ex.prepare_s is not None
+    ex = plan(A, db=store, effort="predict")  # no selector for this GPU in the tests: cuSPARSE
+    assert ex.source == "default" and ex.kernel == "cusparse" and ex.race is None
+    ex = plan(A, db=store)  # the default effort races, and stores every lap
+    assert ex.source == "raced" and ex.race is not None and ex.race.winner is not None
+    laps = ex.race.laps
+    assert len(laps) == len(store.trials(ex.fingerprint, device=ex.device, dtype="float64"))
+    assert {lap.entrant.kernel for lap in laps} >= {"cusparse", "csr_vector", "csr_scalar"}
+    assert (ex.kernel, ex.params) == (ex.race.winner.entrant.kernel, ex.race.winner.entrant.params)
+    assert ex.race.winner.time_s == min(lap.time_s for lap in laps)
+    assert ex.prepare_s is None  # the winner came prepared from the race
+    assert set(ex.cost) >= {"matrix", "fingerprint", "lookup", "features", "rank", "race", "prepare", "total"}
+    assert "the race" in ex.explain() and "plan() took" in ex.explain()
     x = np.random.default_rng(1).standard_normal(90)
     np.testing.assert_allclose(ex(x), A @ x, rtol=1e-12, atol=1e-12)
-    y_dev = ex(cupy.asarray(x))
+    again = plan(A, db=store)  # measured before: from the store, no race
+    assert again.source == "raced" and again.race is None and (again.kernel, again.params) == (ex.kernel, ex.params)
+    assert "features" not in again.cost
+    y_dev = again(cupy.asarray(x))
     assert isinstance(y_dev, cupy.ndarray)
     np.testing.assert_allclose(y_dev.get(), A @ x, rtol=1e-12, atol=1e-12)
     out = cupy.empty(120)
-    assert ex(cupy.asarray(x), out=out) is out
-    # Another dtype has no tuned entry yet.
-    assert plan(A, dtype="float32", db=store).source == "default"
+    assert again(cupy.asarray(x), out=out) is out
+    assert plan(A, dtype="float32", db=store, effort="predict").source == "default"  # another dtype: nothing
+
+
+@pytest.mark.gpu
+def test_plan_tunes_and_keeps_a_matrix_on_the_gpu(A, tmp_path):
+    import cupyx.scipy.sparse as cusp
+
+    store = Store(tmp_path / "s.db")
+    A_dev = cusp.csr_matrix(A)
+    ex = plan(A_dev, db=store, effort="tune", trials=6)
+    best = store.best(ex.fingerprint, device=ex.device, dtype="float64")
+    assert ex.source == "tuned" and (ex.kernel, ex.params) == (best["kernel"], best["params"])
+    assert ex._prepared.A is A_dev  # prepared where it was: no copy through the host
+    assert "tune" in ex.cost
+
+
+@pytest.mark.gpu
+def test_plan_finds_what_was_tuned_under_the_old_fingerprint(A, tmp_path):
+    from tuner.matrix.fingerprint import legacy_fingerprint
+    from tuner.measure.backend import GpuBackend
+
+    store = Store(tmp_path / "s.db")
+    old = legacy_fingerprint(A)
+    backend = GpuBackend()
+    store.add_matrix(old, name="old", rows=120, cols=90, nnz=A.nnz, fingerprint_scheme=1)
+    store.add_device(backend.info.record(None))
+    store.add_trial({"fingerprint": old, "device": backend.info.id, "dtype": "float64", "kernel": "csr_vector",
+                     "params": {"threads_per_row": 2, "block_size": 64}, "state": "ok", "time_s": 1e-6,
+                     "verified": True, "study": "an old study"})
+    ex = plan(A, db=store)
+    assert ex.source == "tuned" and ex.params == {"threads_per_row": 2, "block_size": 64}
+    np.testing.assert_allclose(ex(np.ones(90)), A @ np.ones(90), rtol=1e-12)

@@ -141,7 +141,7 @@ class GpuBackend(Backend):
     def matrix(self, A: Any) -> Any:
         import cupyx.scipy.sparse as cusp
 
-        return cusp.csr_matrix(A)
+        return A if cusp.isspmatrix_csr(A) else cusp.csr_matrix(A)  # one already on the GPU stays there
 
     def vector(self, x: np.ndarray) -> Any:
         return self.cp.asarray(x)
