@@ -1,0 +1,143 @@
+"""A fitted scikit-learn forest of regression trees in a few flat NumPy arrays: small to ship, fast to ask.
+
+scikit-learn's ExtraTreesRegressor keeps, for every leaf of every tree, the mean
+of its training targets: with one output per config of the portfolio (about 70)
+and a few hundred trees, a pickle of tens of MB. But a leaf's value is only the
+mean of the targets of the training rows that fall in it (no bootstrap: every
+tree sees every row), so :class:`CompactForest` keeps instead the targets once
+(float32, rows x outputs) and, per leaf, which training rows it holds: each row
+is in one leaf of each tree, so that is trees x rows small integers. Beside
+them, the inner nodes of all trees concatenated: the feature (int16), the
+threshold (float32), where a missing value goes, and both children (int32; a
+negative child ``-(leaf + 1)`` is a leaf).
+
+scikit-learn compares ``float32(x) <= threshold`` with a float64 threshold;
+the threshold kept is the largest float32 not above it, which sends every
+float32 the same way. A prediction walks all trees at once, one level per
+step (NumPy over the (row, tree) pairs still in the trees), then averages the
+leaves' training targets: the forest's own prediction, up to float32 rounding
+of the targets (:meth:`CompactForest.from_sklearn` checks every leaf).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CompactForest"]
+
+
+class CompactForest:
+    """The trees of a fitted forest of regressors, predicting as it does (see the module's doc)."""
+
+    def __init__(self, *, feature: np.ndarray, threshold: np.ndarray, nan_left: np.ndarray, children: np.ndarray,
+                 roots: np.ndarray, leaf_start: np.ndarray, members: np.ndarray, targets: np.ndarray) -> None:
+        self.feature = feature  # (inner nodes,) int16: the feature each inner node splits on
+        self.threshold = threshold  # (inner nodes,) float32: left when x <= threshold
+        self.nan_left = nan_left  # (inner nodes,) bool: where a missing value (NaN) goes
+        self.children = children  # (2, inner nodes) int32: left, right; -(leaf + 1) for a leaf
+        self.roots = roots  # (trees,) int32: each tree's first node, coded as a child is
+        self.leaf_start = leaf_start  # (leaves + 1,) int32: leaf k holds members[leaf_start[k]:leaf_start[k + 1]]
+        self.members = members  # (trees x training rows,) int16 or int32: training rows, leaf by leaf
+        self.targets = targets  # (training rows, outputs) float32
+
+    @property
+    def n_trees(self) -> int:
+        return len(self.roots)
+
+    @property
+    def n_outputs(self) -> int:
+        return self.targets.shape[1]
+
+    @classmethod
+    def from_sklearn(cls, forest: Any, X: np.ndarray, y: np.ndarray) -> CompactForest:
+        """The trees of ``forest``, a fitted ExtraTreesRegressor (no bootstrap) on ``X`` and ``y``, the very
+        rows it was fitted on. ValueError when a leaf's value is not the mean of its rows' targets (a forest
+        fitted with bootstrap or sample weights, or on other rows)."""
+        y = np.asarray(y, dtype=np.float64).reshape(len(X), -1)
+        leaves_of_rows = forest.apply(X)  # (rows, trees): the node each row ends in
+        feature, threshold, nan_left, left, right, roots, leaf_rows, values = [], [], [], [], [], [], [], []
+        inner_base = leaf_base = 0
+        for t, estimator in enumerate(forest.estimators_):
+            tree = estimator.tree_
+            is_leaf = tree.children_left < 0
+            rank = np.cumsum(~is_leaf) - 1  # an inner node's index among its tree's inner nodes
+            leaf_rank = np.cumsum(is_leaf) - 1
+            code = np.where(is_leaf, -(leaf_base + leaf_rank) - 1, inner_base + rank).astype(np.int64)
+            inner = np.flatnonzero(~is_leaf)
+            feature.append(tree.feature[inner])
+            threshold.append(_floor32(tree.threshold[inner]))
+            nan_left.append(np.asarray(getattr(tree, "missing_go_to_left", np.zeros(tree.node_count)),
+                                       dtype=bool)[inner])
+            left.append(code[tree.children_left[inner]])
+            right.append(code[tree.children_right[inner]])
+            roots.append(code[0])
+            leaf_rows.append(-code[leaves_of_rows[:, t]] - 1)  # each training row's leaf, globally numbered
+            values.append(tree.value[is_leaf][:, :, 0])
+            inner_base += len(inner)
+            leaf_base += int(is_leaf.sum())
+        leaf_of = np.concatenate(leaf_rows)  # tree by tree: the leaf of row i of tree t at t * rows + i
+        order = np.argsort(leaf_of, kind="stable")
+        start = np.concatenate([[0], np.cumsum(np.bincount(leaf_of, minlength=leaf_base))])
+        if (np.diff(start) == 0).any():
+            raise ValueError("a leaf holds no training row: the forest was not fitted on these rows")
+        index_type = np.int16 if len(X) <= np.iinfo(np.int16).max else np.int32
+        out = cls(feature=np.concatenate(feature).astype(np.int16), threshold=np.concatenate(threshold),
+                  nan_left=np.concatenate(nan_left), children=np.array([np.concatenate(left), np.concatenate(right)],
+                                                                      dtype=np.int32).reshape(2, -1),
+                  roots=np.asarray(roots, dtype=np.int32), leaf_start=start.astype(np.int32),
+                  members=(order % len(X)).astype(index_type), targets=y.astype(np.float32))
+        kept = out._leaf_means(np.arange(leaf_base))
+        if not np.allclose(kept, np.concatenate(values), rtol=1e-5, atol=1e-5):
+            raise ValueError("the forest's leaves are not the means of their training rows (bootstrap or weights?)")
+        return out
+
+    def apply(self, X: np.ndarray) -> np.ndarray:
+        """The leaf (global number) each row of X ends in, in each tree: (rows, trees)."""
+        X = np.atleast_2d(np.asarray(X, dtype=np.float32))
+        rows, trees = len(X), self.n_trees
+        node = np.tile(self.roots, rows)  # (row, tree) pairs, row-major
+        row_of = np.repeat(np.arange(rows), trees)
+        live = np.flatnonzero(node >= 0)
+        while live.size:
+            at = node[live]
+            x = X[row_of[live], self.feature[at]]
+            go_left = (x <= self.threshold[at]) | (np.isnan(x) & self.nan_left[at])
+            step = np.where(go_left, self.children[0, at], self.children[1, at])
+            node[live] = step
+            live = live[step >= 0]
+        return (-node - 1).reshape(rows, trees)
+
+    def _leaf_means(self, leaves: np.ndarray) -> np.ndarray:
+        """The mean training targets of each leaf in ``leaves`` (any shape): shape + (outputs,), float64."""
+        flat = leaves.ravel()
+        start, count = self.leaf_start[flat], np.diff(self.leaf_start)[flat]
+        first = np.cumsum(count) - count  # where each leaf's rows begin in the gathered block
+        picked = np.repeat(start - first, count) + np.arange(int(count.sum()))
+        sums = np.add.reduceat(self.targets[self.members[picked]].astype(np.float64), first, axis=0)
+        return (sums / count[:, None]).reshape(*leaves.shape, self.n_outputs)
+
+    def tree_outputs(self, X: np.ndarray) -> np.ndarray:
+        """Each tree's prediction for each row of X: (trees, rows, outputs)."""
+        return self._leaf_means(self.apply(X)).transpose(1, 0, 2)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """The forest's prediction (the mean of its trees'): (rows, outputs)."""
+        return self.tree_outputs(X).mean(axis=0)
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays."""
+        return sum(a.nbytes for a in vars(self).values())
+
+    def __repr__(self) -> str:
+        return (f"CompactForest({self.n_trees} trees, {len(self.feature)} inner nodes, {len(self.leaf_start) - 1} "
+                f"leaves, {len(self.targets)} rows x {self.n_outputs} outputs)")
+
+
+def _floor32(threshold: np.ndarray) -> np.ndarray:
+    """The largest float32 not above each float64 threshold: ``float32(x) <= it`` iff ``float32(x) <= threshold``."""
+    out = threshold.astype(np.float32)
+    above = out.astype(np.float64) > threshold
+    out[above] = np.nextafter(out[above], np.float32(-np.inf))
+    return out
