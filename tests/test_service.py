@@ -641,16 +641,17 @@ def test_a_stored_selector_answers_predicted_for_a_complete_feature_vector(setti
     """With a model for the server's device, an untuned matrix's full vector (or file) gets 'predicted'."""
     import numpy as np
 
+    from kernels import config_key
     from tuner.matrix.features import FEATURE_NAMES
-    from tuner.select.model import KernelSelector, save_model
+    from tuner.select.model import DeviceSpec, KernelSelector, save_model
 
     seed_store(settings.db)
     rng = np.random.default_rng(0)
     X = rng.uniform(1, 100, size=(12, len(FEATURE_NAMES)))
-    kernels = np.array(["csr_vector"] * 12)
+    times = [{config_key("csr_vector", {"threads_per_row": 16, "block_size": 64}): 1e-4}] * 12
     with Store(settings.db) as store:
-        save_model(store, KernelSelector(classifier="random_forest", cv=2).fit(
-            X, kernels, [{"threads_per_row": 16, "block_size": 64}] * 12), device=DEVICE, dtype="float64")
+        save_model(store, KernelSelector(n_estimators=10).fit(
+            X, times, dtype="float64", device=DeviceSpec(DEVICE, 100.0, 0, 8)), device=DEVICE, dtype="float64")
     with TestClient(create_app(settings)) as client:
         health = client.get("/health").json()
         assert health["model"]["loaded"] is True and "float64" in health["model"]["detail"]
@@ -658,7 +659,7 @@ def test_a_stored_selector_answers_predicted_for_a_complete_feature_vector(setti
         body = client.post("/recommend", json=features).json()
         assert body["source"] == "predicted" and body["kernel"] == "csr_vector"
         assert body["params"] == {"threads_per_row": 16, "block_size": 64}
-        assert body["confidence"] == 1.0  # one family only: a constant model, certain of it
+        assert body["confidence"] == 1.0  # one config only: every tree ranks it first
         partial = client.post("/recommend", json={k: features[k] for k in ("rows", "cols", "nnz")}).json()
         assert partial["source"] == "default" and partial["confidence"] is None  # the model needs every feature
         with mtx.open("rb") as f:

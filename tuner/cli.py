@@ -255,7 +255,7 @@ def recommend(
     if answer["expected_time_s"]:
         console.print(f"expected {answer['expected_time_s'] * 1e6:.1f} µs a product ({rate:.1f} GFLOP/s)")
     if choice.confidence is not None:
-        console.print(f"the selector's confidence in the family: {choice.confidence:.0%}")
+        console.print(f"ranked by {choice.basis}: {choice.confidence:.0%} of its trees put this config first")
     if answer["ratio_to_cusparse"]:
         console.print(f"{answer['ratio_to_cusparse']:.2f}x cuSPARSE, as tuned")
     if choice.source == "default":
@@ -311,23 +311,25 @@ def train(
     db: DbOption = None,
     device: Annotated[str | None, typer.Option(help="device id in the store (default: its only gpu device)")] = None,
     dtype: DtypeOption = "float64",
-    cv: Annotated[int, typer.Option(help="cross-validation folds (grouped by matrix)")] = 5,
-    seed: Annotated[int, typer.Option(help="random seed of the classifiers")] = 0,
+    cv: Annotated[int, typer.Option(help="folds of the cross-validation grouped by matrix")] = 5,
+    seed: Annotated[int, typer.Option(help="random seed of the forest")] = 0,
     corpus: Annotated[list[Path] | None, typer.Option(
         help="corpus file(s) (`tuner corpus export`) to import into the store first; again: adds nothing")] = None,
     evaluate: Annotated[bool, typer.Option(
-        help="print out-of-fold accuracy and time against the tuned best and the baselines")] = True,
+        help="print the out-of-fold evaluation (k folds by matrix, and leaving each structure family out) "
+             "against the tuned best and cuSPARSE")] = True,
     ship: Annotated[bool, typer.Option(
         help="also write the model as the selector shipped in the package for this device and dtype")] = False,
     ship_dir: Annotated[Path | None, typer.Option(
         help="folder for --ship (default: $SPMV_TUNER_MODELS, else the package's tuner/data)")] = None,
     task: Annotated[str, typer.Option(
-        help="spmv: the kernel selector, from the tuned matrices; spmspv: the SpMSpV mode selector, from the "
+        help="spmv: the kernel selector, from the measured matrices; spmspv: the SpMSpV mode selector, from the "
              "store's SpMSpV measurements (bench/spmspv.py writes them)")] = "spmv",
 ) -> None:
     """Train the kernel selector (or the SpMSpV mode selector) from the store on a device; save it as a new model."""
     from db.store import Store
-    from tuner.select.model import KernelSelector, pick_device, save_model, ship_model, training_table
+    from tuner.select.evaluation import evaluate_selector, ranking_table
+    from tuner.select.model import KernelSelector, pick_device, save_model, ship_model
 
     check_dtype(dtype)
     if task not in ("spmv", "spmspv"):
@@ -342,38 +344,33 @@ def train(
         if task == "spmspv":
             _train_spmspv(store, device=device, dtype=dtype, cv=cv, ship=ship, ship_dir=ship_dir)
             return
-        table = training_table(store, device=device, dtype=dtype)
+        table = ranking_table(store, device=device, dtype=dtype)
         if len(table) < 2:
-            raise TunerError(f"only {len(table)} tuned matrices with features on {device} in {dtype}; "
+            raise TunerError(f"only {len(table)} measured matrices with features on {device} in {dtype}; "
                              "tune more before training")
-        model = KernelSelector(cv=cv, random_state=seed).fit(
-            table.X, table.kernels, table.params, groups=table.fingerprints, measured=table.measured
-        )
-        out = Table(title=f"grouped {min(cv, len(table))}-fold CV accuracy on {len(table)} matrices "
-                          f"({device}, {dtype})")
-        for col in ("classifier", "mean", "std", "folds", ""):
-            out.add_column(col)
-        for name, s in model.cv_scores_.items():
-            out.add_row(name, f"{s['mean']:.3f}", f"{s['std']:.3f}", str(s["folds"]),
-                        "kept" if name == model.classifier_name_ else "")
-        console.print(out)
-        metrics = {"cv": model.cv_scores_, "classifier": model.classifier_name_, "skipped": len(table.skipped)}
-        if evaluate:  # (two or more matrices: one row per tuned matrix, checked above)
-            from tuner.select.evaluation import evaluate_selector
-
-            result = evaluate_selector(table, device=device, dtype=dtype,
-                                       classifier=model.classifier_name_, cv=cv, random_state=seed)
+        metrics: dict[str, Any] = {"matrices": len(table), "evaluation": {}}
+        for kind in ("kfold", "lofo") if evaluate else ():
+            if kind == "lofo" and len(set(table.families)) < 2:
+                console.print(f"no structure family to leave out: every matrix is {table.families[0]!r}")
+                continue
+            result = evaluate_selector(table, cv=kind, folds=cv, make=lambda: KernelSelector(random_state=seed))
             _print_evaluation(result)
-            metrics["evaluation"] = result.as_metrics()
+            metrics["evaluation"][kind] = result.as_metrics()
+        if metrics["evaluation"]:
+            console.print("first: the selector's first config; race<k>: the best of its first k configs and "
+                          "cuSPARSE's two algorithms; cusparse: its best algorithm (tuner.select.evaluation)")
+        model = KernelSelector(random_state=seed).fit(table.X, table.times, dtype=dtype, device=table.device,
+                                                      prepare_times=table.prepare)
         model_id = save_model(store, model, device=device, dtype=dtype, metrics=metrics)
-        console.print(f"saved model {model_id} ({model.classifier_name_}, {len(table)} matrices, "
-                      f"{len(table.skipped)} skipped without features)")
+        console.print(f"saved model {model_id}: {len(model.configs_)} configs ranked, trained on {model.n_train_} "
+                      f"matrices ({model.forest_!r})")
         if ship:
             from tuner.select.shipped import shipped_dir
 
             path = ship_model(model, device=device, dtype=dtype, metrics=metrics, folder=ship_dir or shipped_dir())
             console.print(f"shipped as {path} ({path.stat().st_size / 1024:.0f} KiB): plan() predicts with it "
-                          f"on {device} in {dtype} wherever the store has no model of its own")
+                          f"on {device} in {dtype} wherever the store has no model of its own, and on other GPUs "
+                          "of its architecture that have none")
 
 
 def _train_spmspv(store: Any, *, device: str, dtype: str, cv: int, ship: bool, ship_dir: Path | None) -> None:
@@ -399,16 +396,28 @@ def _train_spmspv(store: Any, *, device: str, dtype: str, cv: int, ship: bool, s
 
 
 def _print_evaluation(result: Any) -> None:
-    table = Table(title=f"out-of-fold ({result.folds} folds, {result.classifier}) on {result.matrices} matrices "
-                        f"({result.device}, {result.dtype}): t_best / t, 1 = the tuned best")
-    for col in ("strategy", "top-1 family", "geomean", "worst 5%", "matrices"):
+    how = (f"{result.folds} folds by matrix" if result.cv == "kfold"
+           else f"leaving each of {result.folds} structure families out")
+    console.print(f"[bold]out of fold, {how}[/], on {result.matrices} matrices ({result.device}, {result.dtype}): "
+                  "t_best / t, 1 = the tuned best")
+    table = Table()
+    for col in ("strategy", "geomean", "worst 5%", "matrices", "prepare (SpMVs)"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in result.rows:
-        acc = "-" if r.accuracy is None else f"{r.accuracy:.1%}"
-        table.add_row(escape(r.strategy), acc, f"{r.geomean:.3f}", f"{r.worst5:.3f}", str(r.matrices))
+        prepare = "" if r.prepare_spmvs is None else f"{r.prepare_spmvs:.0f}"
+        table.add_row(escape(r.strategy), f"{r.geomean:.3f}", f"{r.worst5:.3f}", str(r.matrices), prepare)
     console.print(table)
-    console.print(f"the predicted config itself was measured on {result.exact} of {result.matrices} matrices; "
-                  "elsewhere its family's default stands in (see tuner.select.evaluation)")
+    if unmeasured := sum(r.unmeasured for r in result.rows):
+        console.print(f"the first config was never measured on {unmeasured} matrices: counted as their slowest "
+                      "time times 2")
+    if result.cv == "lofo":
+        names = [r.strategy for r in result.rows]
+        families = Table(title="geomean per family, left out of training")
+        for col in ("family", "matrices", *names):
+            families.add_column(col, justify="left" if col == "family" else "right")
+        for f in result.families:
+            families.add_row(f.family, str(f.matrices), *(f"{f.geomean[n]:.3f}" for n in names))
+        console.print(families)
 
 
 def _per_dtype(report: Any) -> str:

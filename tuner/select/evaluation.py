@@ -1,134 +1,312 @@
-"""How good the selector is on matrices it has not seen, against what the store measured.
+"""How well :class:`tuner.select.model.KernelSelector` ranks on matrices, and kinds of structure, it has not seen.
 
-Every matrix gets an out-of-fold prediction: cross-validation grouped by
-fingerprint (GroupKFold), each fold's selector fitted on the other folds with
-the classifier that ``tuner train`` kept. Each strategy's time on a matrix is
-compared with the matrix's tuned best (its fastest verified trial), as the
-fraction ``t_best / t_strategy`` (1 is the tuned best), summarized over the
-matrices by its geometric mean and its 5th percentile (the worst 5%).
+Every matrix gets an out-of-fold ranking, from a selector fitted without it:
+either GroupKFold by matrix (5 folds), or leaving out its whole structure family
+(the generator kind of a synthetic matrix, "real" for the others: does the
+selector generalize to structures outside its corpus?). Each strategy's time on a
+matrix is compared with its tuned best (the fastest verified trial of any
+config), as ``t_best / t_strategy`` (1 is the tuned best), summarized by the
+geometric mean and the 5th percentile over the matrices.
 
-What the store knows of a predicted config: its time when that exact config
-was measured on the matrix; otherwise the time of the predicted family's
-default config, which tuning measures on every matrix (a stand-in). ``exact``
-counts the matrices where the predicted config itself was measured: all of
-them when the corpus measured a :mod:`tuner.select.portfolio` everywhere (the
-selector scores only configs measured on most training matrices). The row
-"predicted family, best params" is the upper bound of choosing the family
-right. Times are single measurements taken while tuning (two independent
-corpus runs on an H200 agreed within 1.4% on 90% of the configs both measured).
+Strategies:
 
-Baselines: cuSPARSE at its default (what ``plan()`` runs without a model); the
-single family that, at its default config, does best over all matrices (chosen
-on every matrix, so slightly optimistic); the same family tuned per matrix.
+- ``first``: the selector's first config. When the store holds no time for it on the matrix
+  (it failed there), it counts as the matrix's slowest measured time times 2,
+  as in training; ``unmeasured`` counts those;
+- ``race<k>``: the race of its first k configs beside cuSPARSE csr_alg1 and csr_alg2 (always
+  raced): the best time measured among them. ``prepare_spmvs`` is the race's
+  expected preparation cost, the sum of the raced configs' ``prepare_spmvs``
+  (the mean over the matrices);
+- ``cusparse``: cuSPARSE, the best of its algorithms.
+
+Times are single measurements taken while tuning.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sklearn.model_selection import GroupKFold
 
-from kernels import BASELINE, REGISTRY, config_key, get_family
-from tuner.select.model import KernelSelector, TrainingTable
+from common.errors import InvalidConfigError, StoreError
+from kernels import config_key
+from tuner.matrix.features import FEATURE_NAMES
+from tuner.select.corpus import read_corpus
+from tuner.select.model import DeviceSpec, KernelSelector
 
-__all__ = ["Evaluation", "StrategyScore", "evaluate_selector"]
+if TYPE_CHECKING:
+    from db.store import Store
+
+__all__ = [
+    "CV_KINDS",
+    "RACED_ALWAYS",
+    "Evaluation",
+    "FamilyScore",
+    "RankingTable",
+    "StrategyScore",
+    "corpus_table",
+    "evaluate_selector",
+    "out_of_fold",
+    "ranking_table",
+    "structure_family",
+]
+
+RACED_ALWAYS: tuple[str, ...] = (config_key("cusparse", {"algorithm": "csr_alg1"}),
+                                 config_key("cusparse", {"algorithm": "csr_alg2"}))
+"""The configs every race runs beside the selector's shortlist."""
+
+CV_KINDS = ("kfold", "lofo")
+"""GroupKFold by matrix (5 folds unless told), and leave-one-structure-family-out."""
+
+
+def structure_family(name: str, kinds: Sequence[str] | None = None) -> str:
+    """The generator kind of a synthetic matrix (its name starts with ``<kind>-``), else "real". ``kinds``
+    defaults to :data:`tuner.matrix.generate.KINDS` as it is when called."""
+    if kinds is None:
+        from tuner.matrix.generate import KINDS
+
+        kinds = list(KINDS)
+    prefix, dash, _ = name.partition("-")
+    return prefix if dash and prefix in kinds else "real"
+
+
+@dataclass(frozen=True)
+class RankingTable:
+    """One row per matrix measured on (device, dtype): its features, times and prepare times per config key."""
+
+    fingerprints: list[str]
+    names: list[str]
+    families: list[str]
+    X: np.ndarray  # features in FEATURE_NAMES order
+    times: list[dict[str, float]]  # config key -> fastest verified seconds
+    prepare: list[dict[str, float]]  # config key -> prepare seconds of that fastest trial
+    device: DeviceSpec
+    dtype: str
+
+    def __len__(self) -> int:
+        return len(self.fingerprints)
+
+
+def _table(times: dict[str, dict[str, float]], prepare: dict[str, dict[str, float]],
+           matrices: Callable[[str], dict[str, Any] | None], record: dict[str, Any], dtype: str,
+           kinds: Sequence[str] | None) -> RankingTable:
+    """The table of the measured matrices whose record (name, features) lists every feature."""
+    fps, names, X = [], [], []
+    for fp in sorted(times):
+        matrix = matrices(fp)
+        values = [matrix["features"].get(n) for n in FEATURE_NAMES] if matrix else [None]
+        if any(v is None for v in values):
+            continue
+        fps.append(fp)
+        names.append(matrix["name"])
+        X.append(values)
+    return RankingTable(fps, names, [structure_family(n, kinds) for n in names],
+                        np.asarray(X, dtype=np.float64).reshape(len(fps), len(FEATURE_NAMES)),
+                        [times[fp] for fp in fps], [prepare.get(fp, {}) for fp in fps],
+                        DeviceSpec.from_record(record), dtype)
+
+
+def _keep_fastest(times: dict[str, dict[str, float]], prepare: dict[str, dict[str, float]], trial: dict[str, Any]
+                  ) -> None:
+    """Record a verified ok trial when it is its config's fastest on its matrix so far."""
+    fp, key, t = trial["fingerprint"], config_key(trial["kernel"], trial["params"]), trial["time_s"]
+    if t < times.setdefault(fp, {}).get(key, np.inf):
+        times[fp][key] = t
+        if trial.get("prepare_s") is not None:
+            prepare.setdefault(fp, {})[key] = trial["prepare_s"]
+        else:
+            prepare.get(fp, {}).pop(key, None)
+
+
+def ranking_table(store: Store, *, device: str, dtype: str, kinds: Sequence[str] | None = None) -> RankingTable:
+    """The matrices the store measured on ``device`` in ``dtype`` with their features (those lacking one are
+    left out), the fastest verified time of each config and that trial's prepare time."""
+    record = store.device(device)
+    if record is None:
+        raise StoreError(f"unknown device {device!r}; known: {[d['id'] for d in store.devices()]}")
+    times: dict[str, dict[str, float]] = {}
+    prepare: dict[str, dict[str, float]] = {}
+    rows = store.db.execute(
+        "select fingerprint, kernel, params, time_s, prepare_s from trials where device = ? and dtype = ? "
+        "and state = 'ok' and verified = 1 and time_s > 0", [device, dtype])
+    for fp, kernel, params, time_s, prepare_s in rows:
+        _keep_fastest(times, prepare, {"fingerprint": fp, "kernel": kernel, "params": json.loads(params),
+                                       "time_s": time_s, "prepare_s": prepare_s})
+    return _table(times, prepare, store.matrix, record, dtype, kinds)
+
+
+def corpus_table(path: str | os.PathLike[str], *, dtype: str, device: str | None = None,
+                 kinds: Sequence[str] | None = None) -> RankingTable:
+    """:func:`ranking_table` straight from a corpus file (:mod:`tuner.select.corpus`), without a store; ``device``
+    may be left out when the file holds one."""
+    devices: dict[str, dict[str, Any]] = {}
+    matrices: dict[str, dict[str, Any]] = {}
+    trials: list[dict[str, Any]] = []
+    for kind, record in read_corpus(path):
+        if kind == "device":
+            devices[record["id"]] = record
+        elif kind == "matrix":
+            matrices[record["fingerprint"]] = record
+        elif kind == "trial" and record.get("state") == "ok" and record.get("verified") and record["dtype"] == dtype:
+            trials.append(record)
+    if device is None and len(devices) != 1:
+        raise InvalidConfigError(f"{path} holds the devices {sorted(devices)}: name one")
+    device = next(iter(devices)) if device is None else device
+    if device not in devices:
+        raise InvalidConfigError(f"{path} holds no device {device!r}; it holds {sorted(devices)}")
+    times: dict[str, dict[str, float]] = {}
+    prepare: dict[str, dict[str, float]] = {}
+    for trial in trials:
+        if trial["device"] == device and trial.get("time_s", 0) > 0:
+            _keep_fastest(times, prepare, trial)
+    return _table(times, prepare, matrices.get, devices[device], dtype, kinds)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A matrix's out-of-fold ranking: config keys, fastest expected first, and each one's prepare_spmvs."""
+
+    keys: list[str]
+    prepare_spmvs: dict[str, float]
+
+
+def _folds(table: RankingTable, cv: str, n_splits: int = 5) -> list[np.ndarray]:
+    """Test rows of each fold (``n_splits`` folds for kfold)."""
+    if cv == "lofo":
+        if len(set(table.families)) < 2:
+            raise InvalidConfigError(f"leaving a family out needs 2 families or more; all are {table.families[0]!r}")
+        families = np.asarray(table.families, dtype=object)
+        return [np.flatnonzero(families == f) for f in sorted(set(table.families))]
+    if cv == "kfold":
+        splitter = GroupKFold(n_splits=min(n_splits, len(table)))
+        return [test for _, test in splitter.split(table.X, groups=table.fingerprints)]
+    raise InvalidConfigError(f"unknown cross-validation {cv!r}; choose one of {list(CV_KINDS)}")
+
+
+def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelector] = KernelSelector,
+                folds: int = 5) -> list[Ranking]:
+    """Each row's ranking by a selector (``make()``) fitted on the other folds of ``cv`` (:data:`CV_KINDS`)."""
+    out: list[Ranking | None] = [None] * len(table)
+    for test in _folds(table, cv, folds):
+        train = np.setdiff1d(np.arange(len(table)), test)
+        selector = make().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype, device=table.device,
+                            prepare_times=[table.prepare[i] for i in train])
+        keys = selector.config_keys()
+        spmvs = dict(zip(keys, selector.prepare_spmvs_.tolist(), strict=True))
+        for i, expected in zip(test, selector.expected_times(table.X[test]), strict=True):
+            out[i] = Ranking([keys[j] for j in np.argsort(expected, kind="stable")], spmvs)
+    return out  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class StrategyScore:
-    """One strategy over the matrices whose time for it is known."""
+    """One strategy over the matrices where it has a time."""
 
     strategy: str
-    accuracy: float | None  # the family it runs is the tuned best's family, as a fraction of matrices
-    geomean: float  # geometric mean of t_best / t_strategy
-    worst5: float  # 5th percentile of t_best / t_strategy
-    matrices: int  # with a known time
+    geomean: float  # of t_best / t_strategy
+    worst5: float  # its 5th percentile
+    matrices: int
+    unmeasured: int = 0  # first configs with no time on the matrix (counted as its slowest times 2)
+    prepare_spmvs: float | None = None  # a race's expected preparation cost, mean over the matrices
+
+
+@dataclass(frozen=True)
+class FamilyScore:
+    """The geometric mean of t_best / t_strategy of each strategy over one structure family."""
+
+    family: str
+    matrices: int
+    geomean: dict[str, float]
 
 
 @dataclass
 class Evaluation:
+    """Out-of-fold scores of the selector's strategies and cuSPARSE, overall and per structure family."""
+
     device: str
     dtype: str
+    cv: str
     matrices: int
     folds: int
-    classifier: str
-    exact: int  # matrices where the predicted config itself was measured
     rows: list[StrategyScore] = field(default_factory=list)
+    families: list[FamilyScore] = field(default_factory=list)
 
     def as_metrics(self) -> dict[str, Any]:
-        """Plain numbers for the model's ``metrics`` (and the shipped file's header)."""
-        def plain(row: StrategyScore) -> dict[str, Any]:  # NaN (no known time) as null: metrics are strict JSON
-            return {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in asdict(row).items()}
+        """Plain JSON numbers (NaN as null)."""
+        def plain(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [plain(v) for v in value]
+            return None if isinstance(value, float) and not np.isfinite(value) else value
 
-        return {"matrices": self.matrices, "folds": self.folds, "classifier": self.classifier, "exact": self.exact,
-                "strategies": [plain(r) for r in self.rows]}
+        return plain({"device": self.device, "dtype": self.dtype, "cv": self.cv, "matrices": self.matrices,
+                      "folds": self.folds, "strategies": [asdict(r) for r in self.rows],
+                      "families": [asdict(f) for f in self.families]})
 
-
-def _score(name: str, best: np.ndarray, times: np.ndarray, right: np.ndarray | None) -> StrategyScore:
-    known = np.isfinite(times)
-    fraction = best[known] / times[known]
-    return StrategyScore(
-        strategy=name,
-        accuracy=None if right is None else float(np.mean(right)),
-        geomean=float(np.exp(np.mean(np.log(fraction)))) if fraction.size else float("nan"),
-        worst5=float(np.percentile(fraction, 5)) if fraction.size else float("nan"),
-        matrices=int(known.sum()),
-    )
-
-
-def out_of_fold(table: TrainingTable, *, classifier: str, cv: int = 5,
-                random_state: int | None = 0) -> list[tuple[str, dict[str, Any]]]:
-    """A prediction for every row of ``table`` by a selector that did not see its matrix."""
-    groups = np.asarray(table.fingerprints, dtype=object)
-    predicted: list[tuple[str, dict[str, Any]] | None] = [None] * len(table)
-    for train, test in GroupKFold(n_splits=min(cv, len(set(table.fingerprints)))).split(table.X, groups=groups):
-        sel = KernelSelector(classifier=classifier, random_state=random_state).fit(
-            table.X[train], table.kernels[train], [table.params[i] for i in train], groups=groups[train],
-            measured=[table.measured[i] for i in train])
-        for i, p in zip(test, sel.predict(table.X[test]), strict=True):
-            predicted[i] = p
-    return predicted  # type: ignore[return-value]
+    def format_table(self) -> str:
+        """The scores as two text tables: the strategies, then the geometric means per family."""
+        head = f"{self.device}, {self.dtype}, {self.cv} ({self.folds} folds, {self.matrices} matrices)"
+        lines = [head, f"{'strategy':<28}{'geomean':>9}{'worst5%':>9}{'n':>6}{'unmeas.':>9}{'prep.spmvs':>12}"]
+        for r in self.rows:
+            prep = "" if r.prepare_spmvs is None else f"{r.prepare_spmvs:.0f}"
+            lines.append(f"{r.strategy:<28}{r.geomean:>9.3f}{r.worst5:>9.3f}{r.matrices:>6}{r.unmeasured:>9}"
+                         f"{prep:>12}")
+        names = [r.strategy for r in self.rows]
+        lines += ["", f"{'family':<12}{'n':>5}" + "".join(f"{n:>10}" for n in names)]
+        for f in self.families:
+            lines.append(f"{f.family:<12}{f.matrices:>5}" + "".join(f"{f.geomean[n]:>10.3f}" for n in names))
+        return "\n".join(lines)
 
 
-def evaluate_selector(table: TrainingTable, *, device: str, dtype: str, classifier: str,
-                      cv: int = 5, random_state: int | None = 0) -> Evaluation:
-    """Out-of-fold accuracy and time fractions of the selector and the baselines (see the module's doc)."""
-    if classifier not in ("gradient_boosting", "random_forest", "svm"):
-        classifier = "random_forest"  # 'constant' (one family everywhere): each fold is constant too
-    measured = dict(zip(table.fingerprints, table.measured, strict=True))
-    predicted = out_of_fold(table, classifier=classifier, cv=cv, random_state=random_state)
-    best = np.asarray(table.times, dtype=float)
-    families = sorted(REGISTRY)
-    defaults = {f: config_key(f, get_family(f).space.defaults()) for f in families}
+def _geomean(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(np.exp(np.mean(np.log(x)))) if x.size else float("nan")
+
+
+def _fraction(best: np.ndarray, t: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return best / t
+
+
+def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3, 4, 5),
+                      make: Callable[[], KernelSelector] = KernelSelector, folds: int = 5) -> Evaluation:
+    """Out-of-fold scores of the selector's first config, races of its first ``ks`` configs and cuSPARSE on
+    ``table`` under ``cv`` (:data:`CV_KINDS`; ``folds`` for kfold); see the module's doc."""
+    if len(table) < 2:
+        raise InvalidConfigError(f"evaluation needs at least 2 matrices, got {len(table)}")
+    rankings = out_of_fold(table, cv=cv, make=make, folds=folds)
     nan = float("nan")
+    best = np.array([min(t.values()) for t in table.times])
+    first_t = np.array([times.get(r.keys[0], nan) for times, r in zip(table.times, rankings, strict=True)])
+    unmeasured = ~np.isfinite(first_t)
+    first_t = np.where(unmeasured, [2 * max(t.values()) for t in table.times], first_t)
+    fractions: dict[str, np.ndarray] = {"first": _fraction(best, first_t)}
+    prepare: dict[str, float] = {}
+    for k in ks:
+        raced = [[*r.keys[:k], *(c for c in RACED_ALWAYS if c not in r.keys[:k])] for r in rankings]
+        t = np.array([min((times[c] for c in keys if c in times), default=nan)
+                      for times, keys in zip(table.times, raced, strict=True)])
+        fractions[f"race{k}"] = _fraction(best, t)
+        cost = [np.nansum([r.prepare_spmvs.get(c, nan) for c in keys]) for r, keys in zip(rankings, raced,
+                                                                                         strict=True)]
+        prepare[f"race{k}"] = float(np.mean(cost))
+    fractions["cusparse"] = _fraction(best, np.array(
+        [min((s for c, s in times.items() if c.startswith("cusparse{")), default=nan) for times in table.times]))
 
-    def family_best(fp: str, family: str) -> float:
-        return min((t for k, t in measured[fp].items() if k.startswith(family + "{")), default=nan)
+    def score(name: str, f: np.ndarray) -> StrategyScore:
+        ok = f[np.isfinite(f)]
+        return StrategyScore(name, _geomean(ok), float(np.percentile(ok, 5)) if ok.size else nan, int(ok.size),
+                             int(unmeasured.sum()) if name == "first" else 0, prepare.get(name))
 
-    default_time = {f: np.array([measured[fp].get(defaults[f], nan) for fp in table.fingerprints]) for f in families}
-    tuned_time = {f: np.array([family_best(fp, f) for fp in table.fingerprints]) for f in families}
-    exact = 0
-    chosen, chosen_family_best = [], []
-    for fp, (kernel, params) in zip(table.fingerprints, predicted, strict=True):
-        t = measured[fp].get(config_key(kernel, params))
-        exact += t is not None
-        chosen.append(t if t is not None else measured[fp].get(defaults.get(kernel, ""), nan))
-        chosen_family_best.append(family_best(fp, kernel))
-    right = np.array([k for k, _ in predicted], dtype=object) == table.kernels
-
-    def rank(times: np.ndarray) -> tuple[float, float]:
-        """Matrices it runs on (its default may fail on some), then its geometric mean there."""
-        known = np.isfinite(times)
-        return float(known.mean()), float(np.mean(np.log(best[known] / times[known]))) if known.any() else -np.inf
-
-    fixed = max(families, key=lambda f: rank(default_time[f]))
-    rows = [
-        _score("selector: predicted config", best, np.asarray(chosen, dtype=float), right),
-        _score("selector: predicted family, best params", best, np.asarray(chosen_family_best, dtype=float), right),
-        _score(f"{BASELINE} default (no model)", best, default_time[BASELINE], table.kernels == BASELINE),
-        _score(f"best fixed family at default: {fixed}", best, default_time[fixed], table.kernels == fixed),
-        _score(f"{fixed}, best params per matrix", best, tuned_time[fixed], table.kernels == fixed),
-    ]
-    return Evaluation(device, dtype, len(table), min(cv, len(set(table.fingerprints))), classifier, exact, rows)
+    families = np.asarray(table.families, dtype=object)
+    per_family = [FamilyScore(fam, int((families == fam).sum()),
+                              {name: _geomean(f[families == fam]) for name, f in fractions.items()})
+                  for fam in sorted(set(table.families))]
+    return Evaluation(table.device.id, table.dtype, cv, len(table), len(_folds(table, cv, folds)),
+                            [score(n, f) for n, f in fractions.items()], per_family)

@@ -1,35 +1,40 @@
-"""The learned selector: matrix features -> the best kernel family and its config, trained from the store.
+"""The learned selector: a matrix's features -> every config of the portfolio, ranked by expected time.
 
-:class:`KernelSelector` follows the scikit-learn estimator API. The family is
-a classifier's answer (a Pipeline: log1p of the count-like features, a
-StandardScaler, then gradient boosting, a random forest or an SVM, picked by
-cross-validation grouped by matrix fingerprint, see :func:`select_model`); the
-family's parameters are chosen on the ``n_neighbors`` most similar training
-matrices (in the scaled feature space): among the family's configs measured on
-most training matrices (the corpus measures a :mod:`tuner.select.portfolio` on every
-one), the config with the best mean log of t_best / t there. Where none was
-measured on enough of them, the params of the nearest matrix that the family
-won. Each prediction carries the classifier's probability of the family
-(``confidence``) and the GFLOP/s the neighbours measured for the config
-(:meth:`KernelSelector.predict_details`).
+:class:`KernelSelector` follows the scikit-learn estimator API. One multi-output
+ExtraTreesRegressor maps a matrix's features to, first, ``log(t_best / t_bytes)``
+and then ``log(t / t_best)`` for every config of the training portfolio, where
+``t_best`` is the matrix's fastest candidate and ``t_bytes`` the time its
+compulsory bytes (:func:`compulsory_bytes`) take at the device's measured copy
+bandwidth; a config's expected time is ``t_bytes · exp(sum of the two)``. Both
+targets are scale-free, and the inputs (:func:`design_matrix`) add to the stored
+features some relative to the device (x and the matrix against the L2 cache,
+rows per SM): so a selector trained on one GPU can answer for another of its
+architecture, in that GPU's seconds. Learning the configs relative to the
+matrix's best, rather than each ``log(t / t_bytes)``, keeps the matrix's overall
+speed (most of the variance) from steering the trees' splits.
 
-Models are stored in the ``models`` table (:func:`save_model`,
-:func:`load_latest`), one versioned row per (device, dtype) training run;
-:func:`tuner.execute.choice.choose` uses the latest one for a matrix without a tuned
-best (source ``'predicted'``), else the one shipped inside the package for
-exactly that device and dtype (:func:`ship_model`, :func:`load_shipped`,
-:mod:`tuner.select.shipped`). Both hold the same row and the same pickled blob
-(:func:`model_row`): one way of serializing.
+After fitting, the forest is kept as a :class:`tuner.select.forest.CompactForest`
+(flat arrays, the leaves as the training rows they hold): a shipped selector is
+well under 1.5 MB gzipped and ranks a matrix in about a millisecond.
+
+``plan()`` races the first few configs of :meth:`KernelSelector.rank` beside
+cuSPARSE; each :class:`RankedConfig` carries its expected time, what preparing
+it costs in SpMVs (measured on the training matrices) and the share of the
+forest's trees that rank it first (a confidence).
+
+Selectors are stored in the ``models`` table (:func:`save_model`,
+:func:`load_latest`), one versioned row per (device, dtype) training run, and
+shipped inside the package (:func:`ship_model`, :mod:`tuner.select.shipped`);
+:func:`find_selector` says which one answers for a device and dtype.
 
 Example (on a synthetic table)::
 
-    import numpy as np
     rng = np.random.default_rng(0)
-    X = rng.random((40, len(FEATURE_NAMES)))
-    y = np.where(X[:, 0] > 0.5, "csr_vector", "csr_scalar")
-    params = [{"block_size": 128}] * 40
-    sel = KernelSelector(classifier="random_forest").fit(X, y, params)
-    sel.predict(X[:2])  # [('csr_vector', {'block_size': 128}), ...]
+    X = rng.random((60, len(FEATURE_NAMES))) * 1e4
+    times = [{'csr_scalar{"block_size": 128}': 1e-5, 'csr_vector{"block_size": 256}': 2e-5}] * 60
+    device = DeviceSpec("gpu", bandwidth_gbs=4000.0, l2_bytes=60 * 2**20, sms=132)
+    selector = KernelSelector(n_estimators=20).fit(X, times, dtype="float64", device=device)
+    selector.rank(dict(zip(FEATURE_NAMES, X[0])))[0].kernel  # 'csr_scalar'
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ import functools
 import io
 import json
 import logging
+import math
 import pickle
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,329 +55,330 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import sklearn
 from sklearn.base import BaseEstimator
-from sklearn.compose import ColumnTransformer
-from sklearn.dummy import DummyClassifier
-from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.exceptions import NotFittedError
-from sklearn.model_selection import GroupKFold, GroupShuffleSplit, cross_val_score
-from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import FunctionTransformer, StandardScaler
-from sklearn.svm import SVC
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from common.errors import InvalidConfigError, StoreError
 from kernels import config_key, config_of
 from tuner.matrix.features import FEATURE_NAMES
+from tuner.measure.metrics import effective_bytes
+from tuner.select.forest import CompactForest
 
 if TYPE_CHECKING:
     from db.store import Store
+    from tuner.measure.backend import Backend
 
 __all__ = [
-    "CLASSIFIERS",
     "COUNT_FEATURES",
+    "DERIVED_FEATURES",
+    "LARGE_NNZ",
+    "MISSING_PENALTY",
+    "DeviceSpec",
     "KernelSelector",
     "Prediction",
-    "TrainingTable",
-    "find_model",
-    "grouped_split",
+    "RankedConfig",
+    "bytes_time",
+    "compulsory_bytes",
+    "design_matrix",
+    "device_spec",
+    "find_selector",
     "latest_row",
     "load_latest",
     "load_shipped",
-    "measured_times",
     "model_row",
-    "save_model",
-    "select_model",
-    "ship_model",
     "pick_device",
-    "training_table",
+    "save_model",
+    "ship_model",
     "unpickle_blob",
 ]
 _log = logging.getLogger(__name__)
 
+MISSING_PENALTY = math.log(2.0)
+"""A config not measured on a training matrix is taken as that matrix's slowest candidate times 2."""
+
+LARGE_NNZ = 1_000_000
+"""Preparation costs are estimated on matrices at least this large, where launch overheads do not dominate."""
+
+_L2_BY_NAME = (("H200", 60 * 2**20), ("H100", 50 * 2**20))
+"""L2 bytes by device name, for device records that do not carry ``l2_bytes``."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the selector knows of a GPU: its measured copy bandwidth (GB/s, read + write), L2 size (bytes, 0
+    when unknown) and number of SMs."""
+
+    id: str
+    bandwidth_gbs: float
+    l2_bytes: int
+    sms: int
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> DeviceSpec:
+        """From a store ``devices`` row (id, sms, copy_bandwidth_gbs, optionally l2_bytes). Without l2_bytes,
+        the L2 of a known device name (H100, H200), else 0: unknown."""
+        bandwidth, sms = record.get("copy_bandwidth_gbs"), record.get("sms")
+        if not bandwidth or not sms:
+            raise InvalidConfigError(f"device {record.get('id')!r} lacks copy_bandwidth_gbs or sms; probe it again")
+        l2 = record.get("l2_bytes")
+        if not l2:
+            name = f"{record.get('name', '')} {record.get('id', '')}"
+            l2 = next((size for key, size in _L2_BY_NAME if key in name), 0)
+        return cls(str(record["id"]), float(bandwidth), int(l2), int(sms))
+
+
+def compulsory_bytes(rows: Any, cols: Any, nnz: Any, dtype: np.dtype | str) -> Any:
+    """Fewest bytes one CSR SpMV moves: values and column indices, the row pointer, x read once, y written
+    (:func:`tuner.measure.metrics.effective_bytes`, which takes arrays of counts as well)."""
+    return effective_bytes(rows, cols, nnz, dtype)
+
+
 COUNT_FEATURES: frozenset[str] = frozenset(
     {"rows", "cols", "nnz", "npr_min", "npr_max", "npr_mean", "npr_std", "fd_seg_count", "fd_seg_size",
-     "bandwidth", "col_std"}
+     "bandwidth", "col_std", "x_l2", "matrix_l2", "rows_per_sm"}
 )
-"""Features that span orders of magnitude: log1p before scaling."""
+"""Design columns that span orders of magnitude: log1p'ed."""
 
-CLASSIFIERS = ("gradient_boosting", "random_forest", "svm")
-"""The classifiers :func:`select_model` compares; ``KernelSelector(classifier="auto")`` picks among them."""
+DERIVED_FEATURES: dict[str, str] = {
+    "x_l2": "bytes of x / L2 bytes: whether the gathered vector stays in cache (NaN: L2 unknown)",
+    "matrix_l2": "compulsory bytes / L2 bytes: whether the whole product fits in cache (NaN: L2 unknown)",
+    "log_bytes": "log of the compulsory bytes",
+    "log_aspect": "log((rows + 1) / (cols + 1))",
+    "bandwidth_rel": "matrix bandwidth / cols: how far from the diagonal, scale-free",
+    "cf_rel_1k": "cf_1024 / npr_mean: nonzeros per 1024-column panel segment, as a share of the row",
+    "cf_rel_64k": "cf_65536 / npr_mean: the same for 65536-column panels",
+    "maxrow_rel": "npr_max / npr_mean: how much longer the longest row is than the mean",
+    "rows_per_sm": "rows / SMs: the work each SM gets",
+}
+"""The features :func:`design_matrix` adds to the stored ones (after them, in this order), and why."""
 
-
-def _classifier(name: str, random_state: int | None) -> Any:
-    if name == "gradient_boosting":
-        return GradientBoostingClassifier(random_state=random_state)
-    if name == "random_forest":
-        return RandomForestClassifier(n_estimators=200, random_state=random_state)
-    if name == "svm":
-        return SVC(C=10.0, gamma="scale", probability=True, random_state=random_state)
-    raise InvalidConfigError(f"unknown classifier {name!r}; choose one of {['auto', *CLASSIFIERS]}")
-
-
-def _pipeline(classifier: Any, feature_names: Sequence[str]) -> Pipeline:
-    counts = [i for i, name in enumerate(feature_names) if name in COUNT_FEATURES]
-    log = ColumnTransformer([("log1p", FunctionTransformer(np.log1p), counts)], remainder="passthrough")
-    return Pipeline([("log", log), ("scale", StandardScaler()), ("classify", classifier)])
+_NEEDED = ("rows", "cols", "nnz", "npr_mean", "npr_max", "bandwidth", "cf_1024", "cf_65536")
 
 
-def select_model(
-    X: np.ndarray,
-    y: np.ndarray,
-    groups: Sequence[Any],
-    *,
-    feature_names: Sequence[str] = FEATURE_NAMES,
-    candidates: Sequence[str] = CLASSIFIERS,
-    n_splits: int = 5,
-    random_state: int | None = 0,
-) -> tuple[str, dict[str, dict[str, float]]]:
-    """The candidate with the best mean accuracy under GroupKFold by ``groups`` (no matrix in two folds).
+def _as_rows(features: Any, feature_names: Sequence[str]) -> np.ndarray:
+    """Feature rows as a float array in ``feature_names`` order (from arrays, or mappings)."""
+    if isinstance(features, Mapping):
+        features = [features]
+    if isinstance(features, Sequence) and len(features) and isinstance(features[0], Mapping):
+        try:
+            return np.array([[float(row[n]) for n in feature_names] for row in features], dtype=np.float64)
+        except KeyError as exc:
+            raise InvalidConfigError(f"features lack {exc.args[0]!r}") from None
+    return np.asarray(features, dtype=np.float64)
 
-    Returns ``(name, scores)`` with ``scores[name] = {"mean": ..., "std": ..., "folds": k}``; a fold
-    that fails (e.g. one class only in its training part) scores NaN and is left out of the mean.
-    """
-    n_groups = len(set(groups))
-    if n_groups < 2:
-        raise InvalidConfigError(f"cross-validation needs at least 2 matrices, got {n_groups}")
-    cv = GroupKFold(n_splits=min(n_splits, n_groups))
-    scores: dict[str, dict[str, float]] = {}
-    for name in candidates:
-        pipe = _pipeline(_classifier(name, random_state), feature_names)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # failed folds (error_score=nan) warn; they show as NaN
-            try:
-                fold = cross_val_score(pipe, X, y, groups=groups, cv=cv, error_score=np.nan)
-            except ValueError:  # every fold failed (scikit-learn raises then, error_score or not)
-                fold = np.full(cv.get_n_splits(), np.nan)
-        ok = fold[np.isfinite(fold)]
-        scores[name] = {
-            "mean": float(ok.mean()) if ok.size else float("nan"),
-            "std": float(ok.std()) if ok.size else float("nan"),
-            "folds": int(ok.size),
-        }
-    ranked = [n for n in candidates if np.isfinite(scores[n]["mean"])]
-    if not ranked:
-        raise InvalidConfigError("every candidate classifier failed in cross-validation")
-    return max(ranked, key=lambda n: scores[n]["mean"]), scores
+
+def design_matrix(features: Any, *, dtype: np.dtype | str, device: DeviceSpec,
+                  feature_names: Sequence[str] = FEATURE_NAMES) -> tuple[np.ndarray, list[str]]:
+    """The model's inputs: the stored features then :data:`DERIVED_FEATURES` for ``device`` in ``dtype``, with
+    log1p on :data:`COUNT_FEATURES`. ``features``: rows of values in ``feature_names`` order, or mappings.
+    Returns ``(X, names)``."""
+    names = list(feature_names)
+    if missing := [n for n in _NEEDED if n not in names]:
+        raise InvalidConfigError(f"the selector needs the features {missing}")
+    F = np.atleast_2d(_as_rows(features, names))
+    if F.shape[1] != len(names):
+        raise InvalidConfigError(f"features have {F.shape[1]} columns but {len(names)} names")
+    f = {n: F[:, i] for i, n in enumerate(names)}
+    rows, cols, nnz, mean = f["rows"], f["cols"], f["nnz"], np.maximum(f["npr_mean"], 1e-9)
+    nbytes = compulsory_bytes(rows, cols, nnz, dtype)
+    l2 = float(device.l2_bytes) if device.l2_bytes > 0 else np.nan
+    derived = {
+        "x_l2": cols * np.dtype(dtype).itemsize / l2,
+        "matrix_l2": nbytes / l2,
+        "log_bytes": np.log(nbytes),
+        "log_aspect": np.log((rows + 1) / (cols + 1)),
+        "bandwidth_rel": f["bandwidth"] / np.maximum(cols, 1),
+        "cf_rel_1k": f["cf_1024"] / mean,
+        "cf_rel_64k": f["cf_65536"] / mean,
+        "maxrow_rel": f["npr_max"] / mean,
+        "rows_per_sm": rows / device.sms,
+    }
+    f.update(derived)
+    out = [*names, *derived]
+    X = np.column_stack([np.log1p(np.maximum(f[n], 0)) if n in COUNT_FEATURES else f[n] for n in out])
+    return X, out
+
+
+def bytes_time(features: Any, *, dtype: np.dtype | str, device: DeviceSpec,
+               feature_names: Sequence[str] = FEATURE_NAMES) -> np.ndarray:
+    """Seconds the compulsory bytes of each row take at ``device``'s copy bandwidth (the target's unit)."""
+    F = np.atleast_2d(_as_rows(features, feature_names))
+    names = list(feature_names)
+    rows, cols, nnz = (F[:, names.index(n)] for n in ("rows", "cols", "nnz"))
+    return compulsory_bytes(rows, cols, nnz, dtype) / (device.bandwidth_gbs * 1e9)
+
+
+@dataclass(frozen=True)
+class RankedConfig:
+    """One config of a matrix's ranking."""
+
+    kernel: str
+    params: dict[str, Any]
+    expected_s: float  # expected time of one SpMV on the device asked for
+    prepare_spmvs: float  # median prepare time / SpMV time on the training matrices (NaN: never measured)
+    votes: float  # share of the forest's trees that rank this config first
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """What the selector says of one matrix."""
+    """The selector's first config for a matrix."""
 
     kernel: str
     params: dict[str, Any]
-    confidence: float  # the classifier's probability of this family
-    expected_gflops: float | None  # what the neighbours measured for this config (None: not measured on them)
-    basis: str  # 'neighbours' (the config scored best on the nearest matrices) or 'nearest winner'
+    confidence: float  # the votes of this config
+    expected_gflops: float | None
+    basis: str = "ranked"
 
 
 class KernelSelector(BaseEstimator):
-    """Predicts ``(kernel, params)`` for a matrix from its feature vector (columns as in FEATURE_NAMES).
+    """Ranks the configs of its training portfolio by expected time on a matrix, from its features.
 
     Parameters
     ----------
-    classifier : "auto", "gradient_boosting", "random_forest" or "svm"
-        ``"auto"`` compares them by grouped cross-validation in ``fit`` and keeps the best.
-    cv : int
-        Folds of that cross-validation.
-    n_neighbors : int
-        Training matrices on which a family's candidate configs are scored.
+    n_estimators, min_samples_leaf : int
+        Of the ExtraTreesRegressor. Leaving each structure family of the H200 corpus out, 50 to 500 trees and
+        leaves of 1 to 8 rows all score within 0.003 of each other (about the spread between seeds): 100
+        trees of leaves of 2 or more rows are as good as any, and the smallest and fastest of those.
     coverage : float
-        A config is a candidate when it was measured on at least this fraction of the training matrices.
+        A config is a candidate when it was measured on at least this fraction of the training rows.
     random_state : int or None
-        Seed of the classifiers.
+        Seed of the forest.
     """
 
-    def __init__(self, *, classifier: str = "auto", cv: int = 5, n_neighbors: int = 5, coverage: float = 0.5,
+    def __init__(self, *, n_estimators: int = 100, min_samples_leaf: int = 2, coverage: float = 0.8,
                  random_state: int | None = 0) -> None:
-        self.classifier = classifier
-        self.cv = cv
-        self.n_neighbors = n_neighbors
+        self.n_estimators = n_estimators
+        self.min_samples_leaf = min_samples_leaf
         self.coverage = coverage
         self.random_state = random_state
 
     def fit(
         self,
         X: Any,
-        y_kernel: Sequence[str],
-        params_per_row: Sequence[Mapping[str, Any]],
+        times: Sequence[Mapping[str, float]],
         *,
-        groups: Sequence[Any] | None = None,
-        feature_names: Sequence[str] | None = None,
-        measured: Sequence[Mapping[str, float]] | None = None,
+        dtype: str,
+        device: DeviceSpec,
+        feature_names: Sequence[str] = FEATURE_NAMES,
+        prepare_times: Sequence[Mapping[str, float]] | None = None,
     ) -> KernelSelector:
-        """Learn from rows of features, each row's best kernel and its params; ``groups`` (default: one per
-        row) are the matrix fingerprints that cross-validation keeps together; ``measured`` (per row: config
-        key (:func:`kernels.config_key`) to seconds) are the times the params are scored by."""
-        X, y = validate_data(self, X, np.asarray(y_kernel, dtype=object), reset=True, dtype=np.float64)
-        names = list(FEATURE_NAMES if feature_names is None else feature_names)
-        if len(names) != X.shape[1]:
-            raise InvalidConfigError(f"X has {X.shape[1]} columns but {len(names)} feature names were given")
-        if len(params_per_row) != len(y) or (measured is not None and len(measured) != len(y)):
-            raise InvalidConfigError(f"{len(y)} kernels but {len(params_per_row)} params and "
-                                     f"{'no' if measured is None else len(measured)} measured rows")
-        groups = list(range(len(y))) if groups is None else list(groups)
-        self.classes_ = np.unique(y)
-        self.feature_names_in_ = np.asarray(names, dtype=object)
-        self.cv_scores_: dict[str, dict[str, float]] = {}
-        if len(self.classes_) == 1:
-            self.classifier_name_ = "constant"
-            estimator: Any = DummyClassifier(strategy="most_frequent")
-        elif self.classifier == "auto":
-            self.classifier_name_, self.cv_scores_ = select_model(
-                X, y, groups, feature_names=names, n_splits=self.cv, random_state=self.random_state
-            )
-            estimator = _classifier(self.classifier_name_, self.random_state)
-        else:
-            self.classifier_name_ = self.classifier
-            estimator = _classifier(self.classifier, self.random_state)
-        with warnings.catch_warnings():  # SVC(probability=True): deprecated in 1.9, gone in 1.11 (pinned)
-            warnings.filterwarnings("ignore", message="The `probability` parameter", category=FutureWarning)
-            self.pipeline_ = _pipeline(estimator, names).fit(X, y)
-        self.train_scaled_ = self.pipeline_[:-1].transform(X)  # where the neighbours are looked for
-        self.winners_: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}  # family -> rows it won, params
-        for kernel in self.classes_:
-            rows = np.flatnonzero(y == kernel)
-            self.winners_[str(kernel)] = (rows, [dict(params_per_row[i]) for i in rows])
-        self._fit_candidates(X[:, names.index("nnz")] if "nnz" in names else None,
-                             [{}] * len(y) if measured is None else measured)
-        self.n_train_ = len(y)
-        return self
+        """Learn from rows of features (arrays in ``feature_names`` order, or mappings), each row's measured
+        times (config key (:func:`kernels.config_key`) -> fastest verified seconds) and, optionally, its
+        prepare times (config key -> seconds), measured on ``device`` in ``dtype``.
 
-    def _fit_candidates(self, nnz: np.ndarray | None, measured: Sequence[Mapping[str, float]]) -> None:
-        """The configs measured on ``coverage`` of the rows, and each row's log(t_best / t) and log(nnz / t)."""
+        A candidate config not measured on a row (it failed there, or was not tried) counts as that row's
+        slowest candidate times 2 (:data:`MISSING_PENALTY`); rows where no candidate was measured are left out.
+        ``forest_`` learns ``[log(t_best / t_bytes), log(t / t_best) per config]`` (see the module's doc).
+        """
+        names = [str(n) for n in feature_names]
+        X = validate_data(self, _as_rows(X, names), reset=True, dtype=np.float64)
+        if X.shape[1] != len(names):
+            raise InvalidConfigError(f"X has {X.shape[1]} columns but {len(names)} feature names were given")
+        prepare_times = [{}] * len(times) if prepare_times is None else prepare_times
+        if not len(times) == len(prepare_times) == len(X):
+            raise InvalidConfigError(f"{len(X)} feature rows but {len(times)} time rows and {len(prepare_times)} "
+                                     "prepare rows")
         counts: dict[str, int] = {}
-        for row in measured:
+        for row in times:
             for key in row:
                 counts[key] = counts.get(key, 0) + 1
-        keys = sorted(k for k, c in counts.items() if c >= self.coverage * len(measured))
-        self.candidates_: list[tuple[str, dict[str, Any]]] = [config_of(key) for key in keys]
-        times = np.array([[row.get(k, np.nan) for k in keys] for row in measured], dtype=float).reshape(
-            len(measured), len(keys))
-        best = np.array([min(row.values()) if row else np.nan for row in measured], dtype=float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            self.log_fraction_ = np.log(best[:, None] / times)
-            self.log_rate_ = np.log(nnz[:, None] / times) if nnz is not None else np.full_like(times, np.nan)
+        keys = sorted(k for k, c in counts.items() if c >= self.coverage * len(times))
+        T = np.array([[row.get(k, np.nan) for k in keys] for row in times], dtype=np.float64).reshape(len(X), -1)
+        used = np.isfinite(T).any(axis=1)
+        if used.sum() < 2:
+            raise InvalidConfigError(f"too few measurements to rank on: {len(keys)} configs measured on "
+                                     f"{self.coverage:.0%} of {len(X)} rows, {used.sum()} rows with one")
+        X, T = X[used], T[used]
+        self.feature_names_in_ = np.asarray(names, dtype=object)
+        self.device_, self.dtype_, self.n_train_ = device, str(np.dtype(dtype)), int(used.sum())
+        self.configs_: list[tuple[str, dict[str, Any]]] = [config_of(k) for k in keys]
+        design, _ = design_matrix(X, dtype=self.dtype_, device=device, feature_names=names)
+        ratio = np.log(T / bytes_time(X, dtype=self.dtype_, device=device, feature_names=names)[:, None])
+        ratio = np.where(np.isnan(ratio), np.nanmax(ratio, axis=1, keepdims=True) + MISSING_PENALTY, ratio)
+        scale = ratio.min(axis=1, keepdims=True)
+        targets = np.hstack([scale, ratio - scale])
+        forest = ExtraTreesRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
+                                     random_state=self.random_state, n_jobs=-1).fit(design, targets)
+        self.forest_ = CompactForest.from_sklearn(forest, design, targets)  # the estimator itself is dropped
+        self.prepare_spmvs_ = self._prepare_spmvs(X[:, names.index("nnz")], T,
+                                                  [p for p, u in zip(prepare_times, used, strict=True) if u], keys)
+        return self
 
-    def __sklearn_is_fitted__(self) -> bool:
-        """Fitted by this version of the class (a pickle of an older one lacks the candidates)."""
-        return all(hasattr(self, a) for a in ("pipeline_", "train_scaled_", "winners_", "candidates_",
-                                              "log_fraction_"))
-
-    def _as_array(self, X: Any) -> Any:
-        """Mappings (one matrix's features, or a list of them) become rows in ``feature_names_in_`` order."""
-        if isinstance(X, Mapping):
-            X = [X]
-        if isinstance(X, list) and X and isinstance(X[0], Mapping):
-            try:
-                return np.array([[float(row[n]) for n in self.feature_names_in_] for row in X])
-            except KeyError as exc:
-                raise InvalidConfigError(f"features lack {exc.args[0]!r}") from None
-        return X
-
-    def predict_details(self, X: Any) -> list[Prediction]:
-        """A :class:`Prediction` per row of X (an array, or feature mappings)."""
-        check_is_fitted(self)
-        X = self._as_array(X)
-        with warnings.catch_warnings():
-            # Fitted on a plain array with FEATURE_NAMES order: a plain array is the expected input.
-            warnings.filterwarnings("ignore", message="X does not have valid feature names")
-            X = validate_data(self, X, reset=False, dtype=np.float64)
-        scaled = self.pipeline_[:-1].transform(X)
-        classifier = self.pipeline_[-1]
-        kernels, proba = classifier.predict(scaled), classifier.predict_proba(scaled)
-        classes = list(classifier.classes_)
-        # Squared distances to every training matrix (a few hundred): plain NumPy, microseconds a row.
-        dist = ((scaled[:, None, :] - self.train_scaled_[None, :, :]) ** 2).sum(axis=2)
-        near = np.argsort(dist, axis=1, kind="stable")[:, : self.n_neighbors]
-        out = []
-        for kernel, d, p, nb in zip(kernels, dist, proba, near, strict=True):
-            confidence = float(p[classes.index(kernel)])
-            mine = [j for j, (k, _) in enumerate(self.candidates_) if k == kernel]
-            scores = self.log_fraction_[np.ix_(nb, mine)]
-            enough = np.isfinite(scores).sum(axis=0) * 2 >= len(nb)
-            if mine and enough.any():
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # columns of NaN only: not enough anyway
-                    mean = np.where(enough, np.nanmean(scores, axis=0), -np.inf)
-                j = mine[int(np.argmax(mean))]
-                rate = self.log_rate_[nb, j]
-                rate = rate[np.isfinite(rate)]
-                gflops = float(2 * np.exp(rate.mean()) / 1e9) if rate.size else None
-                out.append(Prediction(str(kernel), dict(self.candidates_[j][1]), confidence, gflops, "neighbours"))
-                continue
-            rows, params = self.winners_[str(kernel)]
-            out.append(Prediction(str(kernel), dict(params[int(np.argmin(d[rows]))]), confidence, None,
-                                  "nearest winner"))
+    @staticmethod
+    def _prepare_spmvs(nnz: np.ndarray, T: np.ndarray, prepare: Sequence[Mapping[str, float]],
+                       keys: Sequence[str]) -> np.ndarray:
+        """Per config: the median of prepare_s / time_s on the large training rows, else on all rows."""
+        P = np.array([[row.get(k, np.nan) for k in keys] for row in prepare], dtype=np.float64).reshape(T.shape)
+        ratio = P / T
+        out = np.full(len(keys), np.nan)
+        for j in range(len(keys)):
+            known = np.isfinite(ratio[:, j])
+            large = known & (nnz >= LARGE_NNZ)
+            pick = large if large.any() else known
+            if pick.any():
+                out[j] = float(np.median(ratio[pick, j]))
         return out
 
-    def predict(self, X: Any) -> list[tuple[str, dict[str, Any]]]:
-        """``(kernel, params)`` per row of X (an array, or feature mappings)."""
-        return [(p.kernel, p.params) for p in self.predict_details(X)]
+    def __sklearn_is_fitted__(self) -> bool:
+        """Fitted by this version of the class (a pickle of the classifier-based selector before it is not)."""
+        return all(hasattr(self, a) for a in ("forest_", "configs_", "device_", "prepare_spmvs_"))
 
-    def score(self, X: Any, y_kernel: Sequence[str]) -> float:
-        """Accuracy of the predicted family."""
-        predicted = [k for k, _ in self.predict(X)]
-        return float(np.mean(np.asarray(predicted, dtype=object) == np.asarray(y_kernel, dtype=object)))
+    def _expected(self, X: Any, device: DeviceSpec | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Validated feature rows, the expected seconds of every config (columns) for them on ``device``
+        (default: the training one) and the votes: the share of the trees whose own prediction puts each
+        config first."""
+        check_is_fitted(self)
+        names = list(self.feature_names_in_)
+        with warnings.catch_warnings():  # fitted on arrays in feature_names_in_ order: plain arrays are expected
+            warnings.filterwarnings("ignore", message="X does not have valid feature names")
+            rows = validate_data(self, np.atleast_2d(_as_rows(X, names)), reset=False, dtype=np.float64)
+        device = self.device_ if device is None else device
+        design, _ = design_matrix(rows, dtype=self.dtype_, device=device, feature_names=names)
+        trees = self.forest_.tree_outputs(design)  # (trees, rows, outputs)
+        out = trees.mean(axis=0)
+        firsts = trees[:, :, 1:].argmin(axis=2)  # (trees, rows)
+        counts = np.zeros((len(rows), len(self.configs_)), dtype=np.int64)
+        np.add.at(counts, (np.broadcast_to(np.arange(len(rows)), firsts.shape), firsts), 1)
+        votes = counts / len(trees)
+        t_bytes = bytes_time(rows, dtype=self.dtype_, device=device, feature_names=names)
+        return rows, t_bytes[:, None] * np.exp(out[:, :1] + out[:, 1:]), votes
 
+    def expected_times(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
+        """Expected seconds of every config in :attr:`configs_` (columns) for each row of X (arrays, or feature
+        mappings) on ``device`` (default: the training device)."""
+        return self._expected(X, device)[1]
 
-# -- training data -------------------------------------------------------------------------------
+    def rank(self, features: Any, *, device: DeviceSpec | None = None) -> list[RankedConfig]:
+        """Every config for ONE matrix (a mapping, or one row in ``feature_names_in_`` order), fastest expected
+        first, on ``device`` (default: the training device). ``votes``: the share of the forest's trees whose
+        own prediction puts the config first."""
+        rows, expected, votes = self._expected(features, device)
+        if len(rows) != 1:
+            raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
+        return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), float(expected[0, j]),
+                             float(self.prepare_spmvs_[j]), float(votes[0, j]))
+                for j in np.argsort(expected[0], kind="stable")]
 
+    def predict_details(self, X: Any, *, device: DeviceSpec | None = None) -> list[Prediction]:
+        """The first config of each row's ranking as a :class:`Prediction` (confidence: its votes)."""
+        rows, expected, votes = self._expected(X, device)
+        nnz = rows[:, list(self.feature_names_in_).index("nnz")]
+        out = []
+        for i, j in enumerate(np.argmin(expected, axis=1)):
+            kernel, params = self.configs_[j]
+            out.append(Prediction(kernel, dict(params), float(votes[i, j]), float(2 * nnz[i] / expected[i, j] / 1e9)))
+        return out
 
-@dataclass(frozen=True)
-class TrainingTable:
-    """One row per matrix tuned on a (device, dtype): its features and its best kernel and params."""
+    def predict(self, X: Any, *, device: DeviceSpec | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """``(kernel, params)`` expected fastest, per row of X (arrays, or feature mappings)."""
+        return [(self.configs_[j][0], dict(self.configs_[j][1]))
+                for j in np.argmin(self.expected_times(X, device=device), axis=1)]
 
-    fingerprints: list[str]
-    X: np.ndarray
-    kernels: np.ndarray
-    params: list[dict[str, Any]]
-    times: np.ndarray
-    skipped: list[str]  # tuned matrices left out because features are missing
-    measured: list[dict[str, float]]  # per row: config key -> fastest verified time (measured_times)
-
-    def __len__(self) -> int:
-        return len(self.fingerprints)
-
-
-def measured_times(store: Store, *, device: str, dtype: str) -> dict[str, dict[str, float]]:
-    """Fingerprint → config key (:func:`kernels.config_key`) → fastest verified time on (device, dtype)."""
-    out: dict[str, dict[str, float]] = {}
-    rows = store.db.execute(
-        "select fingerprint, kernel, params, min(time_s) from trials where device = ? and dtype = ? "
-        "and state = 'ok' and verified = 1 group by fingerprint, kernel, params", [device, dtype])
-    for fp, kernel, params, time_s in rows:
-        out.setdefault(fp, {})[config_key(kernel, json.loads(params))] = time_s
-    return out
-
-
-def training_table(store: Store, *, device: str, dtype: str) -> TrainingTable:
-    """The store's best configs on ``device`` in ``dtype`` joined with the matrices' features and times."""
-    measured = measured_times(store, device=device, dtype=dtype)
-    fps, rows, kernels, params, times, skipped = [], [], [], [], [], []
-    for best in store.db["best"].rows_where("device = ? and dtype = ?", [device, dtype], order_by="fingerprint"):
-        feats = next(iter(store.db["features"].rows_where("fingerprint = ?", [best["fingerprint"]])), None)
-        values = [None if feats is None else feats.get(name) for name in FEATURE_NAMES]
-        if any(v is None for v in values):
-            skipped.append(best["fingerprint"])
-            continue
-        fps.append(best["fingerprint"])
-        rows.append(values)
-        kernels.append(best["kernel"])
-        params.append(json.loads(best["params"]))
-        times.append(best["time_s"])
-    X = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
-    return TrainingTable(fps, X, np.asarray(kernels, dtype=object), params, np.asarray(times, dtype=float), skipped,
-                         [measured.get(fp, {}) for fp in fps])
-
-
-def grouped_split(
-    groups: Sequence[Any], *, test_size: float = 0.25, random_state: int | None = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Train and test row indices such that no group (matrix fingerprint) is on both sides."""
-    groups = np.asarray(groups, dtype=object)
-    splitter = GroupShuffleSplit(n_splits=1, test_size=test_size, random_state=random_state)
-    return next(splitter.split(np.zeros((len(groups), 1)), groups=groups))
+    def config_keys(self) -> list[str]:
+        """:func:`kernels.config_key` of each config in :attr:`configs_`, in column order."""
+        check_is_fitted(self)
+        return [config_key(k, p) for k, p in self.configs_]
 
 
 # -- storage ---------------------------------------------------------------------------------------
@@ -384,7 +391,7 @@ def model_row(model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any]
     ``task`` is 'spmv' for a :class:`KernelSelector` (its ``feature_names_in_`` are the features) or
     'spmspv' for :class:`tuner.select.spmspv_selector.ModeSelector` (pass its ``features``).
     """
-    check_is_fitted(model, "pipeline_")
+    check_is_fitted(model)
     return {
         "task": task,
         "device": device,
@@ -412,11 +419,15 @@ def save_model(store: Store, model: Any, *, device: str, dtype: str, metrics: Ma
 def ship_model(model: Any, *, device: str, dtype: str, metrics: Mapping[str, Any] | None = None,
                folder: str | Path | None = None, task: str = "spmv", features: Sequence[str] | None = None) -> Path:
     """Write a fitted selector as the one shipped for exactly (device, dtype) (:mod:`tuner.select.shipped`) into
-    ``folder`` (default: the package's ``tuner/data``); returns the file's path."""
+    ``folder`` (default: the package's ``tuner/data``); returns the file's path. A kernel selector's header
+    also names its training device's :class:`DeviceSpec` (``device_spec``), so that a GPU of the same
+    architecture finds the nearest one without unpickling any."""
     from tuner.select.shipped import DATA_DIR, write_shipped
 
     row = model_row(model, device=device, dtype=dtype, metrics=metrics, task=task, features=features)
     blob = row.pop("blob")
+    if isinstance(getattr(model, "device_", None), DeviceSpec):
+        row["device_spec"] = asdict(model.device_)
     return write_shipped(row, blob, Path(folder) if folder is not None else DATA_DIR)
 
 
@@ -480,12 +491,14 @@ _LOADED: dict[tuple[str, int, str], Any] = {}
 _LOADED_MAX = 8
 
 
-def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Sequence[str] = FEATURE_NAMES) -> Any:
-    """The ``task`` selector shipped for exactly (device, dtype), or None (also when it cannot be unpickled
-    here, e.g. under an incompatible scikit-learn: logged). Each file is unpickled once."""
+def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Sequence[str] = FEATURE_NAMES,
+                 path: Path | None = None) -> Any:
+    """The ``task`` selector shipped for exactly (device, dtype) (in ``path``, default the file named for
+    them), or None (also when it cannot be unpickled here, e.g. under an incompatible scikit-learn: logged).
+    Each file is unpickled once."""
     from tuner.select.shipped import shipped_path
 
-    path = shipped_path(device, dtype, task=task)
+    path = shipped_path(device, dtype, task=task) if path is None else path
     if path is None or not path.is_file():
         return None
     stat = path.stat()
@@ -498,7 +511,7 @@ def _load_shipped(path: str, mtime_ns: int, size: int, device: str, dtype: str, 
     from tuner.select.shipped import read_shipped
 
     try:
-        found = read_shipped(device, dtype, task=task)
+        found = read_shipped(device, dtype, task=task, path=Path(path))
         if found is None:
             return None
         header, blob = found
@@ -516,10 +529,67 @@ def _load_shipped(path: str, mtime_ns: int, size: int, device: str, dtype: str, 
     return model
 
 
-def find_model(store: Store | None, *, device: str, dtype: str) -> KernelSelector | None:
-    """The selector ``plan()`` predicts with for exactly (device, dtype): the store's newest, else the shipped one."""
-    model = load_latest(store, device=device, dtype=dtype) if store is not None else None
-    return model if model is not None else load_shipped(device, dtype)
+# -- which selector answers for a device -----------------------------------------------------------------
+
+
+_BANDWIDTH: dict[str, float] = {}
+"""Copy bandwidth measured on a backend, by device id: measured once a process (about 10 ms)."""
+
+
+def device_spec(store: Store | None, device: str, backend: Backend | None = None) -> DeviceSpec | None:
+    """What the selector needs of ``device``: from the store's ``devices`` row when it holds the copy bandwidth
+    and SMs, else from ``backend`` when it runs that device (its bandwidth measured once a process), else None."""
+    record = store.device(device) if store is not None else None
+    info = backend.info if backend is not None and backend.info.id == device else None
+    if record and record.get("copy_bandwidth_gbs") and record.get("sms"):
+        if not record.get("l2_bytes") and info is not None:
+            record = {**record, "l2_bytes": info.l2_bytes}
+        return DeviceSpec.from_record(record)
+    if info is None or backend is None:
+        return None
+    if device not in _BANDWIDTH:
+        _BANDWIDTH[device] = backend.copy_bandwidth_gbs()
+    return DeviceSpec.from_record({"id": info.id, "name": info.name, "sms": info.sms, "l2_bytes": info.l2_bytes,
+                                   "copy_bandwidth_gbs": _BANDWIDTH[device]})
+
+
+def find_selector(store: Store | None, *, device: str, dtype: str, backend: Backend | None = None
+                  ) -> tuple[KernelSelector, DeviceSpec | None, str] | None:
+    """The selector that ranks configs for ``device`` in ``dtype``, as ``(model, spec, basis)``, or None.
+
+    The store's newest for exactly (device, dtype), else the one shipped for exactly them (``spec`` None:
+    the model's own training device), else one shipped for another GPU of the same architecture (the
+    ``(sm_XX)`` of the device id) and dtype, the nearest in copy bandwidth when several, with ``spec`` this
+    device's (:func:`device_spec`) so that its expectations are carried over; where nothing is known of this
+    device, its own training device's. ``basis`` names the selector in a few words.
+    """
+    if store is not None and (model := load_latest(store, device=device, dtype=dtype)) is not None:
+        return model, None, f"the selector trained in the store for {device} on {model.n_train_} matrices"
+    if (model := load_shipped(device, dtype)) is not None:
+        return model, None, f"the selector shipped for {device}"
+    from tuner.select.shipped import architecture, shipped_selectors
+
+    arch = architecture(device)
+    others = [h for h in shipped_selectors(task="spmv") if h["dtype"] == dtype and h["device"] != device
+              and arch is not None and architecture(h["device"]) == arch]
+    if not others:
+        return None
+    spec = device_spec(store, device, backend)
+
+    def distance(header: Mapping[str, Any]) -> float:
+        bandwidth = (header.get("device_spec") or {}).get("bandwidth_gbs")
+        return abs(math.log(bandwidth / spec.bandwidth_gbs)) if spec is not None and bandwidth else math.inf
+
+    for header in sorted(others, key=lambda h: (distance(h), h["device"])):
+        model = load_shipped(header["device"], dtype, path=header["path"])
+        if model is None:
+            continue
+        if spec is None:
+            return model, None, f"the selector shipped for {header['device']}, as on that GPU (this one's copy " \
+                                "bandwidth is unknown)"
+        return model, spec, f"the selector shipped for {header['device']}, carried over to this GPU by its " \
+                            "bandwidth and L2"
+    return None
 
 
 def pick_device(store: Store, device: str | None) -> str:

@@ -1,11 +1,11 @@
 """The portfolio: configs measured on every corpus matrix, beside those that optuna samples per matrix.
 
 Tuning a matrix measures a few dozen configs, mostly different ones on each
-matrix. The selector (:class:`tuner.select.model.KernelSelector`) chooses a family's
-parameters by how candidate configs did on the most similar training matrices,
-which needs configs measured on many matrices, and its evaluation is exact only
-where the predicted config was measured on the held-out matrix. The portfolio
-gives both: ``tune-many --enqueue FILE`` measures it on every matrix.
+matrix. The selector (:class:`tuner.select.model.KernelSelector`) learns the time
+of each config measured on most training matrices, relative to the matrix's
+best, and its evaluation is exact only where the configs it ranks first were
+measured on the held-out matrix. The portfolio gives both: ``tune-many
+--enqueue FILE`` measures it on every matrix.
 
 What goes in (:func:`build_portfolio`, from what a store has measured):
 
@@ -35,18 +35,27 @@ from kernels import REGISTRY, config_key, config_of, get_family
 if TYPE_CHECKING:
     from db.store import Store
 
-__all__ = ["FORMAT", "Config", "build_portfolio", "read_portfolio", "write_portfolio"]
+__all__ = ["FORMAT", "Config", "build_portfolio", "measured_times", "read_portfolio", "write_portfolio"]
 
 FORMAT = "spmv-tuner-portfolio"
 Config = tuple[str, dict[str, Any]]
+
+
+def measured_times(store: Store, *, device: str, dtype: str) -> dict[str, dict[str, float]]:
+    """Fingerprint → config key (:func:`kernels.config_key`) → fastest verified time on (device, dtype)."""
+    out: dict[str, dict[str, float]] = {}
+    rows = store.db.execute(
+        "select fingerprint, kernel, params, min(time_s) from trials where device = ? and dtype = ? "
+        "and state = 'ok' and verified = 1 group by fingerprint, kernel, params", [device, dtype])
+    for fp, kernel, params, time_s in rows:
+        out.setdefault(fp, {})[config_key(kernel, json.loads(params))] = time_s
+    return out
 
 
 def build_portfolio(store: Store, *, device: str, dtypes: Sequence[str] = ("float64", "float32"),
                     exhaustive_up_to: int = 32, per_family: int = 6, within: float = 0.03,
                     near_best: float = 0.10) -> list[Config]:
     """The portfolio for ``device`` from the store's verified trials in ``dtypes`` (see the module's doc)."""
-    from tuner.select.model import measured_times  # scikit-learn only here, not in the workers that read a portfolio
-
     times = {(fp, dtype): row for dtype in dtypes  # (fingerprint, dtype) -> config key -> time
              for fp, row in measured_times(store, device=device, dtype=dtype).items()}
     out: list[Config] = []

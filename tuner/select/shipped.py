@@ -6,9 +6,13 @@ line, the header (the ``models`` row's fields but the blob: ``task``,
 ``device``, ``dtype``, ``created_at``, ``n_train``, ``features``, ``metrics``,
 and the scikit-learn version it was pickled with), then the blob, the same
 bytes the store's ``models.blob`` holds (:func:`tuner.select.model.save_model`).
-``tuner train --ship`` writes it. It is used only for exactly the device and
-dtype its header names (the file name is only where to look), and only when
-the store has no selector of its own for them.
+``tuner train --ship`` writes it; a kernel selector's header also holds its
+training device's copy bandwidth, L2 and SMs (``device_spec``). It answers
+for exactly the device and dtype its header names (the file name is only
+where to look) when the store has no selector of its own for them, and for
+another GPU of the same architecture (the ``(sm_XX)`` of a device id,
+:func:`architecture`) that has no selector of its own, shipped or stored
+(:func:`tuner.select.model.find_selector`).
 
 This module reads headers and paths only; it imports no scikit-learn, so
 ``plan()`` can ask whether a selector exists without paying for it.
@@ -19,6 +23,7 @@ their answers).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -31,13 +36,20 @@ from common.errors import InvalidConfigError
 if TYPE_CHECKING:
     from db.store import Store
 
-__all__ = ["DATA_DIR", "ENV", "may_predict", "read_header", "read_shipped", "shipped_dir", "shipped_path", "slug",
-           "write_shipped"]
+__all__ = ["DATA_DIR", "ENV", "architecture", "may_predict", "read_header", "read_shipped", "shipped_dir",
+           "shipped_path", "shipped_selectors", "slug", "write_shipped"]
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 ENV = "SPMV_TUNER_MODELS"
 FORMAT = "spmv-tuner-selector"
 VERSION = 1
+_ARCH = re.compile(r"\((sm_\d+[a-z]?)\)\s*$")
+
+
+def architecture(device: str) -> str | None:
+    """``NVIDIA H100 80GB HBM3 (sm_90)`` → ``sm_90``: the architecture a device id names, or None."""
+    found = _ARCH.search(device)
+    return found.group(1) if found else None
 
 
 def shipped_dir() -> Path | None:
@@ -88,9 +100,11 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def read_shipped(device: str, dtype: str, *, task: str = "spmv") -> tuple[dict[str, Any], bytes] | None:
-    """(header, blob) of the ``task`` selector shipped for exactly (device, dtype), or None."""
-    path = shipped_path(device, dtype, task=task)
+def read_shipped(device: str, dtype: str, *, task: str = "spmv", path: Path | None = None
+                 ) -> tuple[dict[str, Any], bytes] | None:
+    """(header, blob) of the ``task`` selector shipped for exactly (device, dtype) in ``path`` (default: the
+    file named for them), or None."""
+    path = shipped_path(device, dtype, task=task) if path is None else path
     if path is None or not path.is_file():
         return None
     header = read_header(path)
@@ -101,10 +115,38 @@ def read_shipped(device: str, dtype: str, *, task: str = "spmv") -> tuple[dict[s
         return header, f.read()
 
 
+def shipped_selectors(task: str = "spmv") -> list[dict[str, Any]]:
+    """The header of every ``task`` selector shipped (in :func:`shipped_dir`), each with its ``path``; files
+    that are not selectors are passed over. Reads only the headers (each once while the file is unchanged)."""
+    folder = shipped_dir()
+    if folder is None or not folder.is_dir():
+        return []
+    out = []
+    for path in sorted(folder.glob(f"{task}-selector_*.pkl.gz")):
+        stat = path.stat()
+        header = _cached_header(str(path), stat.st_mtime_ns, stat.st_size)
+        if header is not None and header.get("task", "spmv") == task:
+            out.append({**header, "path": path})
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_header(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None:
+    try:
+        return read_header(Path(path))
+    except InvalidConfigError:
+        return None
+
+
 def may_predict(store: Store | None, device: str, dtype: str) -> bool:
-    """Whether a selector may exist for (device, dtype): the store holds models, or a file is shipped for them.
-    Cheap (no scikit-learn): ``plan()`` extracts features only then."""
+    """Whether a selector may exist for (device, dtype): the store holds models, a file is shipped for them, or
+    one for another GPU of the same architecture and dtype. Cheap (no scikit-learn): ``plan()`` extracts
+    features only then."""
     if store is not None and store.db["models"].count_where("task = 'spmv'"):
         return True
     path = shipped_path(device, dtype)
-    return path is not None and path.is_file()
+    if path is not None and path.is_file():
+        return True
+    arch = architecture(device)
+    return arch is not None and any(h.get("dtype") == dtype and architecture(h.get("device", "")) == arch
+                                    for h in shipped_selectors())
