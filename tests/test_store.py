@@ -25,11 +25,11 @@ FP = "0123456789abcdef0123456789abcdef"
 DEV = "NVIDIA H100 80GB HBM3 (sm_90)"
 
 COLUMNS = {
-    "matrices": ["fingerprint", "name", "rows", "cols", "nnz", "created_at"],
+    "matrices": ["fingerprint", "name", "rows", "cols", "nnz", "created_at", "fingerprint_scheme"],
     "features": ["fingerprint"],
     "devices": [
         "id", "name", "kind", "compute_capability", "sms", "memory_bytes", "copy_bandwidth_gbs", "driver",
-        "created_at",
+        "created_at", "l2_bytes",
     ],
     "trials": [
         "id", "fingerprint", "device", "dtype", "kernel", "params", "study", "trial_number", "state",
@@ -108,7 +108,7 @@ def test_schema_has_every_table_and_column(tmp_path: Path) -> None:
         assert db.journal_mode == "wal"
         assert db.execute("PRAGMA busy_timeout").fetchone()[0] == 60000
         assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert store.schema_version() == Store.SCHEMA_VERSION == len(Store.MIGRATIONS) == 3
+        assert store.schema_version() == Store.SCHEMA_VERSION == len(Store.MIGRATIONS) == 4
 
 
 def test_memory_store_skips_wal() -> None:
@@ -612,3 +612,19 @@ def test_processes_opening_a_new_file_at_once_all_get_a_wal_store(tmp_path):
             assert p.returncode == 0 and out.strip() == "ok", err
         with Store(path) as store:
             assert store.db.journal_mode == "wal"
+
+
+def test_migration_4_marks_older_matrices_as_fingerprint_scheme_1(tmp_path: Path) -> None:
+    class Before(Store):
+        MIGRATIONS = Store.MIGRATIONS[:3]
+
+    with Before(tmp_path / "t.db") as old:
+        old.add_matrix("a" * 32, name="old", rows=3, cols=4, nnz=5)
+    with Store(tmp_path / "t.db") as store:
+        store.add_matrix("b" * 32, name="new", rows=3, cols=4, nnz=5)
+        store.add_matrix("c" * 32, name="imported", rows=6, cols=6, nnz=6, fingerprint_scheme=1)
+        schemes = {m["name"]: m["fingerprint_scheme"] for m in store.db["matrices"].rows}
+        assert schemes == {"old": 1, "new": 2, "imported": 1}
+        assert store.has_legacy_matrix(rows=3, cols=4, nnz=5) and store.has_legacy_matrix(rows=6, cols=6, nnz=6)
+        assert not store.has_legacy_matrix(rows=3, cols=4, nnz=6)
+        assert store.device("x") is None and "l2_bytes" in store.db["devices"].columns_dict
