@@ -1,0 +1,116 @@
+"""tuner.execute.race: the shortlist's rules, the race on the CPU references, its records, cuSPARSE's ties."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from db.store import Store
+from kernels import get_family
+from tuner.execute.race import BASELINE_ENTRANTS, DEFAULT_ENTRANTS, STUDY, Entrant, race, record_race, shortlist
+from tuner.matrix.io import as_csr
+from tuner.measure.backend import CpuReferenceBackend
+from tuner.measure.verify import Reference
+from tuner.select.model import RankedConfig
+
+
+def ranked(kernel: str, params: dict, expected: float, prepare: float = 0.0) -> RankedConfig:
+    return RankedConfig(kernel, get_family(kernel).space.validate(params, family=kernel), expected, prepare, 0.5)
+
+
+RANKING = [
+    ranked("nut", {}, 1.0, prepare=100.0),
+    ranked("cusparse", {"algorithm": "default"}, 1.05),
+    ranked("nut", {"slabs": 2}, 1.1, prepare=100.0),
+    ranked("csr_vector", {"threads_per_row": 4}, 1.2),
+    ranked("csr_vector", {"threads_per_row": 8}, 1.25),
+    ranked("csr_vector", {"threads_per_row": 16}, 1.3),
+    ranked("csr_scalar", {}, 1.4),
+    ranked("specsum", {}, 1.6),
+]
+
+
+def test_the_shortlist_keeps_the_first_then_cheap_and_diverse_configs_and_always_cusparse() -> None:
+    entrants = shortlist(RANKING, size=4, per_family=2, prepare_budget=120.0, slack=1.5)
+    names = [(e.kernel, e.params.get("threads_per_row"), e.params.get("slabs")) for e in entrants]
+    # nut first (the selector's answer); the second nut is over the preparation budget; two csr_vector at most;
+    # cuSPARSE's ranked default left for its two algorithms; specsum expected over 1.5x the first
+    assert names[:4] == [("nut", None, 1), ("csr_vector", 4, None), ("csr_vector", 8, None), ("csr_scalar", None, None)]
+    assert [(e.kernel, e.params) for e in entrants[4:]] == [(k, p) for k, p in BASELINE_ENTRANTS]
+    assert entrants[0].expected_s == 1.0 and entrants[0].prepare_spmvs == 100.0
+    assert len(shortlist(RANKING, size=1)) == 3
+    assert [e.kernel for e in shortlist(RANKING, size=4, slack=1.15)] == ["nut", "cusparse", "cusparse"]
+
+
+def test_without_a_ranking_the_default_entrants_race() -> None:
+    entrants = shortlist(None, size=4)
+    assert [e.kernel for e in entrants] == [k for k, _ in DEFAULT_ENTRANTS] + ["cusparse", "cusparse"]
+    assert all(e.expected_s is None for e in entrants)
+    with pytest.raises(ValueError, match="at least one entrant"):
+        shortlist(None, size=0)
+
+
+@pytest.fixture
+def A() -> sp.csr_matrix:
+    return as_csr(sp.random(400, 300, density=0.03, format="csr", random_state=5))
+
+
+def test_a_race_on_the_cpu_references_keeps_the_fastest_prepared_and_records_every_lap(A) -> None:
+    backend = CpuReferenceBackend()
+    entrants = [*shortlist(None, size=3), Entrant("nut", {"rows_per_panel": 3})]  # not in nut's space: fails
+    ref = Reference.build(A, "float64")
+    result = race(backend, A, entrants, ref, ref.x, margin=0.0)
+    assert len(result.laps) == 6
+    failed = [lap for lap in result.laps if not lap.result.ok]
+    assert [lap.entrant.kernel for lap in failed] == ["nut"] and failed[0].result.error_kind == "invalid_config"
+    assert result.winner is not None and result.prepared is not None
+    assert result.winner.time_s == min(lap.time_s for lap in result.laps if lap.result.ok)
+    y = get_family(result.winner.entrant.kernel).run_reference(result.prepared, ref.x)
+    np.testing.assert_allclose(y, A @ ref.x, rtol=1e-12)
+    assert result.baseline_s == min(lap.time_s for lap in result.laps if lap.entrant.kernel == "cusparse")
+    assert set(result.seconds) == {"prepare", "verify", "time"}
+    table = result.table()
+    assert table[0].startswith("*") and any("out (invalid_config" in line for line in table)
+
+    store = Store(memory=True)
+    store.add_matrix("f" * 32, name="A", rows=400, cols=300, nnz=A.nnz)
+    store.add_device(backend.info.record(None))
+    record_race(store, result, fingerprint="f" * 32, device=backend.info.id, dtype="float64", shape=A.shape,
+                nnz=A.nnz)
+    rows = store.trials("f" * 32)
+    assert len(rows) == 6 and {r["study"] for r in rows} == {STUDY} and len({r["trial_uid"] for r in rows}) == 6
+    best = store.best("f" * 32, device=backend.info.id, dtype="float64")
+    assert (best["kernel"], best["params"]) == (result.winner.entrant.kernel, result.winner.entrant.params)
+    assert math.isclose(best["cusparse_time_s"], result.baseline_s)
+
+
+class Scripted(CpuReferenceBackend):
+    """The CPU backend with each kernel's product time set by the test."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.kernels: list[str] = []
+
+    def time_queued(self, fns, *, repeats, lead=None):
+        return [[self.seconds[k]] * repeats for k in self.kernels]
+
+
+@pytest.mark.parametrize(("vector_s", "winner"), [(0.98, "cusparse"), (0.95, "csr_vector")])
+def test_a_tie_with_cusparse_goes_to_cusparse(A, vector_s: float, winner: str) -> None:
+    backend = Scripted({"csr_vector": vector_s, "cusparse": 1.0})
+    entrants = [Entrant("csr_vector", {"threads_per_row": 4, "block_size": 256}),
+                Entrant("cusparse", {"algorithm": "csr_alg1"})]
+    backend.kernels = [e.kernel for e in entrants]
+    ref = Reference.build(A, "float64")
+    result = race(backend, A, entrants, ref, ref.x, rounds=1)
+    assert result.winner.entrant.kernel == winner and result.prepared.family == winner
+
+
+def test_every_entrant_failing_leaves_no_winner(A) -> None:
+    ref = Reference.build(A, "float64")
+    result = race(CpuReferenceBackend(), A, [Entrant("nut", {"rows_per_panel": 3})], ref, ref.x)
+    assert result.winner is None and result.prepared is None and result.baseline_s is None
