@@ -1,7 +1,8 @@
 """The FastAPI app: ``create_app(settings)`` builds it; uvicorn serves it (``tuner serve``).
 
-The lifespan opens the store on the event loop's thread and starts the tuning
-worker; the exception handlers make every error a JSON body with a ``detail``
+The lifespan opens the store on the event loop's thread, starts the upload
+parser's forkserver and the tuning worker (which takes over the jobs of server
+processes that are gone); the exception handlers make every error a JSON body with a ``detail``
 that says what is wrong: 4xx for bad input, 503 when the store cannot be read,
 and 500 only for a bug.
 """
@@ -23,6 +24,7 @@ from service.bodies import BodyValidationError
 from service.deps import ServiceState, ThreadStores
 from service.jobs import JobQueue
 from service.metrics import Metrics, MetricsMiddleware
+from service.parsing import Parser
 from service.routers import health, jobs, kernels, matrices, recommend, tune
 from service.settings import Settings
 from service.uploads import MatrixTooLargeError
@@ -39,13 +41,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = state.settings
     state.stores = ThreadStores(settings.db_path)
     state.stores.get()  # open the loop thread's Store now: a store that cannot be opened stops the start
-    state.parse_limiter = anyio.CapacityLimiter(settings.parse_concurrency)
+    state.parser = Parser(slots=settings.parse_slots, queue=settings.max_waiting_parses,
+                          timeout_s=settings.parse_timeout_s)
+    await anyio.to_thread.run_sync(Parser.warm_up)
     state.jobs = JobQueue(
         backend=app.state.backend,
         db_path=settings.db_path,
         storage=settings.storage or default_storage(settings.db_path),
         jobs_dir=settings.service_dir / "jobs",
+        matrices_dir=settings.service_dir / "matrices",
         max_queued=settings.max_queued_jobs,
+        max_restarts=settings.max_job_restarts,
     )
     state.jobs.start()
     try:
