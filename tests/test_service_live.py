@@ -40,9 +40,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(db: Path, data_dir: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def start_server(db: Path, data_dir: Path, log: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SPMV_TUNER_TOKEN": TOKEN, "SPMV_TUNER_DATA_DIR": str(data_dir)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPMV_TUNER_TOKEN": TOKEN, "SPMV_TUNER_DATA_DIR": str(data_dir),
+           **(env or {})}
     cmd = [sys.executable, "-c", SERVE, "--host", "127.0.0.1", "--port", str(port), "--db", str(db),
            "--device", "cpu-reference", "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
