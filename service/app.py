@@ -43,7 +43,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.stores.get()  # open the loop thread's Store now: a store that cannot be opened stops the start
     state.parser = Parser(slots=settings.parse_slots, queue=settings.max_waiting_parses,
                           timeout_s=settings.parse_timeout_s)
-    await anyio.to_thread.run_sync(Parser.warm_up)
+    await anyio.to_thread.run_sync(state.parser.start)
     state.jobs = JobQueue(
         backend=app.state.backend,
         db_path=settings.db_path,
@@ -58,6 +58,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await anyio.to_thread.run_sync(state.jobs.stop)
+        await anyio.to_thread.run_sync(state.parser.stop)
         state.stores.close()
         state.stores = None
 
