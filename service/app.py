@@ -1,10 +1,10 @@
 """The FastAPI app: ``create_app(settings)`` builds it; uvicorn serves it (``tuner serve``).
 
-The lifespan opens the store on the event loop's thread, starts the upload
-parser's forkserver and the tuning worker (which takes over the jobs of server
-processes that are gone); the exception handlers make every error a JSON body with a ``detail``
-that says what is wrong: 4xx for bad input, 503 when the store cannot be read,
-and 500 only for a bug.
+The lifespan opens the store on the event loop's thread, forks the upload
+parse processes, and starts the tuning worker (which takes over the jobs of
+server processes that are gone); the exception handlers make every error a
+JSON body with a ``detail`` that says what is wrong: 4xx for bad input, 503
+when the store cannot be read, and 500 only for a bug.
 """
 
 from __future__ import annotations

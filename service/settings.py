@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     parse_concurrency: int | None = Field(
         None, gt=0, description="uploads parsed at once per worker process (default: its share of the CPUs)"
     )
-    max_waiting_parses: int = Field(64, ge=0, description="uploads waiting for a parse per worker; more get 503")
+    max_waiting_parses: int = Field(256, ge=0, description="uploads waiting for a parse per worker; more get 503")
     max_queued_jobs: int = Field(16, gt=0, description="tuning jobs waiting at most; more get 429")
     max_job_restarts: int = Field(
         2, ge=0, description="times a job is resumed after its server process died while it ran; then it fails"

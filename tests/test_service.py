@@ -679,6 +679,49 @@ def test_settings_from_the_environment(monkeypatch, tmp_path):
     assert Settings().token is None
 
 
+def test_parses_past_the_slots_wait_in_the_queue_and_past_it_get_503(tmp_path):
+    """One slot, one place in the queue: a slow parse holds the slot, the next upload waits its turn,
+    the one after is told 503 with Retry-After at once; every parse process is let go at the end."""
+    import anyio
+    from fastapi import HTTPException
+
+    from service.parsing import Parser, ParseTask
+
+    settings = make_settings(tmp_path, max_matrix_size=50_000_000)
+    slow = tmp_path / "slow.part"  # 10 M entries in 430 KiB: seconds of parsing on one thread
+    slow.write_bytes(gzip.compress(MTX_HEADER + b"1000 1000 10000000\n" + b"1 1 1.0\n" * 10_000_000, 1))
+    quick = tmp_path / "quick.part"
+    quick.write_bytes(MTX_HEADER + b"2 2 1\n1 1 1.0\n")
+    parser = Parser(slots=1, queue=1, timeout_s=60)
+    outcomes: dict[str, Any] = {}
+
+    async def parse(name: str, path: Path, delay: float) -> None:
+        await anyio.sleep(delay)
+        start = time.monotonic()
+        try:
+            parsed = await parser.parse(ParseTask(path, name, "float64", settings.read_limits, 50_000_000))
+            outcomes[name] = (parsed.features["nnz"], time.monotonic() - start)
+        except HTTPException as exc:
+            outcomes[name] = (exc.status_code, exc.headers, time.monotonic() - start)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(parse, "slow", slow, 0.0)
+            tasks.start_soon(parse, "waits", quick, 0.3)
+            tasks.start_soon(parse, "refused", quick, 0.6)
+
+    parser.start()
+    try:
+        anyio.run(main)
+    finally:
+        parser.stop()
+    assert outcomes["slow"][0] == 1.0  # ten million duplicates of one entry
+    assert outcomes["waits"][0] == 1.0 and outcomes["waits"][1] > 0.5  # served after the slow one
+    status, headers, seconds = outcomes["refused"]
+    assert status == 503 and int(headers["Retry-After"]) >= 1 and seconds < 0.1
+    assert not list(tmp_path.glob("*.part.mtx"))  # the decompressed copies are gone
+
+
 def test_upload_guard_checks_the_file_as_it_arrives():
     """The checks made on a file part chunk by chunk: a bomb stops at its first line, a size line
     announcing too much at once, a body past the size line's bound at the chunk that crosses it."""
