@@ -1,4 +1,4 @@
-"""Bounded load test of ``POST /recommend`` (feature vectors) on loopback.
+"""Bounded load test of ``POST /recommend`` (feature vectors), or a soak of mixed traffic, on loopback.
 
 By default it builds a throwaway store holding ``--matrices`` synthetic
 matrices (rows written through ``Store.add_matrix``, a tuned best config for
@@ -31,7 +31,20 @@ The result also says how busy the client processes were (``client_busy``,
 their CPU time over their wall time: near 1 the client, not the server, set
 the pace) and, for a server it started (read from /proc, so on Linux), the
 server's CPU time per request and how the connections were spread over its
-worker processes (``connections_per_server_process``).
+worker processes (``connections_per_server_process``), and its resident
+memory (all its processes' RSS) at the start, every 30 s, and at the end.
+
+Soak (``--soak SECONDS``): mixed traffic for that long, open loop at ``--rate``
+(300 req/s unless given), over ``--concurrency`` connections, to a server
+started with a token: in the proportions of ``SOAK_MIX``, feature vectors,
+small valid uploads (plain and gzip), uploads the parser refuses (422), hostile
+uploads crossing each bound (gzip bombs, a size line announcing 10^9 rows, a
+body past its size line's bound, a header of 1 MiB of comments: 413 or 422),
+and tuning jobs (202, or 429 when the queue is full). One request of each kind
+is answered before the clock starts. The result adds, per kind, the latency
+percentiles and the statuses, the answers outside the kind's expected ones,
+the count of 5xx, and the jobs' final states; it exits non-zero on any 5xx or
+unexpected answer.
 
 Examples::
 
@@ -39,12 +52,14 @@ Examples::
     python bench/loadtest.py --workers 8 --client-procs 4 --json out.json
     python bench/loadtest.py --rate 2000 --json out.json
     python bench/loadtest.py --url http://127.0.0.1:8000 --requests 5000
+    python bench/loadtest.py --soak 600 --workers 2 --json soak.json     # 10 minutes of mixed traffic
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import ipaddress
 import json
@@ -128,6 +143,93 @@ def request_bodies(vectors: list[tuple[str, dict[str, float], bool]], k: int, *,
     return bodies
 
 
+def post(host: str, port: int, path: str, body: bytes, content_type: str, token: str | None = None) -> bytes:
+    """A whole HTTP/1.1 POST request, with its Content-Length."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n{auth}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def vector_requests(host: str, port: int, bodies: list[bytes]) -> list[tuple[str, bytes]]:
+    """``POST /recommend`` of each JSON body, labelled 'vector'."""
+    return [("vector", post(host, port, "/recommend", b, "application/json")) for b in bodies]
+
+
+# -- the soak's traffic ---------------------------------------------------------------------------
+
+SOAK_MIX = {  # kind: (requests in 1000, the statuses that are right for it)
+    "vector": (900, ("200",)),
+    "upload": (50, ("200",)),
+    "bad upload": (24, ("422",)),
+    "hostile upload": (25, ("413", "422")),
+    "tune": (1, ("202", "429")),
+}
+_BOUNDARY = "soak-boundary"
+
+
+def multipart(filename: str, data: bytes, fields: dict[str, str] | None = None) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body with ``data`` in field ``file`` (and ``fields``), and its Content-Type."""
+    out = b"".join(f'--{_BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+                   for k, v in (fields or {}).items())
+    out += (f'--{_BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{_BOUNDARY}--\r\n".encode()
+    return out, f"multipart/form-data; boundary={_BOUNDARY}"
+
+
+def soak_files(seed: int = 2) -> dict[str, list[tuple[str, bytes]]]:
+    """The files the soak uploads, by kind: small valid matrices (plain and gzip), files the parser
+    refuses, and hostile ones (gzip bombs, a size line announcing 10^9 rows, a body past its size line's
+    bound, a line of 1 MiB)."""
+    import gzip
+
+    sys.path.insert(0, str(REPO))
+    from tuner.matrix.generate import generate
+
+    header = b"%%MatrixMarket matrix coordinate real general\n"
+    valid = []
+    for name, A in (("poisson", generate("poisson2d", n=40)), ("banded", generate("banded", rows=3000, seed=seed)),
+                    ("powerlaw", generate("powerlaw", rows=5000, seed=seed))):
+        coo = A.tocoo()
+        text = header + f"{A.shape[0]} {A.shape[1]} {A.nnz}\n".encode() + "".join(
+            f"{i + 1} {j + 1} {v:.17g}\n" for i, j, v in zip(coo.row, coo.col, coo.data, strict=True)).encode()
+        valid += [(f"{name}.mtx", text), (f"{name}.mtx.gz", gzip.compress(text))]
+    rng = random.Random(seed)
+    bad = [("random.mtx", bytes(rng.getrandbits(8) for _ in range(4096))), ("empty.mtx", b""),
+           ("truncated.mtx", header + b"10 10 5\n1 1 1\n2 2 2\n"),
+           ("out-of-range.mtx", header + b"3 3 2\n1 1 1\n4 1 1\n")]
+    many = b"1000000 1000000 1000000\n"  # a size line whose bound on the file is 64 MB
+    hostile = [  # one for each bound: line length (the first two), size line, decompressed size, header size
+        ("bomb.mtx.gz", gzip.compress(bytes(64 << 20), compresslevel=9)),  # 64 MiB of zeros in 64 KiB
+        ("line.mtx.gz", gzip.compress(header + many + b"1 1 " + bytes(64 << 20), compresslevel=9)),
+        ("rows.mtx", header + b"1000000000 10 10\n1 1 1\n"),
+        ("entries.mtx.gz", gzip.compress(header + b"1000 1000 100\n" + b"1 1 1.0\n" * 1_000_000)),
+        ("comments.mtx", header + b"% a comment\n" * 100_000 + many),
+    ]
+    return {"upload": valid, "bad upload": bad, "hostile upload": hostile}
+
+
+def soak_requests(host: str, port: int, vectors: list[tuple[str, dict[str, float], bool]], *, token: str,
+                  k: int = 2000, seed: int = 3) -> list[tuple[str, bytes]]:
+    """``k`` requests in the proportions of :data:`SOAK_MIX`, shuffled: feature vectors, uploads of each kind of
+    :func:`soak_files` to ``POST /recommend``, and tuning jobs (``POST /tune``, 3 trials of a small matrix)."""
+    files = soak_files()
+    bodies = iter(request_bodies(vectors, k))
+    out = []
+    for kind, (per_mille, _) in SOAK_MIX.items():
+        for i in range(max(1, k * per_mille // 1000)):
+            if kind == "vector":
+                out.append((kind, post(host, port, "/recommend", next(bodies), "application/json")))
+            elif kind == "tune":
+                body, media = multipart("tune.mtx", files["upload"][0][1],
+                                        {"trials": "3", "kernels": "csr_scalar,cusparse"})
+                out.append((kind, post(host, port, "/tune", body, media, token)))
+            else:
+                name, data = files[kind][i % len(files[kind])]
+                out.append((kind, post(host, port, "/recommend", *multipart(name, data))))
+    random.Random(seed).shuffle(out)
+    return out
+
+
 # -- the server -----------------------------------------------------------------------------------
 
 
@@ -152,11 +254,13 @@ def wait_ready(url: str, *, proc: subprocess.Popen | None, timeout: float = 60.0
 
 
 @contextmanager
-def local_server(db: Path, *, workers: int, access_log: bool) -> Iterator[tuple[str, int]]:
-    """``tuner serve`` on 127.0.0.1 on a free port, serving ``db`` with the CPU-reference device; yields its
-    URL and process id, and stops it (SIGINT, as a user would) on exit."""
+def local_server(db: Path, *, workers: int, access_log: bool, token: str | None = None) -> Iterator[tuple[str, int]]:
+    """``tuner serve`` on 127.0.0.1 on a free port, serving ``db`` with the CPU-reference device (and taking
+    tuning jobs with ``token``); yields its URL and process id, and stops it (SIGINT, as a user would) on exit."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if token:
+        env["SPMV_TUNER_TOKEN"] = token
     cmd = [sys.executable, "-m", "tuner", "serve", "--host", "127.0.0.1", "--port", str(port), "--db", str(db),
            "--device", "cpu-reference", "--workers", str(workers), "--log-level", "warning",
            "--access-log" if access_log else "--no-access-log"]
@@ -255,42 +359,46 @@ def check_loopback(url: str) -> tuple[str, int]:
 # -- the client -----------------------------------------------------------------------------------
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """Status, body, and whether the server closes the connection after it."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ", 2)[1])
-    length = 0
+    length, close = 0, False
     for line in lines[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        name = name.strip().lower()
+        if name == b"content-length":
             length = int(value)
-    return status, await reader.readexactly(length)
+        elif name == b"connection":
+            close = value.strip().lower() == b"close"
+    return status, await reader.readexactly(length), close
 
 
 
 
-async def run_load(host: str, port: int, bodies: list[bytes], *, requests: int, concurrency: int,
+async def run_load(host: str, port: int, payloads: list[tuple[str, bytes]], *, requests: int, concurrency: int,
                    rate: float | None, max_seconds: float, ready: threading.Barrier | None = None) -> dict[str, Any]:
-    """One client process's share: ``requests`` requests over ``concurrency`` connections.
+    """One client process's share: ``requests`` requests over ``concurrency`` connections, taken in turn
+    from ``payloads`` (whole HTTP requests, each labelled with its kind).
 
     Every connection is opened and warmed up first; then ``ready`` (a barrier shared with the other
     client processes) is passed, and the clock starts. Returns the raw latencies (seconds), the count of
-    each status (or error), the timed phase's start and end on ``time.monotonic`` (CLOCK_MONOTONIC on
-    Linux: one clock for every process) and the CPU time this process spent in it.
+    each status (or error), both per kind too, the timed phase's start and end on ``time.monotonic``
+    (CLOCK_MONOTONIC on Linux: one clock for every process) and the CPU time this process spent in it.
     """
-    prefix = (f"POST /recommend HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-              "Content-Length: ").encode()
-    payloads = [prefix + str(len(b)).encode() + b"\r\n\r\n" + b for b in bodies]
     latencies: list[float] = []
     statuses: Counter[str] = Counter()
+    kinds: dict[str, dict[str, Any]] = {}
     next_index = 0
+    warm = next(p for kind, p in payloads if kind == "vector")
     # Every client connects and has one untimed request answered first (a burst of new connections waits
     # for the server to accept them, which is not what this measures); then the clock starts.
     connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in range(concurrency)))
     warm_start = time.perf_counter()
 
     async def warm_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(payloads[0])
+        writer.write(warm)
         await _read_response(reader)
 
     await asyncio.gather(*(warm_up(r, w) for r, w in connections))
@@ -313,18 +421,25 @@ async def run_load(host: str, port: int, bodies: list[bytes], *, requests: int, 
                     due = start + i / rate
                     if (wait := due - time.perf_counter()) > 0:
                         await asyncio.sleep(wait)
-                writer.write(payloads[i % len(payloads)])
+                kind, payload = payloads[i % len(payloads)]
+                mine = kinds.setdefault(kind, {"latencies": [], "statuses": Counter()})
+                writer.write(payload)
                 try:
-                    status, body = await _read_response(reader)
+                    status, body, close = await _read_response(reader)
                 except (asyncio.IncompleteReadError, ConnectionError) as exc:
                     statuses[type(exc).__name__] += 1
+                    mine["statuses"][type(exc).__name__] += 1
+                    close = True
+                else:
+                    latencies.append(time.perf_counter() - due)
+                    mine["latencies"].append(latencies[-1])
+                    statuses[str(status)] += 1
+                    mine["statuses"][str(status)] += 1
+                    if status == 200 and i % 97 == 0:  # spot-check that answers are whole JSON objects
+                        json.loads(body)
+                if close:
                     writer.close()
                     reader, writer = await asyncio.open_connection(host, port)
-                    continue
-                latencies.append(time.perf_counter() - due)
-                statuses[str(status)] += 1
-                if status == 200 and i % 97 == 0:  # spot-check that answers are whole JSON objects
-                    json.loads(body)
         finally:
             writer.close()
 
@@ -334,7 +449,8 @@ async def run_load(host: str, port: int, bodies: list[bytes], *, requests: int, 
         if isinstance(exc, BaseException):
             statuses[type(exc).__name__] += 1
     return {"latencies": latencies, "statuses": dict(statuses), "started": started, "ended": ended,
-            "cpu_s": time.process_time() - cpu, "warm_up_s": warm_up_s}
+            "cpu_s": time.process_time() - cpu, "warm_up_s": warm_up_s,
+            "kinds": {k: {"latencies": v["latencies"], "statuses": dict(v["statuses"])} for k, v in kinds.items()}}
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -369,9 +485,21 @@ def _collect(results: Queue, count: int, *, timeout: float) -> list[dict[str, An
     return parts
 
 
-def drive(host: str, port: int, bodies: list[bytes], *, requests: int, concurrency: int, rate: float | None,
-          max_seconds: float, procs: int, server_pid: int | None = None) -> dict[str, Any]:
-    """The load from ``procs`` client processes, with the connections and requests shared out evenly."""
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants (VmRSS from /proc, in MiB; 0 where there is no /proc)."""
+    total = 0
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError, IndexError):
+            total += int(Path(f"/proc/{p}/status").read_text().split("VmRSS:")[1].split()[0])
+    return total / 1024
+
+
+def drive(host: str, port: int, payloads: list[tuple[str, bytes]], *, requests: int, concurrency: int,
+          rate: float | None, max_seconds: float, procs: int, server_pid: int | None = None,
+          sample_every: float = 30.0) -> dict[str, Any]:
+    """The load from ``procs`` client processes, with the connections and requests shared out evenly; the
+    server's memory (its process tree's RSS) is read at the start, every ``sample_every`` seconds, and
+    at the end."""
     procs = max(1, min(procs, concurrency, requests))
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Barrier(procs + 1)  # the clients and this process, which reads the server's CPU time there
@@ -380,7 +508,7 @@ def drive(host: str, port: int, bodies: list[bytes], *, requests: int, concurren
     for n, c in zip(split(requests, procs), split(concurrency, procs), strict=True):
         options = {"requests": n, "concurrency": c, "rate": rate * n / requests if rate else None,
                    "max_seconds": max_seconds}
-        clients.append(ctx.Process(target=_client_process, args=(results, ready, (host, port, bodies), options)))
+        clients.append(ctx.Process(target=_client_process, args=(results, ready, (host, port, payloads), options)))
     for process in clients:
         process.start()
     server = process_tree(server_pid) if server_pid else []
@@ -391,8 +519,20 @@ def drive(host: str, port: int, bodies: list[bytes], *, requests: int, concurren
             parts = _collect(results, len(clients), timeout=30)  # each failed, or saw the barrier break
             raise RuntimeError("the clients could not start: " + "; ".join(p["error"] for p in parts)) from None
         spread, cpu = connections_per_process(server, port), cpu_seconds(server)
+        started, memory = time.monotonic(), [(0.0, rss_mb(server_pid))] if server_pid else []
+        done = threading.Event()
+
+        def sample() -> None:
+            while server_pid and not done.wait(sample_every):
+                memory.append((round(time.monotonic() - started, 1), rss_mb(server_pid)))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         parts = _collect(results, len(clients), timeout=max_seconds + 120)
+        done.set()
         server_cpu = cpu_seconds(server) - cpu
+        if server_pid:
+            memory.append((round(time.monotonic() - started, 1), rss_mb(server_pid)))
     finally:
         for process in clients:
             process.join(timeout=10)
@@ -405,20 +545,32 @@ def drive(host: str, port: int, bodies: list[bytes], *, requests: int, concurren
     result["client_busy"] = result["client_cpu_s"] / (procs * max(result["seconds"], 1e-9))
     if server:
         result.update(server_cpu_s=server_cpu, server_cpu_us_per_request=server_cpu / max(1, result["completed"]) * 1e6,
-                      connections_per_server_process=spread)
+                      connections_per_server_process=spread, server_rss_mb_start=memory[0][1],
+                      server_rss_mb_end=memory[-1][1], server_rss_mb_series=memory)
     return result
 
 
+def _percentile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted latencies (seconds), in milliseconds."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3 if ordered else float("nan")
+
+
 def merge(parts: list[dict[str, Any]], *, requests: int, concurrency: int, rate: float | None) -> dict[str, Any]:
-    """Totals and percentiles over the requests of every client process."""
+    """Totals and percentiles over the requests of every client process, and per kind where the parts say."""
     latencies = sorted(x for p in parts for x in p["latencies"])
     statuses: Counter[str] = Counter()
     for p in parts:
         statuses.update(p["statuses"])
     elapsed = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
+    kinds: dict[str, dict[str, Any]] = {}
+    for name in sorted({k for p in parts for k in p.get("kinds", {})}):
+        mine = sorted(x for p in parts for x in p["kinds"].get(name, {}).get("latencies", []))
+        counted = sum((Counter(p["kinds"].get(name, {}).get("statuses", {})) for p in parts), Counter())
+        kinds[name] = {"completed": len(mine), "p50_ms": _percentile(mine, 0.50), "p99_ms": _percentile(mine, 0.99),
+                       "max_ms": mine[-1] * 1e3 if mine else float("nan"), "statuses": dict(counted)}
 
     def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3 if latencies else float("nan")
+        return _percentile(latencies, q)
 
     return {
         "requests": requests,
@@ -435,6 +587,7 @@ def merge(parts: list[dict[str, Any]], *, requests: int, concurrency: int, rate:
         "statuses": dict(statuses),
         "errors": sum(n for s, n in statuses.items() if s != "200"),
         "warm_up_seconds": max(p["warm_up_s"] for p in parts),
+        "kinds": kinds,
     }
 
 
@@ -444,12 +597,31 @@ def default_client_procs() -> int:
     return max(1, min(8, cpus // 4))
 
 
+def soak_verdict(result: dict[str, Any]) -> dict[str, Any]:
+    """Per kind, the answers outside :data:`SOAK_MIX`'s expected statuses (transport errors included), and 5xx."""
+    unexpected = {kind: {s: n for s, n in v["statuses"].items() if s not in SOAK_MIX[kind][1]}
+                  for kind, v in result["kinds"].items()}
+    return {"unexpected": {k: v for k, v in unexpected.items() if v},
+            "server_errors_5xx": sum(n for s, n in result["statuses"].items() if s.startswith("5"))}
+
+
+def jobs_by_state(jobs_dir: Path) -> dict[str, int]:
+    """How many tuning jobs the server's job files show in each state."""
+    states: Counter[str] = Counter()
+    for path in jobs_dir.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            states[json.loads(path.read_text())["state"]] += 1
+    return dict(states)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--requests", type=int, default=20_000, help="requests to send in all (default 20000)")
     ap.add_argument("--concurrency", type=int, default=200, help="connections at once (default 200)")
     ap.add_argument("--matrices", type=int, default=10_000, help="matrices in the generated store (default 10000)")
     ap.add_argument("--rate", type=float, default=None, help="open loop: requests per second (default: closed loop)")
+    ap.add_argument("--soak", type=float, metavar="SECONDS",
+                    help="mixed traffic (SOAK_MIX) for SECONDS, open loop at --rate (default 300 req/s)")
     ap.add_argument("--workers", type=int, default=1, help="worker processes of the local server (default 1)")
     ap.add_argument("--client-procs", type=int, default=default_client_procs(),
                     help=f"client processes sharing the connections (default: CPUs / 4, here {default_client_procs()})")
@@ -460,6 +632,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.requests, args.concurrency, args.matrices, args.workers, args.client_procs) < 1:
         ap.error("--requests, --concurrency, --matrices, --workers and --client-procs must be at least 1")
+    if args.soak is not None:
+        if args.url:
+            ap.error("--soak starts its own server (it needs the token to send tuning jobs): leave --url out")
+        args.rate = args.rate or 300.0
+        args.requests, args.max_seconds = int(args.rate * args.soak), args.soak + 60
+    token = secrets.token_hex(16) if args.soak is not None else None
 
     with tempfile.TemporaryDirectory(prefix="spmv-loadtest-") as tmp:
         if args.url:
@@ -471,14 +649,24 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             vectors = build_store(Path(tmp) / "tuner.db", args.matrices)
             print(f"store: {args.matrices} matrices written in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-            server = local_server(Path(tmp) / "tuner.db", workers=args.workers, access_log=args.access_log)
-        bodies = request_bodies(vectors, min(args.requests, 2000))
+            server = local_server(Path(tmp) / "tuner.db", workers=args.workers, access_log=args.access_log,
+                                  token=token)
         with server as (url, pid):
             host, port = check_loopback(url)
-            result = drive(host, port, bodies, requests=args.requests, concurrency=args.concurrency, rate=args.rate,
-                           max_seconds=args.max_seconds, procs=args.client_procs, server_pid=pid)
+            if token:
+                payloads = soak_requests(host, port, vectors, token=token)
+                first = [next(p for p in payloads if p[0] == kind) for kind in SOAK_MIX]  # every path warm first
+                asyncio.run(run_load(host, port, first, requests=len(first), concurrency=1, rate=None, max_seconds=60))
+            else:
+                payloads = vector_requests(host, port, request_bodies(vectors, min(args.requests, 2000)))
+            result = drive(host, port, payloads, requests=args.requests, concurrency=args.concurrency,
+                           rate=args.rate, max_seconds=args.max_seconds, procs=args.client_procs, server_pid=pid)
+            if token:
+                result.update(soak_seconds=args.soak, mix={k: v[0] for k, v in SOAK_MIX.items()},
+                              jobs=jobs_by_state(Path(tmp) / "service" / "jobs"), **soak_verdict(result))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     result.update(matrices=None if args.url else args.matrices, workers=None if args.url else args.workers,
-                  server_stack=None if args.url else server_stack(), cpus=os.cpu_count(),
+                  server_stack=None if args.url else server_stack(), cpus=cpus,
                   machine=platform.machine(), python=platform.python_version())
     workers = "" if result["workers"] is None else f"{result['workers']} workers, "  # None: a server of --url
     print(f"{result['completed']}/{result['requests']} requests, {result['concurrency']} connections, "
@@ -488,9 +676,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['statuses']}; clients {result['client_busy']:.0%} busy")
     if "server_cpu_s" in result:
         print(f"server: {result['server_cpu_us_per_request']:.0f} µs CPU per request, connections per process "
-              f"{result['connections_per_server_process']}, {result['server_stack']}")
+              f"{result['connections_per_server_process']}, {result['server_stack']}, RSS "
+              f"{result['server_rss_mb_start']:.0f} MiB at the start, {result['server_rss_mb_end']:.0f} at the end")
+    if token:
+        for kind, v in result["kinds"].items():
+            print(f"  {kind}: {v['completed']} answered, p50 {v['p50_ms']:.1f} ms, p99 {v['p99_ms']:.1f} ms, "
+                  f"{v['statuses']}")
+        print(f"5xx: {result['server_errors_5xx']}, unexpected answers: {result['unexpected'] or 'none'}, "
+              f"jobs: {result['jobs']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if token:
+        return 0 if not result["unexpected"] and result["server_errors_5xx"] == 0 else 1
     return 0 if result["errors"] == 0 and result["completed"] == args.requests else 1
 
 

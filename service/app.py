@@ -1,9 +1,10 @@
 """The FastAPI app: ``create_app(settings)`` builds it; uvicorn serves it (``tuner serve``).
 
-The lifespan opens the store on the event loop's thread and starts the tuning
-worker; the exception handlers make every error a JSON body with a ``detail``
-that says what is wrong: 4xx for bad input, 503 when the store cannot be read,
-and 500 only for a bug.
+The lifespan opens the store on the event loop's thread, forks the upload
+parse processes, and starts the tuning worker (which takes over the jobs of
+server processes that are gone); the exception handlers make every error a
+JSON body with a ``detail`` that says what is wrong: 4xx for bad input, 503
+when the store cannot be read, and 500 only for a bug.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from service.bodies import BodyValidationError
 from service.deps import ServiceState, ThreadStores
 from service.jobs import JobQueue
 from service.metrics import Metrics, MetricsMiddleware
+from service.parsing import Parser
 from service.routers import health, jobs, kernels, matrices, recommend, tune
 from service.settings import Settings
 from service.uploads import MatrixTooLargeError
@@ -39,19 +41,24 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = state.settings
     state.stores = ThreadStores(settings.db_path)
     state.stores.get()  # open the loop thread's Store now: a store that cannot be opened stops the start
-    state.parse_limiter = anyio.CapacityLimiter(settings.parse_concurrency)
+    state.parser = Parser(slots=settings.parse_slots, queue=settings.max_waiting_parses,
+                          timeout_s=settings.parse_timeout_s)
+    await anyio.to_thread.run_sync(state.parser.start)
     state.jobs = JobQueue(
         backend=app.state.backend,
         db_path=settings.db_path,
         storage=settings.storage or default_storage(settings.db_path),
         jobs_dir=settings.service_dir / "jobs",
+        matrices_dir=settings.service_dir / "matrices",
         max_queued=settings.max_queued_jobs,
+        max_restarts=settings.max_job_restarts,
     )
     state.jobs.start()
     try:
         yield
     finally:
         await anyio.to_thread.run_sync(state.jobs.stop)
+        await anyio.to_thread.run_sync(state.parser.stop)
         state.stores.close()
         state.stores = None
 

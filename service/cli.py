@@ -49,7 +49,7 @@ def serve(
     from tuner.measure.backend import get_backend
 
     options = {"db": db, "device": device, "token": token, "storage": storage,
-               "max_upload_bytes": max_upload_mb * _MiB}
+               "max_upload_bytes": max_upload_mb * _MiB, "workers": workers}
     given = {key: value for key, value in options.items() if value is not None}
     try:
         get_backend(device)  # an unknown device, or no GPU: one line now rather than a traceback per worker

@@ -6,10 +6,11 @@ opened it, so there is one :class:`~db.store.Store` per thread that asks
 handler and dependency here is ``async def``, so requests read the store on
 the loop's thread: a lookup there takes tens of microseconds, less than the
 hop to the threadpool that a plain ``def`` handler pays (and far less than
-opening a Store per request). Slow work that needs no store (reading an
-upload) goes to worker threads; the tuning worker thread has its own Store;
+opening a Store per request). Slow work that needs no store (parsing an
+upload) goes elsewhere; the tuning worker thread has its own Store;
 any other thread that asks gets its own. SQLite's WAL mode lets these
-connections read while a job writes.
+connections read while a job writes. Uploads are parsed in child processes
+(:class:`~service.parsing.Parser`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-import anyio
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from db.store import Store
 from service.jobs import JobQueue
 from service.metrics import Metrics
+from service.parsing import Parser
 from service.settings import Settings
 from tuner.measure.backend import DeviceInfo
 
@@ -61,7 +62,7 @@ class ServiceState:
     metrics: Metrics
     stores: ThreadStores | None = None
     jobs: JobQueue | None = None
-    parse_limiter: anyio.CapacityLimiter | None = None
+    parser: Parser | None = None
 
 
 def service_state(request: Request) -> ServiceState:
@@ -75,6 +76,13 @@ def thread_store(state: ServiceState) -> Store:
     if state.stores is None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the store is not open (the app is not started)")
     return state.stores.get()
+
+
+def state_parser(state: ServiceState) -> Parser:
+    """The worker's upload parser; 503 before the lifespan."""
+    if state.parser is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "uploads cannot be parsed (the app is not started)")
+    return state.parser
 
 
 async def get_state(request: Request) -> ServiceState:

@@ -275,6 +275,7 @@ class JobPublic(BaseModel):
     finished_at: str | None
     result: JobResultPublic | None
     error: str | None
+    restarts: int = Field(0, description="times the job was taken over after its server process stopped or died")
 
 
 class JobsPublic(BaseModel):

@@ -1,17 +1,21 @@
-"""Uploads: a multipart body streamed to a file on disk under a hard size limit, then read as a matrix.
+"""Uploads: a multipart body streamed to a file on disk under hard bounds, then read as a matrix.
 
 The body is never held in memory: each chunk goes to a temporary file in the
-service's spool folder as it arrives, and the request fails with 413 the
-moment the body passes the limit (or at once, when its Content-Length says
-it will). The file is then read by :func:`tuner.matrix.io.read_mtx` in a worker
-thread, after a look at the size line so that a small file announcing a huge
-matrix is refused before anything is allocated.
+service's spool folder as it arrives, and the request fails the moment the
+body passes a bound: 413 past ``max_upload_bytes`` (at once, when its
+Content-Length says it will), 408 when it has not all come within
+``body_timeout_s``. The file part is looked at on the way in: its header is
+decompressed (gzip) in bounded steps and read with a bounded line length, so a
+file without newlines (a gzip bomb of zeros) fails at its first chunk, and a
+size line announcing more than ``max_matrix_size`` rows, columns or entries
+fails before the rest arrives; the size line then bounds the file's size
+(``max_bytes_per_entry`` an entry). :func:`read_upload` reads the file whole,
+under the same bounds (in a child process: see :mod:`service.parsing`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import os
 import tempfile
 import zlib
@@ -20,20 +24,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import anyio
+import scipy.sparse as sp
 from fastapi import HTTPException, Request, status
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from common.errors import MatrixFormatError
+from service.settings import Settings
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint
-from tuner.matrix.io import read_mtx
+from tuner.matrix.io import Inflater, MtxScan, ReadLimitError, ReadLimits, read_mtx, scan_mtx
 
 FILE_FIELD = "file"
 MAX_FIELDS = 16
 MAX_FIELD_BYTES = 16 * 1024
-_HEADER_SCAN_LINES = 10_000
+_GZIP_MAGIC = b"\x1f\x8b"
+_STATUS_OF_BOUND = {"line length": status.HTTP_422_UNPROCESSABLE_CONTENT}  # the size bounds: 413
 
 
 @dataclass
@@ -46,10 +54,11 @@ class Upload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
-def _too_large(limit: int) -> HTTPException:
+def _too_large(limit: int, headers: dict[str, str] | None = None) -> HTTPException:
     return HTTPException(
         status.HTTP_413_CONTENT_TOO_LARGE,
         f"the upload is larger than this server accepts ({limit} bytes; see --max-upload-mb)",
+        headers=headers,
     )
 
 
@@ -57,11 +66,86 @@ def _bad(message: str) -> HTTPException:
     return HTTPException(status.HTTP_400_BAD_REQUEST, f"malformed multipart body: {message}")
 
 
-class _Receiver:
-    """python-multipart callbacks writing the ``file`` part to ``out`` and keeping the other fields."""
+def refusal(exc: MatrixFormatError, headers: dict[str, str] | None = None) -> HTTPException:
+    """The HTTP answer to a file that cannot be read: 413 past a size bound, else 422; ``detail`` names the bound."""
+    if isinstance(exc, ReadLimitError):
+        code = _STATUS_OF_BOUND.get(exc.bound, status.HTTP_413_CONTENT_TOO_LARGE)
+    elif isinstance(exc, MatrixTooLargeError):
+        code = status.HTTP_413_CONTENT_TOO_LARGE
+    else:
+        code = status.HTTP_422_UNPROCESSABLE_CONTENT
+    return HTTPException(code, str(exc), headers=headers)
 
-    def __init__(self, out: IO[bytes], upload: Upload) -> None:
+
+class MatrixTooLargeError(MatrixFormatError):
+    """The file's size line announces more rows, columns or entries than the server accepts."""
+
+
+def check_declared(scan: MtxScan, max_size: int) -> None:
+    """MatrixTooLargeError when the size line read by ``scan`` announces more than ``max_size`` of anything."""
+    if scan.declared is not None and max(scan.declared) > max_size:
+        rows, cols, nnz = scan.declared
+        raise MatrixTooLargeError(
+            f"{scan.name}: the size line announces {rows} x {cols} with {nnz} entries; this server accepts at "
+            f"most {max_size} rows, columns and entries (max_matrix_size)"
+        )
+
+
+class _FileGuard:
+    """Checks the file part as it arrives: every line and the size of a plain file; the header, and the
+    compressed size against the bound on the decompressed one, of a gzip file (whose body is checked
+    when it is read, in the parse, so that the event loop decompresses no more than a header)."""
+
+    def __init__(self, name: str, limits: ReadLimits, max_size: int) -> None:
+        self.scan = MtxScan(name, limits)
+        self.max_size = max_size
+        self.head = b""  # the first bytes, until there are two to tell gzip by
+        self.inflater: Inflater | None = None
+        self.compressed: bool | None = None
+        self.raw = 0
+
+    def feed(self, data: bytes) -> None:
+        if self.compressed is None:
+            self.head += data
+            if len(self.head) < 2:
+                return
+            data, self.head = self.head, b""
+            self.compressed = data[:2] == _GZIP_MAGIC
+            self.inflater = Inflater() if self.compressed else None
+        self.raw += len(data)
+        if self.inflater is None:
+            self._scan(data)
+        elif not self.scan.header_done:
+            try:
+                for out in self.inflater.feed(data):
+                    self._scan(out)
+                    if self.scan.header_done:
+                        break
+            except zlib.error as e:
+                raise MatrixFormatError(f"{self.scan.name}: cannot read the file: {e}") from None
+        elif (limit := self.scan.limit) is not None and self.raw > limit + limit // 100 + 65536:
+            # deflate never grows data by more than a fraction of a percent (plus headers)
+            raise ReadLimitError(
+                f"{self.scan.name}: {self.raw} bytes compressed, so more than the {limit} bytes its size line "
+                f"allows once decompressed ({self.scan.limits.entry_bytes} bytes an entry besides its header)",
+                bound="decompressed size", limit=limit,
+            )
+
+    def _scan(self, data: bytes) -> None:
+        done = self.scan.header_done
+        self.scan.feed(data)
+        if self.scan.header_done and not done:
+            check_declared(self.scan, self.max_size)
+
+
+class _Receiver:
+    """python-multipart callbacks writing the ``file`` part to ``out`` (through a :class:`_FileGuard`) and
+    keeping the other fields."""
+
+    def __init__(self, out: IO[bytes], upload: Upload, guard: tuple[ReadLimits, int]) -> None:
         self.out, self.upload = out, upload
+        self.guard_options = guard
+        self.guard: _FileGuard | None = None
         self.header_name = bytearray()
         self.header_value = bytearray()
         self.headers: dict[bytes, bytes] = {}
@@ -101,14 +185,18 @@ class _Receiver:
             self.file_seen = True
             raw = options.get(b"filename", b"upload.mtx").decode("utf-8", errors="replace")
             self.upload.filename = Path(raw.replace("\\", "/")).name[:200] or "upload.mtx"
+            self.guard = _FileGuard(self.upload.filename, *self.guard_options)
         elif len(self.upload.fields) >= MAX_FIELDS:
             raise _bad(f"more than {MAX_FIELDS} fields")
         self.current = name
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self.current == FILE_FIELD:
-            self.out.write(data[start:end])
+            chunk = data[start:end]
+            self.out.write(chunk)
             self.upload.size += end - start
+            if self.guard is not None:
+                self.guard.feed(chunk)
             return
         self.value.extend(data[start:end])
         if len(self.value) > MAX_FIELD_BYTES:
@@ -125,15 +213,31 @@ class _Receiver:
         self.ended = True
 
 
-@contextlib.asynccontextmanager
-async def receive_upload(request: Request, *, spool_dir: Path, max_bytes: int) -> AsyncIterator[Upload]:
-    """Stream a ``multipart/form-data`` body with one ``file`` part to disk; the file is removed afterwards.
+def body_timed_out(timeout: float) -> HTTPException:
+    """408 for a body that did not arrive in time; the connection is closed (the client is too slow to keep)."""
+    return HTTPException(
+        status.HTTP_408_REQUEST_TIMEOUT,
+        f"the request's body did not arrive within {timeout:g} s (body_timeout_s)",
+        headers={"Connection": "close"},
+    )
 
-    Raises HTTPException: 413 past ``max_bytes``, 400 for a malformed body or no ``file`` part.
+
+@contextlib.asynccontextmanager
+async def receive_upload(request: Request, settings: Settings) -> AsyncIterator[Upload]:
+    """Stream a ``multipart/form-data`` body with one ``file`` part to the spool folder; the file is removed
+    afterwards.
+
+    Raises HTTPException: 413 past ``max_upload_bytes`` or a size bound of the file part (see
+    :class:`_FileGuard`), 422 for a line past ``max_line_bytes`` or unreadable gzip data, 408 when the
+    body takes longer than ``body_timeout_s``, 400 for a malformed body, 422 for no ``file`` part. A
+    request refused while its body still arrives, with no Content-Length to bound the rest, is
+    answered with ``Connection: close`` so the server stops reading it.
     """
+    spool_dir, max_bytes, timeout = settings.service_dir / "spool", settings.max_upload_bytes, settings.body_timeout_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(max_bytes)
+        raise _too_large(max_bytes, {"Connection": "close"})
+    close = None if declared is not None else {"Connection": "close"}
     _, options = parse_options_header(request.headers.get("content-type"))
     boundary = options.get(b"boundary")
     if not boundary:
@@ -143,16 +247,21 @@ async def receive_upload(request: Request, *, spool_dir: Path, max_bytes: int) -
     upload = Upload(Path(name), "upload.mtx")
     try:
         with os.fdopen(fd, "wb") as out:
-            receiver = _Receiver(out, upload)
+            receiver = _Receiver(out, upload, (settings.read_limits, settings.max_matrix_size))
             try:
-                parser = MultipartParser(boundary, receiver.callbacks())
-                received = 0
-                async for chunk in request.stream():
-                    received += len(chunk)
-                    if received > max_bytes:
-                        raise _too_large(max_bytes)
-                    parser.write(chunk)
+                with anyio.fail_after(timeout):
+                    parser = MultipartParser(boundary, receiver.callbacks())
+                    received = 0
+                    async for chunk in request.stream():
+                        received += len(chunk)
+                        if received > max_bytes:
+                            raise _too_large(max_bytes, close)
+                        parser.write(chunk)
                 parser.finalize()
+            except TimeoutError:
+                raise body_timed_out(timeout) from None
+            except MatrixFormatError as exc:
+                raise refusal(exc, close) from None
             except FormParserError as exc:
                 raise _bad(str(exc)) from None
             except ClientDisconnect:
@@ -172,51 +281,49 @@ async def receive_upload(request: Request, *, spool_dir: Path, max_bytes: int) -
 # -- reading the uploaded matrix ------------------------------------------------------------------
 
 
-class MatrixTooLargeError(MatrixFormatError):
-    """The file's size line announces more rows, columns or entries than the server accepts."""
-
-
 @dataclass
 class ParsedMatrix:
-    A: Any
     fingerprint: str
     features: dict[str, float]
 
 
-def _declared_size(path: Path) -> tuple[int, ...] | None:
-    """rows, cols, nnz from the size line of a coordinate file (plain or gzip), or None if not found."""
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
+def keep_matrix(keep_dir: Path, fingerprint: str, A: Any) -> None:
+    """Keep a copy of an uploaded matrix (``<fingerprint>.npz``), so a job can read it when it runs, and a
+    later job, or the same one after a restart, can tune it again by fingerprint."""
+    target = keep_dir / f"{fingerprint}.npz"
+    if target.exists():
+        return
+    keep_dir.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{fingerprint}.{os.getpid()}.npz")
     try:
-        with gzip.open(path, "rb") if gz else open(path, "rb") as stream:
-            for number, line in enumerate(stream):
-                if number >= _HEADER_SCAN_LINES:
-                    return None
-                text = line.strip()
-                if number == 0 or not text or text.startswith(b"%"):
-                    continue
-                fields = text.split()
-                return tuple(int(f) for f in fields[:3]) if len(fields) == 3 else None
-    except (OSError, EOFError, zlib.error, ValueError):
-        return None  # read_mtx says what is wrong
-    return None
+        sp.save_npz(temporary, A, compressed=False)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
-def read_upload(path: Path, *, display_name: str, dtype: str, max_size: int) -> ParsedMatrix:
-    """The uploaded matrix with its fingerprint and features; errors name the upload, not the spool file.
+def read_upload(path: Path, *, display_name: str, dtype: str, limits: ReadLimits, max_size: int, scratch: Path,
+                keep_dir: Path | None = None) -> ParsedMatrix:
+    """The uploaded matrix's fingerprint and features; errors name the upload, not the spool file.
 
-    Runs in a worker thread (parsing a large file takes seconds).
+    The file is read through :func:`tuner.matrix.io.scan_mtx` first (every bound of ``limits``; gzip data is
+    decompressed into a plain copy, ``scratch``, which the caller removes), then parsed by
+    :func:`tuner.matrix.io.read_mtx`. With ``keep_dir`` the matrix is kept there (:func:`keep_matrix`). Runs
+    in a child process (:mod:`service.parsing`).
     """
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == _GZIP_MAGIC
+    source = str(scratch if compressed else path)
+    with open(scratch, "wb") if compressed else contextlib.nullcontext() as plain:
+        scan = scan_mtx(path, name=display_name, limits=limits, copy_to=plain)
+    check_declared(scan, max_size)
     try:
-        declared = _declared_size(path)
-        if declared is not None and max(declared) > max_size:
-            raise MatrixTooLargeError(
-                f"{path}: the size line announces {declared[0]} x {declared[1]} with {declared[2]} entries; "
-                f"this server accepts at most {max_size} rows, columns and entries"
-            )
-        A = read_mtx(path, dtype=dtype)
-        if A.nnz > max_size:
-            raise MatrixTooLargeError(f"{path}: {A.nnz} entries after symmetry; at most {max_size} accepted")
+        A = read_mtx(source, dtype=dtype)
     except MatrixFormatError as exc:
-        raise type(exc)(str(exc).replace(str(path), display_name)) from None
-    return ParsedMatrix(A, fingerprint(A), extract_features(A))
+        raise type(exc)(str(exc).replace(source, display_name)) from None
+    if A.nnz > max_size:
+        raise MatrixTooLargeError(f"{display_name}: {A.nnz} entries after symmetry; at most {max_size} accepted")
+    fp = fingerprint(A)
+    if keep_dir is not None:
+        keep_matrix(keep_dir, fp, A)
+    return ParsedMatrix(fp, extract_features(A))

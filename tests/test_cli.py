@@ -71,6 +71,22 @@ def test_errors_are_one_clear_line_and_exit_1(tmp_path, matrix):
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the message on a machine without a GPU")
+def test_a_large_file_is_read_with_progress_and_a_newline_free_one_refused(tmp_path, matrix, monkeypatch):
+    import gzip
+
+    import tuner.cli
+
+    db = tmp_path / "s.db"
+    assert invoke("tune", matrix, "--device", "cpu-reference", "--db", db, "--trials", "2").exit_code == 0
+    monkeypatch.setattr(tuner.cli, "_PROGRESS_BYTES", 0)  # every file counts as large
+    shown = invoke("show", matrix, "--db", db)
+    assert shown.exit_code == 0 and "trials stored" in shown.output
+    bomb = tmp_path / "bomb.mtx.gz"
+    bomb.write_bytes(gzip.compress(bytes(8 << 20), compresslevel=1))
+    result = invoke("show", bomb, "--db", db)
+    assert result.exit_code == 1 and "line 1: longer than 1048576 bytes" in result.output
+
+
 def test_tune_without_gpu_exits_non_zero_and_names_the_way_out(matrix, tmp_path):
     result = invoke("tune", matrix, "--db", tmp_path / "s.db")
     assert result.exit_code == 1 and "cpu-reference" in result.output

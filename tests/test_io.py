@@ -157,9 +157,34 @@ def test_gzip_is_told_by_magic_bytes_not_by_name(tmp_path: Path) -> None:
     hidden = tmp_path / "zipped.mtx"
     hidden.write_bytes(gzip.compress(text.encode()))
     assert read_mtx(hidden).toarray().tolist() == [[0, 0], [5, 0]]
-    fake = write(tmp_path, text, "plain.mtx.gz")
-    with pytest.raises(MatrixFormatError, match="plain.mtx.gz: cannot read"):
-        read_mtx(fake)
+    fake = write(tmp_path, text, "plain.mtx.gz")  # plain text whatever its name says
+    assert read_mtx(fake).toarray().tolist() == [[0, 0], [5, 0]]
+
+
+def test_a_file_without_newlines_fails_at_its_first_line_not_in_memory(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.mtx.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as f:  # 256 MiB of zero bytes, 256 KiB on disk
+        for _ in range(16):
+            f.write(bytes(16 << 20))
+    with pytest.raises(MatrixFormatError, match=r"bomb.mtx.gz, line 1: longer than 1048576 bytes") as info:
+        read_mtx(bomb)
+    assert info.value.bound == "line length"
+
+
+def test_read_mtx_watched_says_how_far_it_read(tmp_path: Path) -> None:
+    from tuner.matrix.generate import generate
+
+    A = generate("powerlaw", rows=200_000, seed=3)
+    for name in ("w.mtx", "w.mtx.gz"):
+        path = tmp_path / name
+        write_mtx(path, A)
+        size, seen = path.stat().st_size, []
+        B = tuner.matrix.io.read_mtx_watched(
+            path, on_progress=lambda done, total, seen=seen: seen.append((done, total)), every=0.001)
+        assert (B != A).nnz == 0 and seen[-1] == (size, size)
+        assert all(0 <= done <= total == size for done, total in seen)
+        if Path("/proc/self/fdinfo").exists():
+            assert any(0 < done < size for done, _ in seen), seen  # fdinfo: its position while it read
 
 
 # --------------------------------------------------------------------------- fields and symmetry

@@ -7,7 +7,6 @@ rejected requests are checked to leave the store exactly as it was.
 from __future__ import annotations
 
 import gzip
-import io
 import sqlite3
 import time
 import warnings
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from common.errors import StoreError
+from common.errors import MatrixFormatError, StoreError
 from db.store import Store
 from kernels import BASELINE, REGISTRY, get_family
 from service import Settings, create_app
@@ -499,17 +498,72 @@ def test_tune_rejects_bad_bodies(client, settings):
     assert snapshot(settings.db_path) == before and client.get("/jobs").json()["count"] == 0
 
 
-def test_tune_queue_full_is_429(tmp_path, mtx, monkeypatch):
-    monkeypatch.setattr(JobQueue, "start", lambda self: None)  # no worker: jobs stay queued
-    with TestClient(create_app(make_settings(tmp_path, max_queued_jobs=1))) as c:
-        first = c.post("/tune", headers=AUTH, files={"file": ("p.mtx", mtx.read_bytes())})
-        assert first.status_code == 202 and first.json()["queue_position"] == 0
-        assert_error(c.post("/tune", headers=AUTH, files={"file": ("p.mtx", mtx.read_bytes())}), 429, "waiting")
-        job_id = first.json()["id"]
-    # stopping the server fails the jobs that never ran, and says so
+def test_tune_queue_full_is_429_and_the_next_server_runs_the_waiting_jobs(tmp_path, mtx, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(JobQueue, "_work", lambda self: None)  # no worker: jobs stay queued
+        with TestClient(create_app(make_settings(tmp_path, max_queued_jobs=1))) as c:
+            first = c.post("/tune", headers=AUTH, files={"file": ("p.mtx", mtx.read_bytes())})
+            assert first.status_code == 202 and first.json()["queue_position"] == 0
+            r = c.post("/tune", headers=AUTH, files={"file": ("p.mtx", mtx.read_bytes())})
+            assert_error(r, 429, "waiting") and r.headers["retry-after"] == "60"
+            job_id = first.json()["id"]
+    # the server stopped with the job waiting: the next one on the same folder takes it over and runs it
     with TestClient(create_app(make_settings(tmp_path))) as c:
-        job = c.get(f"/jobs/{job_id}").json()  # read back from the jobs folder
-        assert job["state"] == "failed" and "stopped before the job ran" in job["error"]
+        job = wait_job(c, job_id)
+        assert job["state"] == "done" and job["restarts"] == 1 and job["progress"] == {"done": 4, "total": 4}
+        assert "spmv_jobs_taken_over_total 1.0" in c.get("/metrics").text
+
+
+def test_jobs_of_a_server_process_that_is_gone_are_resumed_or_failed_with_the_reason(settings, mtx):
+    """Job files as server processes left them: a running one of a dead process resumes (its trial left
+    RUNNING is failed), the others fail saying why, and a live process's job is left alone."""
+    import fcntl
+    import json
+
+    import optuna
+
+    from service.jobs import Job
+    from service.uploads import keep_matrix
+    from tuner.search.storage import default_storage, open_storage
+    from tuner.search.study import study_name
+
+    A = read_mtx(mtx)
+    fp = fingerprint(A)
+    keep_matrix(settings.service_dir / "matrices", fp, A)
+    study = optuna.create_study(study_name=study_name(fp, CpuReferenceBackend().info, "float64"),
+                                storage=open_storage(default_storage(settings.db_path)))
+    orphan = study.ask()  # the trial the dead process was measuring
+    jobs_dir = settings.service_dir / "jobs"
+    (jobs_dir / "owners").mkdir(parents=True)
+    live = open(jobs_dir / "owners" / "live.lock", "wb")  # a server process that is still running
+    fcntl.flock(live, fcntl.LOCK_EX)
+    (jobs_dir / "owners" / "dead.lock").touch()  # one that was killed (the kernel dropped its lock)
+    files = {
+        "resumed": Job("1" * 32, fp, "p", DEVICE, "float64", 6, None, state="running", done=2, ok=2).record("dead"),
+        "other device": Job("2" * 32, fp, "p", OTHER_GPU, "float64", 6, None).record("dead"),
+        "crash loop": Job("3" * 32, fp, "p", DEVICE, "float64", 6, None, state="running", crashes=2).record("dead"),
+        "matrix gone": Job("4" * 32, "ee" * 16, "q", DEVICE, "float64", 6, None).record("dead"),
+        "live owner": Job("5" * 32, fp, "p", DEVICE, "float64", 6, None).record("live"),
+    }
+    for record in files.values():
+        (jobs_dir / f"{record['id']}.json").write_text(json.dumps(record))
+    try:
+        with TestClient(create_app(settings)) as c:
+            jobs = {name: wait_job(c, record["id"]) if name != "live owner" else c.get(f"/jobs/{record['id']}").json()
+                    for name, record in files.items()}
+            assert c.get("/jobs").json()["count"] == 4  # the live process's job stays its own
+    finally:
+        live.close()
+    resumed = jobs["resumed"]
+    assert resumed["state"] == "done" and resumed["restarts"] == 1 and resumed["progress"] == {"done": 6, "total": 6}
+    assert resumed["result"]["trials_ok"] + resumed["result"]["trials_failed"] >= 2
+    assert study.trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    assert not [t for t in study.get_trials() if t.state == optuna.trial.TrialState.RUNNING]
+    for name, words in (("other device", "it was for device"), ("crash loop", "died 3 times"),
+                        ("matrix gone", "no longer keeps its matrix")):
+        assert jobs[name]["state"] == "failed" and words in jobs[name]["error"], jobs[name]
+    assert jobs["live owner"]["state"] == "queued" and jobs["live owner"]["restarts"] == 0
+    assert not (jobs_dir / "owners" / "dead.lock").exists() and (jobs_dir / "owners" / "live.lock").exists()
 
 
 def test_failed_job_reports_its_error(client, mtx, monkeypatch):
@@ -626,15 +680,78 @@ def test_settings_from_the_environment(monkeypatch, tmp_path):
     assert Settings().token is None
 
 
-def test_upload_helpers_stream_to_disk(tmp_path):
-    from service.uploads import _declared_size
+def test_parses_past_the_slots_wait_in_the_queue_and_past_it_get_503(tmp_path):
+    """One slot, one place in the queue: a slow parse holds the slot, the next upload waits its turn,
+    the one after is told 503 with Retry-After at once; every parse process is let go at the end."""
+    import anyio
+    from fastapi import HTTPException
 
-    (tmp_path / "a.mtx").write_bytes(MTX_HEADER + b"% comment\n\n3 4 5\n")
-    assert _declared_size(tmp_path / "a.mtx") == (3, 4, 5)
-    (tmp_path / "b.mtx").write_bytes(gzip.compress(MTX_HEADER + b"7 8 9\n"))
-    assert _declared_size(tmp_path / "b.mtx") == (7, 8, 9)
-    (tmp_path / "c.mtx").write_bytes(io.BytesIO(b"\x1f\x8bnot gzip").read())
-    assert _declared_size(tmp_path / "c.mtx") is None
+    from service.parsing import Parser, ParseTask
+
+    settings = make_settings(tmp_path, max_matrix_size=50_000_000)
+    slow = tmp_path / "slow.part"  # 10 M entries in 430 KiB: seconds of parsing on one thread
+    slow.write_bytes(gzip.compress(MTX_HEADER + b"1000 1000 10000000\n" + b"1 1 1.0\n" * 10_000_000, 1))
+    quick = tmp_path / "quick.part"
+    quick.write_bytes(MTX_HEADER + b"2 2 1\n1 1 1.0\n")
+    parser = Parser(slots=1, queue=1, timeout_s=60)
+    outcomes: dict[str, Any] = {}
+
+    async def parse(name: str, path: Path, delay: float) -> None:
+        await anyio.sleep(delay)
+        start = time.monotonic()
+        try:
+            parsed = await parser.parse(ParseTask(path, name, "float64", settings.read_limits, 50_000_000))
+            outcomes[name] = (parsed.features["nnz"], time.monotonic() - start)
+        except HTTPException as exc:
+            outcomes[name] = (exc.status_code, exc.headers, time.monotonic() - start)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(parse, "slow", slow, 0.0)
+            tasks.start_soon(parse, "waits", quick, 0.3)
+            tasks.start_soon(parse, "refused", quick, 0.6)
+
+    parser.start()
+    try:
+        anyio.run(main)
+    finally:
+        parser.stop()
+    assert outcomes["slow"][0] == 1.0  # ten million duplicates of one entry
+    assert outcomes["waits"][0] == 1.0 and outcomes["waits"][1] > 0.5  # served after the slow one
+    status, headers, seconds = outcomes["refused"]
+    assert status == 503 and int(headers["Retry-After"]) >= 1 and seconds < 0.1
+    assert not list(tmp_path.glob("*.part.mtx"))  # the decompressed copies are gone
+
+
+def test_upload_guard_checks_the_file_as_it_arrives():
+    """The checks made on a file part chunk by chunk: a bomb stops at its first line, a size line
+    announcing too much at once, a body past the size line's bound at the chunk that crosses it."""
+    from service.uploads import MatrixTooLargeError, _FileGuard
+    from tuner.matrix.io import ReadLimitError, ReadLimits
+
+    limits = ReadLimits(line_bytes=100, header_bytes=1000, entry_bytes=10, max_entries=1000)
+    ok = MTX_HEADER + b"% comment\n\n3 4 2\n1 1 1\n2 2 2\n"
+    for data in (ok, gzip.compress(ok)):
+        guard = _FileGuard("a.mtx", limits, 1000)
+        for i in range(len(data)):  # one byte at a time: the gzip magic, lines and the size line split anywhere
+            guard.feed(data[i : i + 1])
+        assert guard.scan.declared == (3, 4, 2)
+    guard = _FileGuard("bomb.mtx.gz", limits, 1000)
+    with pytest.raises(ReadLimitError, match=r"bomb.mtx.gz, line 1: longer than 100 bytes") as info:
+        guard.feed(gzip.compress(b"\0" * (1 << 24)))
+    assert info.value.bound == "line length" and guard.scan.total < 2 << 20  # not 16 MiB inflated
+    with pytest.raises(MatrixTooLargeError, match="announces 5000 x 5 with 5 entries; .* at most 1000"):
+        _FileGuard("b.mtx", limits, 1000).feed(MTX_HEADER + b"5000 5 5\n")
+    guard = _FileGuard("c.mtx", limits, 1000)
+    guard.feed(MTX_HEADER + b"3 3 2\n")
+    guard.feed(b"1 1 1\n" * 3)
+    with pytest.raises(ReadLimitError, match="more than 72 bytes once decompressed .* announces 2 entries") as info:
+        guard.feed(b"1 1 1\n")
+    assert info.value.bound == "decompressed size" and info.value.limit == len(MTX_HEADER) + 6 + 20
+    with pytest.raises(ReadLimitError, match="no size line within the first 1000 bytes"):
+        _FileGuard("d.mtx", limits, 1000).feed(MTX_HEADER + b"% comment\n" * 200)
+    with pytest.raises(MatrixFormatError, match="e.mtx: cannot read the file"):
+        _FileGuard("e.mtx", limits, 1000).feed(b"\x1f\x8bnot gzip at all")
 
 
 def test_a_stored_selector_answers_predicted_for_a_complete_feature_vector(settings, mtx):

@@ -5,7 +5,7 @@
   readers poll: no trial is lost, no request fails, nothing says "database is locked";
 - ``tuner serve --workers N`` spreads keep-alive connections over its worker processes (one
   ``SO_REUSEPORT`` socket each), replaces a worker that dies, and stops them all on SIGINT;
-- the load-test script runs at a tiny scale.
+- the load-test script runs at a tiny scale, and so does its soak of mixed traffic.
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(db: Path, data_dir: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def start_server(db: Path, data_dir: Path, log: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SPMV_TUNER_TOKEN": TOKEN, "SPMV_TUNER_DATA_DIR": str(data_dir)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPMV_TUNER_TOKEN": TOKEN, "SPMV_TUNER_DATA_DIR": str(data_dir),
+           **(env or {})}
     cmd = [sys.executable, "-c", SERVE, "--host", "127.0.0.1", "--port", str(port), "--db", str(db),
            "--device", "cpu-reference", "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -256,6 +258,20 @@ def test_loadtest_script_tiny(tmp_path):
     if Path("/proc/net/tcp").exists():
         assert sum(result["connections_per_server_process"]) == 20 and result["server_cpu_us_per_request"] > 0
     assert "req/s" in r.stdout
+
+
+def test_loadtest_soak_tiny(tmp_path):
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "loadtest.py"), "--soak", "6", "--rate", "50",
+                        "--concurrency", "20", "--matrices", "50", "--workers", "2", "--json", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(out.read_text())
+    assert result["server_errors_5xx"] == 0 and result["unexpected"] == {} and result["completed"] == 300
+    assert {"vector", "upload", "bad upload", "hostile upload"} <= set(result["kinds"]) <= set(result["mix"])
+    assert result["kinds"]["hostile upload"]["statuses"].keys() <= {"413", "422"}
+    assert result["server_rss_mb_start"] > 0 and result["server_rss_mb_end"] > 0 and result["jobs"]  # one warmed
+    assert "5xx: 0" in r.stdout
 
 
 def test_loadtest_merges_the_client_processes():

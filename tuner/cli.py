@@ -46,6 +46,25 @@ def _clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+_PROGRESS_BYTES = 64 << 20  # files from this size are read with a progress bar
+
+
+def _read_matrix(path: str | Path, *, dtype: str | None = None) -> Any:
+    """The matrix at ``path``; a large file (whose size nothing caps here) with a progress bar on stderr."""
+    from rich.progress import DownloadColumn
+
+    from tuner.matrix.io import read_mtx, read_mtx_watched
+
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size < _PROGRESS_BYTES:
+        return read_mtx(path, dtype=dtype)
+    with Progress(TextColumn("reading {task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task(escape(path.name), total=path.stat().st_size)
+        return read_mtx_watched(path, dtype=dtype,
+                                on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+
+
 @app.command()
 @_clean_errors
 def generate(
@@ -83,7 +102,7 @@ def tune(
     import optuna
 
     from db.store import Store
-    from tuner.matrix.io import matrix_name, read_mtx
+    from tuner.matrix.io import matrix_name
     from tuner.measure.backend import get_backend
     from tuner.search.loop import tune as run_tune
     from tuner.search.storage import default_storage, open_storage
@@ -91,7 +110,7 @@ def tune(
     check_dtype(dtype)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     backend = get_backend(device)
-    A = read_mtx(matrix, dtype=dtype)
+    A = _read_matrix(matrix, dtype=dtype)
     store = Store(db)
     study_storage = open_storage(storage or default_storage(store.path))
     label = "" if backend.info.kind == "gpu" else " [yellow](CPU references: not GPU figures)[/]"
@@ -230,14 +249,13 @@ def recommend(
     from tuner.execute.choice import choose
     from tuner.matrix.features import extract_features
     from tuner.matrix.fingerprint import fingerprint
-    from tuner.matrix.io import read_mtx
 
     check_dtype(dtype)
     if device is None:
         from tuner.measure.backend import GpuBackend
 
         device = GpuBackend().info.id  # NoDeviceError (a clear message) on a machine without a GPU
-    A = read_mtx(matrix, dtype=dtype)
+    A = _read_matrix(matrix, dtype=dtype)
     with Store(db) as store:
         choice = choose(fingerprint(A), store=store, device=device, dtype=dtype, features=extract_features(A))
     rate = choice.expected_gflops
@@ -273,10 +291,9 @@ def show(
     from common.errors import TunerError as _TunerError
     from db.store import Store
     from tuner.matrix.fingerprint import fingerprint
-    from tuner.matrix.io import read_mtx
 
     store = Store(db)
-    key = fingerprint(read_mtx(matrix)) if Path(matrix).is_file() else matrix
+    key = fingerprint(_read_matrix(matrix)) if Path(matrix).is_file() else matrix
     row = store.find_matrix(key)
     if row is None:
         raise _TunerError(f"nothing stored for {matrix!r} in {store.path}; run `tuner tune` on it first")

@@ -61,6 +61,12 @@ async def metrics(state: StateDep) -> PlainTextResponse:
             ("spmv_jobs_finished_total", "counter", "Tuning jobs finished, by outcome.", {"state": "failed"},
              c["failed"]),
             ("spmv_trials_total", "counter", "Trials measured by this process's jobs.", {}, c["trials"]),
+            ("spmv_jobs_taken_over_total", "counter", "Jobs taken over from server processes that were gone.", {},
+             c["taken_over"]),
         ]
+    if state.parser is not None:
+        for parse_state, n in (("running", state.parser.running), ("waiting", state.parser.waiting)):
+            gauges.append(("spmv_parses", "gauge", "Uploads being parsed, and waiting for a parse, in this process.",
+                           {"state": parse_state}, n))
     gauges.append(("spmv_gpu_present", "gauge", "1 when a CUDA GPU is usable.", {}, float(state.gpu_present)))
     return PlainTextResponse(state.metrics.render(gauges), media_type=PROMETHEUS_TEXT)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import anyio
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from db.store import Store
 from service.bodies import body_kind, read_json
-from service.deps import ServiceState, service_state, thread_store
+from service.deps import ServiceState, service_state, state_parser, thread_store
 from service.models import (
     FeatureVector,
     RecommendationPublic,
@@ -18,7 +17,8 @@ from service.models import (
     feature_vector_problems,
     ratio,
 )
-from service.uploads import FILE_FIELD, read_upload, receive_upload
+from service.parsing import ParseTask
+from service.uploads import FILE_FIELD, receive_upload
 from tuner.execute.choice import choose
 
 router = APIRouter(prefix="/recommend", tags=["recommend"])
@@ -44,9 +44,11 @@ _OPENAPI = {
 }
 _ERRORS = error_responses({
     400: "malformed JSON or multipart body",
-    413: "body or matrix larger than the server accepts",
+    408: "the body did not arrive within body_timeout_s",
+    413: "body or matrix larger than the server accepts, or parsed for longer than parse_timeout_s",
     415: "neither JSON nor multipart",
-    422: "invalid feature vector, unreadable matrix file or unknown device",
+    422: "invalid feature vector, unreadable matrix file (a line too long among them) or unknown device",
+    503: "too many uploads waiting to be parsed (Retry-After says when to try again)",
 })
 
 
@@ -142,15 +144,9 @@ async def recommend(request: Request) -> Response:
         vector = await read_json(request, FeatureVector, limit=settings.max_json_bytes, explain=feature_vector_problems)
         fp, features = vector.fingerprint, vector.features()
     else:
-        async with receive_upload(
-            request, spool_dir=settings.service_dir / "spool", max_bytes=settings.max_upload_bytes
-        ) as upload:
-            parsed = await anyio.to_thread.run_sync(
-                lambda: read_upload(
-                    upload.path, display_name=upload.filename, dtype=dtype, max_size=settings.max_matrix_size
-                ),
-                limiter=state.parse_limiter,
-            )
+        parser = state_parser(state)
+        async with receive_upload(request, settings) as upload:
+            parsed = await parser.parse(ParseTask.of(upload, settings, dtype=dtype))
         fp, features = parsed.fingerprint, parsed.features
     answer = recommendation(store, fingerprint=fp, features=features, device=device_id, device_kind=kind, dtype=dtype)
     return Response(answer.model_dump_json(), media_type="application/json")

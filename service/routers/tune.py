@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
-from pathlib import Path
 from typing import Any
 
-import anyio
-import scipy.sparse as sp
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from pydantic import ValidationError
 
 from kernels import REGISTRY
 from service.bodies import BodyValidationError, body_kind, read_json, validation_errors
-from service.deps import JobsDep, StateDep, StoreDep, TokenDep
+from service.deps import JobsDep, StateDep, StoreDep, TokenDep, state_parser
 from service.jobs import QueueFullError, ShuttingDownError
 from service.models import JobPublic, TuneCreate, TuneOptions, error_responses
+from service.parsing import ParseTask
 from service.settings import Settings
-from service.uploads import FILE_FIELD, read_upload, receive_upload
-from tuner.matrix.io import as_csr, matrix_name
+from service.uploads import FILE_FIELD, receive_upload
+from tuner.matrix.io import matrix_name
 
 router = APIRouter(prefix="/tune", tags=["jobs"], dependencies=[TokenDep])
 
@@ -52,29 +48,17 @@ _ERRORS = error_responses({
     403: "no token configured on the server",
     404: "unknown fingerprint",
     409: "the store knows the fingerprint but the server holds no copy of the matrix",
-    413: "body or matrix larger than the server accepts",
+    408: "the body did not arrive within body_timeout_s",
+    413: "body or matrix larger than the server accepts, or parsed for longer than parse_timeout_s",
     415: "neither JSON nor multipart",
-    422: "invalid options or unreadable matrix file",
+    422: "invalid options or unreadable matrix file (a line too long among them)",
     429: "too many jobs waiting",
+    503: "too many uploads waiting to be parsed (Retry-After), or the server is stopping",
 })
 
 
-def _kept(settings: Settings, fingerprint: str) -> Path:
-    return settings.service_dir / "matrices" / f"{fingerprint}.npz"
-
-
-def _keep(settings: Settings, fingerprint: str, A: Any) -> None:
-    """Keep a copy of an uploaded matrix, so that a later job can tune it again by fingerprint."""
-    target = _kept(settings, fingerprint)
-    if target.exists():
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{fingerprint}.{secrets.token_hex(4)}.npz")
-    try:
-        sp.save_npz(temporary, A, compressed=False)
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
+def _queue_full(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail, headers={"Retry-After": "60"})
 
 
 def _options_from_form(fields: dict[str, str]) -> TuneOptions:
@@ -119,13 +103,14 @@ async def create_tune_job(
     The matrix is read and checked before the job is accepted.
     """
     settings = state.settings
+    if jobs.full:  # before reading anything
+        raise _queue_full(f"{jobs.max_queued} jobs are already waiting; try again later")
     if body_kind(request) == "json":
         options: TuneOptions = await read_json(request, TuneCreate, limit=settings.max_json_bytes)
         fingerprint = options.fingerprint  # type: ignore[attr-defined]
         trials, kernels = _check(options, settings)
         stored = store.matrix(fingerprint)
-        kept = _kept(settings, fingerprint)
-        if not _HEX.fullmatch(fingerprint) or not kept.exists():
+        if not _HEX.fullmatch(fingerprint) or not jobs.matrix_path(fingerprint).exists():
             if stored is None:
                 raise HTTPException(status.HTTP_404_NOT_FOUND, f"no matrix with fingerprint {fingerprint!r} is known")
             raise HTTPException(
@@ -133,28 +118,20 @@ async def create_tune_job(
                 f"the store knows matrix {fingerprint!r} but this server holds no copy of it: "
                 f"upload the .mtx file in the multipart field '{FILE_FIELD}'",
             )
-        A = await anyio.to_thread.run_sync(lambda: as_csr(sp.load_npz(kept), dtype=options.dtype))
         name = options.name or (stored or {}).get("name") or ""
     else:
-        async with receive_upload(
-            request, spool_dir=settings.service_dir / "spool", max_bytes=settings.max_upload_bytes
-        ) as upload:
+        parser = state_parser(state)
+        async with receive_upload(request, settings) as upload:
             options = _options_from_form(upload.fields)
             trials, kernels = _check(options, settings)
-            parsed = await anyio.to_thread.run_sync(
-                lambda: read_upload(
-                    upload.path, display_name=upload.filename, dtype=options.dtype, max_size=settings.max_matrix_size
-                ),
-                limiter=state.parse_limiter,
-            )
-        A, fingerprint = parsed.A, parsed.fingerprint
+            parsed = await parser.parse(ParseTask.of(upload, settings, dtype=options.dtype,
+                                                     keep_dir=jobs.matrices_dir))
+        fingerprint = parsed.fingerprint
         name = options.name or matrix_name(upload.filename)
-        await anyio.to_thread.run_sync(lambda: _keep(settings, fingerprint, A))
     try:
-        job = jobs.submit(matrix=A, fingerprint=fingerprint, name=name, dtype=options.dtype, trials=trials,
-                          kernels=kernels)
+        job = jobs.submit(fingerprint=fingerprint, name=name, dtype=options.dtype, trials=trials, kernels=kernels)
     except QueueFullError as exc:
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers={"Retry-After": "60"}) from None
+        raise _queue_full(str(exc)) from None
     except ShuttingDownError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
     response.headers["Location"] = f"/jobs/{job['id']}"
