@@ -215,6 +215,25 @@ class JobQueue:
         """Where the matrix of ``fingerprint`` is kept (``service.uploads.keep_matrix`` writes it)."""
         return self.matrices_dir / f"{fingerprint}.npz"
 
+    def race(self, fingerprint: str, *, dtype: str, race_size: int = 4) -> tuple[Any, Any]:
+        """``(choice, race)`` for a kept matrix on the server's device (``POST /recommend?race=true``): the
+        store's measured best when there is one (race None), else a race of the selector's shortlist and
+        cuSPARSE (:func:`tuner.execute.plan.race_matrix`), under the device lock that keeps tuning jobs off
+        the device meanwhile. OSError or ValueError when the kept matrix cannot be read."""
+        import scipy.sparse as sp
+
+        from db.store import Store
+        from tuner.execute.choice import stored_choice
+        from tuner.execute.plan import race_matrix
+        from tuner.matrix.io import as_csr
+
+        with self._device_lock(), Store(self.db_path) as store:
+            stored = stored_choice(store, fingerprint, device=self.backend.info.id, dtype=dtype)
+            if stored is not None:
+                return stored, None
+            A = self.backend.matrix(as_csr(sp.load_npz(self.matrix_path(fingerprint)), dtype=dtype))
+            return race_matrix(A, backend=self.backend, store=store, fp=fingerprint, race_size=race_size)
+
     def submit(self, *, fingerprint: str, name: str, dtype: str, trials: int,
                kernels: list[str] | None) -> dict[str, Any]:
         """Queue a job for a kept matrix and return its public view; QueueFullError when full."""

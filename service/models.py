@@ -20,7 +20,7 @@ from tuner.matrix.features import FEATURE_NAMES
 from tuner.matrix.io import INDEX_MAX
 
 Dtype = Literal["float64", "float32"]
-Source = Literal["tuned", "predicted", "default"]
+Source = Literal["tuned", "raced", "predicted", "default"]
 ParamValue = int | float | str
 REQUIRED_FEATURES = ("rows", "cols", "nnz")
 FINGERPRINT_MAX = 128
@@ -100,15 +100,18 @@ class RecommendQuery(BaseModel):
 
     device: str | None = Field(None, min_length=1, max_length=200, description="device id (default: the server's)")
     dtype: Dtype = Field("float64", description="value type")
+    race: bool = Field(False, description="race the selector's shortlist and cuSPARSE on the server's GPU "
+                                          "(an uploaded file and the token needed; the result is stored)")
 
 
 class RecommendationPublic(BaseModel):
     kernel: str = Field(description="the kernel family to run")
     params: dict[str, ParamValue] = Field(description="its parameters")
-    source: Source = Field(description="'tuned' (measured for this fingerprint), 'predicted' (model), 'default'")
+    source: Source = Field(description="'tuned' or 'raced' (measured for this fingerprint by tuning or by a race), "
+                                       "'predicted' (the selector, unmeasured), 'default' (cuSPARSE)")
     expected_gflops: float | None = Field(description="GFLOP/s measured (tuned) or predicted; null when unknown")
-    confidence: float | None = Field(None, ge=0, le=1, description="for a predicted config: the selector's "
-                                     "probability of its family; null otherwise")
+    confidence: float | None = Field(None, ge=0, le=1, description="for a predicted config: the share of the "
+                                     "selector's trees that rank it first; null otherwise")
     ratio_to_cusparse: float | None = Field(description="cuSPARSE time / this config's time, when measured")
     device: str = Field(description="the device the answer applies to")
     device_kind: str = Field(description="'gpu', or 'cpu-reference' (CPU references: not GPU figures)")
@@ -117,6 +120,8 @@ class RecommendationPublic(BaseModel):
     rows: int
     cols: int
     nnz: int
+    race: list[str] | None = Field(None, description="the race run for this answer, a line a config, fastest "
+                                                     "first (* marks the winner); null when none ran")
 
 
 # -- kernels --------------------------------------------------------------------------------------

@@ -106,3 +106,19 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_command():
     assert "pytest" in test
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert test in ci
+
+
+def test_recommend_race_on_the_cpu_references_then_from_the_store(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+    from tuner.matrix.generate import generate
+    from tuner.matrix.io import write_mtx
+
+    write_mtx(tmp_path / "a.mtx", generate("powerlaw", rows=2000))
+    args = ["recommend", str(tmp_path / "a.mtx"), "--race", "--device", "cpu-reference", "--db",
+            str(tmp_path / "s.db"), "--json"]
+    first = json.loads(CliRunner().invoke(app, args).output)
+    assert first["source"] == "raced" and len(first["race"]) == 5 and first["race"][0].startswith("*")
+    again = json.loads(CliRunner().invoke(app, args).output)
+    assert again["source"] == "raced" and again["race"] is None and again["kernel"] == first["kernel"]

@@ -176,7 +176,7 @@ def test_recommend_bad_query_is_422_naming_it(client, params, name):
 def test_recommend_query_is_in_the_schema(client):
     params = client.get("/openapi.json").json()["paths"]["/recommend"]["post"]["parameters"]
     by_name = {p["name"]: p for p in params}
-    assert set(by_name) == {"device", "dtype"} and all(p["in"] == "query" and not p["required"] for p in params)
+    assert set(by_name) == {"device", "dtype", "race"} and all(p["in"] == "query" and not p["required"] for p in params)
     assert by_name["dtype"]["schema"]["enum"] == ["float64", "float32"]
 
 
@@ -189,6 +189,33 @@ def test_recommend_upload(client, mtx, tmp_path):
     r = client.post("/recommend", files={"file": ("poisson.mtx.gz", gz, "application/gzip")})
     assert r.status_code == 200 and r.json()["fingerprint"] == fp
     assert not list((tmp_path / "service" / "spool").iterdir())  # the spooled uploads are gone
+
+
+def test_recommend_race_measures_on_the_server_device_and_stores_every_lap(client, mtx, settings):
+    fp, _ = vector_of(mtx)
+    files = {"file": ("poisson.mtx", mtx.read_bytes())}
+    r = client.post("/recommend?race=true", files=files, headers=AUTH)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["source"] == "raced" and body["fingerprint"] == fp and body["ratio_to_cusparse"] is not None
+    assert body["race"][0].startswith("*") and len(body["race"]) == 5  # 3 default entrants, 2 cuSPARSE algorithms
+    with Store(settings.db) as store:
+        rows = store.trials(fp, dtype="float64")
+        assert len(rows) == 5 and {r["study"] for r in rows} == {"race"}
+    again = client.post("/recommend?race=true", files=files, headers=AUTH).json()  # measured: from the store
+    assert again["source"] == "raced" and again["race"] is None and again["kernel"] == body["kernel"]
+    plain = client.post("/recommend", json={**vector_of(mtx)[1], "fingerprint": fp}).json()
+    assert (plain["source"], plain["kernel"], plain["params"]) == ("raced", body["kernel"], body["params"])
+
+
+@pytest.mark.parametrize(("headers", "kwargs", "status", "words"), [
+    ({}, {"files": {"file": ("a.mtx", b"")}}, 401, ["Bearer"]),
+    ({"Authorization": "Bearer wrong"}, {"files": {"file": ("a.mtx", b"")}}, 401, ["wrong token"]),
+    (AUTH, {"json": {"rows": 1, "cols": 1, "nnz": 1}}, 422, ["needs the matrix"]),
+])
+def test_recommend_race_needs_the_token_and_a_file(client, headers, kwargs, status, words):
+    r = client.post("/recommend?race=true", headers=headers, **kwargs)
+    assert r.status_code == status and all(w in r.json()["detail"] for w in words), r.text
 
 
 # -- POST /recommend: bad input ---------------------------------------------------------------------

@@ -243,28 +243,46 @@ def recommend(
     device: Annotated[str | None, typer.Option(
         help="device id, e.g. 'NVIDIA H200 (sm_90)' (default: this machine's GPU)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
+    race: Annotated[bool, typer.Option(
+        "--race", help="race the selector's shortlist and cuSPARSE on this GPU (or, with --device "
+        "cpu-reference, the CPU references) and store every lap, as plan() does")] = False,
 ) -> None:
-    """Say which kernel and config plan() would run for MATRIX: tuned, predicted by the selector, or the default."""
+    """Say which kernel and config plan() would run for MATRIX: measured before (tuned or raced), predicted by
+    the selector, or the default; with --race, race the shortlist now."""
     from db.store import Store
-    from tuner.execute.choice import choose
+    from tuner.execute.choice import choose, stored_choice
     from tuner.matrix.features import extract_features
     from tuner.matrix.fingerprint import fingerprint
 
     check_dtype(dtype)
-    if device is None:
-        from tuner.measure.backend import GpuBackend
-
-        device = GpuBackend().info.id  # NoDeviceError (a clear message) on a machine without a GPU
     A = _read_matrix(matrix, dtype=dtype)
-    with Store(db) as store:
-        choice = choose(fingerprint(A), store=store, device=device, dtype=dtype, features=extract_features(A))
+    laps = None
+    if race:
+        from tuner.execute.plan import race_matrix
+        from tuner.measure.backend import get_backend
+
+        backend = get_backend("cpu-reference" if device == "cpu-reference" else "gpu")
+        device = backend.info.id
+        A_dev, fp = backend.matrix(A), fingerprint(A)
+        with Store(db) as store:
+            choice = stored_choice(store, fp, device=device, dtype=dtype)
+            if choice is None:
+                choice, result = race_matrix(A_dev, backend=backend, store=store, fp=fp)
+                laps = result.table()
+    else:
+        if device is None:
+            from tuner.measure.backend import GpuBackend
+
+            device = GpuBackend().info.id  # NoDeviceError (a clear message) on a machine without a GPU
+        with Store(db) as store:
+            choice = choose(fingerprint(A), store=store, device=device, dtype=dtype, features=extract_features(A))
     rate = choice.expected_gflops
     answer = {"matrix": str(matrix), "rows": A.shape[0], "cols": A.shape[1], "nnz": int(A.nnz), "device": device,
               "dtype": dtype, "kernel": choice.kernel, "params": choice.params, "source": choice.source,
               "expected_gflops": rate, "expected_time_s": choice.time_s or (2 * A.nnz / (rate * 1e9) if rate else None),
               "confidence": choice.confidence,
               "ratio_to_cusparse": choice.cusparse_time_s / choice.time_s if choice.cusparse_time_s and choice.time_s
-              else None}
+              else None, "race": laps}
     if as_json:
         console.print_json(json.dumps(answer))
         return
@@ -275,7 +293,9 @@ def recommend(
     if choice.confidence is not None:
         console.print(f"ranked by {choice.basis}: {choice.confidence:.0%} of its trees put this config first")
     if answer["ratio_to_cusparse"]:
-        console.print(f"{answer['ratio_to_cusparse']:.2f}x cuSPARSE, as tuned")
+        console.print(f"{answer['ratio_to_cusparse']:.2f}x cuSPARSE, as {choice.source}")
+    for line in laps or ():
+        console.print(f"  {escape(line)}")
     if choice.source == "default":
         console.print("nothing tuned and no selector for this device and dtype: cuSPARSE (run `tuner tune`)")
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 
 from db.store import Store
 from service.bodies import body_kind, read_json
-from service.deps import ServiceState, service_state, state_parser, thread_store
+from service.deps import ServiceState, get_jobs, require_token, service_state, state_parser, thread_store
 from service.models import (
     FeatureVector,
     RecommendationPublic,
@@ -19,7 +21,7 @@ from service.models import (
 )
 from service.parsing import ParseTask
 from service.uploads import FILE_FIELD, receive_upload
-from tuner.execute.choice import choose
+from tuner.execute.choice import Choice, choose
 
 router = APIRouter(prefix="/recommend", tags=["recommend"])
 
@@ -45,9 +47,12 @@ _OPENAPI = {
 _ERRORS = error_responses({
     400: "malformed JSON or multipart body",
     408: "the body did not arrive within body_timeout_s",
+    401: "race=true without the right token",
+    403: "race=true on a server without a token",
     413: "body or matrix larger than the server accepts, or parsed for longer than parse_timeout_s",
     415: "neither JSON nor multipart",
-    422: "invalid feature vector, unreadable matrix file (a line too long among them) or unknown device",
+    422: "invalid feature vector, unreadable matrix file (a line too long among them), unknown device, or race=true "
+         "without an uploaded file or for another device",
     503: "too many uploads waiting to be parsed (Retry-After says when to try again)",
 })
 
@@ -104,6 +109,13 @@ def recommendation(
     # other, choose() need not look one up.
     choice = choose(fingerprint or "", store=store, device=device, dtype=dtype, features=features,
                     use_tuned=stored is not None)
+    return answer_of(choice, fingerprint=fingerprint, features=features, device=device, device_kind=device_kind,
+                     dtype=dtype)
+
+
+def answer_of(choice: Choice, *, fingerprint: str | None, features: dict[str, float], device: str,
+              device_kind: str, dtype: str, race: list[str] | None = None) -> RecommendationPublic:
+    """The public answer for a choice."""
     return RecommendationPublic(
         kernel=choice.kernel,
         params=choice.params,
@@ -118,6 +130,7 @@ def recommendation(
         rows=int(features["rows"]),
         cols=int(features["cols"]),
         nnz=int(features["nnz"]),
+        race=race,
     )
 
 
@@ -129,7 +142,9 @@ async def recommend(request: Request) -> Response:
     other names of ``tuner.matrix.features.FEATURE_NAMES`` optional, plus an optional
     ``fingerprint``), or a Matrix Market file (``.mtx`` or ``.mtx.gz``) in the
     multipart field ``file``, whose fingerprint and features are computed here. Query: ``device`` (default:
-    the server's) and ``dtype`` (``float64`` or ``float32``).
+    the server's) and ``dtype`` (``float64`` or ``float32``). With ``race=true`` (an uploaded file, the
+    token): the selector's shortlist and cuSPARSE are raced on the server's device, the fastest is the answer
+    (``source`` 'raced'), and every lap is stored, so the next request for the matrix answers from the store.
     """
     # The hot path of the service: the query, state and store without FastAPI's parameters and Depends, and
     # the answer (validated when it is built) serialized once, straight to JSON, not validated again.
@@ -140,6 +155,8 @@ async def recommend(request: Request) -> Response:
     settings = state.settings
     device_id = query.device or state.device.id
     kind = device_kind(store, state, device_id)
+    if query.race:
+        return await _race(request, state, query, kind)
     if body_kind(request) == "json":
         vector = await read_json(request, FeatureVector, limit=settings.max_json_bytes, explain=feature_vector_problems)
         fp, features = vector.fingerprint, vector.features()
@@ -150,3 +167,32 @@ async def recommend(request: Request) -> Response:
         fp, features = parsed.fingerprint, parsed.features
     answer = recommendation(store, fingerprint=fp, features=features, device=device_id, device_kind=kind, dtype=dtype)
     return Response(answer.model_dump_json(), media_type="application/json")
+
+
+async def _race(request: Request, state: ServiceState, query: RecommendQuery, kind: str) -> Response:
+    """``race=true``: the token, an uploaded file kept like a tuning job's, and the race on the server's device."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    await require_token(request, None if scheme.lower() != "bearer" or not token else _Bearer(token))
+    device = query.device or state.device.id
+    if device != state.device.id:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"race=true runs on this server's device ({state.device.id!r}), not {device!r}")
+    if body_kind(request) == "json":
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"race=true needs the matrix: upload the .mtx file in the multipart field '{FILE_FIELD}'")
+    jobs = await get_jobs(request)
+    async with receive_upload(request, state.settings) as upload:
+        parsed = await state_parser(state).parse(ParseTask.of(upload, state.settings, dtype=query.dtype,
+                                                              keep_dir=jobs.matrices_dir))
+    choice, race = await run_in_threadpool(jobs.race, parsed.fingerprint, dtype=query.dtype)
+    answer = answer_of(choice, fingerprint=parsed.fingerprint, features=parsed.features, device=device,
+                       device_kind=kind, dtype=query.dtype, race=race.table() if race is not None else None)
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+class _Bearer:
+    """The credentials :func:`service.deps.require_token` checks, read from the header by hand (this route
+    takes no FastAPI dependencies: it is the service's hot path)."""
+
+    def __init__(self, token: str) -> None:
+        self.credentials = token

@@ -33,17 +33,17 @@ from db.store import Store
 from kernels._cuda import gpu_available
 from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
 from tuner.execute.executor import Executor
-from tuner.execute.race import race, record_race, shortlist
+from tuner.execute.race import RaceResult, race, record_race, shortlist
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
 from tuner.matrix.io import as_csr, as_device_csr
-from tuner.measure.backend import GpuBackend
+from tuner.measure.backend import Backend, GpuBackend
 from tuner.measure.verify import Reference
 
 if TYPE_CHECKING:
     from tuner.execute.spmspv import SpMSpVExecutor
 
-__all__ = ["DEFAULT_TRIALS", "EFFORTS", "plan"]
+__all__ = ["DEFAULT_TRIALS", "EFFORTS", "plan", "race_matrix"]
 
 EFFORTS = ("predict", "race", "tune")
 """How much ``plan()`` may spend on a matrix it has no measurement of (see the module's doc)."""
@@ -107,8 +107,8 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             choice = ranked_choice(ranking, basis, nnz=A_dev.nnz) if ranking else default_choice()
         else:
             with steps("race"):
-                raced = _race(A_dev, store=store, backend=backend, dtype=dtype, fp=fp, features=features,
-                              entrants=shortlist(ranking, size=race_size), basis=basis)
+                raced = race_matrix(A_dev, backend=backend, store=store, fp=fp, features=features,
+                                    race_size=race_size, ranking=ranking, basis=basis)
             choice = raced[0]
     with steps("prepare"):
         ex = Executor(A=A_dev, choice=choice, backend=backend, fingerprint=fp,
@@ -133,14 +133,26 @@ class _Steps:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def _race(A: Any, *, store: Store, backend: GpuBackend, dtype: str, fp: str, features: dict[str, float],
-          entrants: list[Any], basis: str) -> tuple[Choice, Any]:
-    """Race the entrants on ``A``, store every lap, and say what won (cuSPARSE's ALG1 if everything failed)."""
+def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: dict[str, float] | None = None,
+                race_size: int = 4, ranking: list[Any] | None = None, basis: str | None = None
+                ) -> tuple[Choice, RaceResult]:
+    """Race the selector's shortlist and cuSPARSE on ``A`` (where ``backend`` runs: the GPU, or the CPU
+    references), store every lap with the matrix and the device, and say what won (cuSPARSE's default if
+    every entrant failed). ``plan(effort="race")``, ``tuner recommend --race`` and the service's
+    ``/recommend?race=true`` all race through here; ``ranking`` is computed from ``features`` when not given.
+    """
+    dtype = str(A.dtype)
+    if features is None:
+        features = extract_features(A)
+    if ranking is None and basis is None:
+        ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype, features=features,
+                                      backend=backend if isinstance(backend, GpuBackend) else None)
     reference = Reference.build(A, dtype)
-    result = race(backend, A, entrants, reference, reference.x)
-    store.add_matrix(fp, name="", rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
-    store.add_device(backend.info.record(backend.copy_bandwidth_gbs()))
-    record_race(store, result, fingerprint=fp, device=backend.info.id, dtype=dtype, shape=A.shape, nnz=A.nnz)
+    result = race(backend, A, shortlist(ranking, size=race_size), reference, reference.x)
+    with store.transaction():
+        store.add_matrix(fp, name="", rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
+        store.add_device(backend.info.record(backend.copy_bandwidth_gbs()))
+        record_race(store, result, fingerprint=fp, device=backend.info.id, dtype=dtype, shape=A.shape, nnz=A.nnz)
     if result.winner is None:
         return default_choice(), result
     e = result.winner.entrant

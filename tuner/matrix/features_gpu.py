@@ -15,6 +15,7 @@ is its first or its last, and its diagonal entry is found by binary search.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -69,15 +70,17 @@ extern "C" __global__ void feature_xor_bits(const int* __restrict__ indices, lon
 """
 
 
-def _kernels(cupy: Any) -> tuple[Any, Any]:
-    module = cupy.RawModule(code=_ROWS)  # CuPy caches the module by its source
+@functools.cache
+def _kernels(cupy: Any, device: int) -> tuple[Any, Any]:
+    """The two kernels, compiled once per device and process (each plan() asks for them)."""
+    module = cupy.RawModule(code=_ROWS)
     return module.get_function("feature_rows"), module.get_function("feature_xor_bits")
 
 
 def device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
                     cf_widths: tuple[int, ...]) -> dict[str, float]:
     """The raw numbers :func:`extract_features` needs, from CuPy int32 ``indptr``/``indices`` (nnz > 0)."""
-    rows_kernel, xor_kernel = _kernels(cupy)
+    rows_kernel, xor_kernel = _kernels(cupy, cupy.cuda.Device().id)
     nnz = int(indices.size)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     opens = cupy.zeros(nnz, dtype=cupy.uint8)

@@ -21,6 +21,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -111,7 +112,13 @@ def _kernel() -> Any:
     from kernels._cuda import require_cupy
 
     cupy = require_cupy()
-    return cupy.RawKernel(_KERNEL, "fingerprint_sums")  # CuPy caches it by source, per device
+    return _compiled(cupy, cupy.cuda.Device().id)
+
+
+@functools.cache
+def _compiled(cupy: Any, device: int) -> Any:
+    """The sums' kernel, compiled once per device and process."""
+    return cupy.RawKernel(_KERNEL, "fingerprint_sums")
 
 
 def fingerprint(A: Any) -> str:
