@@ -39,7 +39,7 @@ from fastapi import HTTPException, status
 from common.errors import MatrixFormatError
 from service.settings import Settings
 from service.uploads import MatrixTooLargeError, ParsedMatrix, Upload, read_upload, refusal
-from tuner.matrix.io import ReadLimitError, ReadLimits
+from tuner.matrix.bounds import ReadLimitError, ReadLimits
 
 log = logging.getLogger("service.parsing")
 

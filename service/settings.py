@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from db.store import default_path
-from tuner.matrix.io import ReadLimits
+from tuner.matrix.bounds import ReadLimits
 
 MiB = 1 << 20
 
@@ -70,7 +70,7 @@ class Settings(BaseSettings):
 
     @property
     def read_limits(self) -> ReadLimits:
-        """The bounds an upload is read under (see tuner.matrix.io.ReadLimits)."""
+        """The bounds an upload is read under (see tuner.matrix.bounds.ReadLimits)."""
         return ReadLimits(line_bytes=self.max_line_bytes, header_bytes=self.max_header_bytes,
                           entry_bytes=self.max_bytes_per_entry, max_entries=self.max_matrix_size)
 

@@ -33,9 +33,10 @@ from starlette.requests import ClientDisconnect
 
 from common.errors import MatrixFormatError
 from service.settings import Settings
+from tuner.matrix.bounds import Inflater, MtxScan, ReadLimitError, ReadLimits, scan_mtx
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint
-from tuner.matrix.io import Inflater, MtxScan, ReadLimitError, ReadLimits, read_mtx, scan_mtx
+from tuner.matrix.io import read_mtx
 
 FILE_FIELD = "file"
 MAX_FIELDS = 16
@@ -306,7 +307,7 @@ def read_upload(path: Path, *, display_name: str, dtype: str, limits: ReadLimits
                 keep_dir: Path | None = None) -> ParsedMatrix:
     """The uploaded matrix's fingerprint and features; errors name the upload, not the spool file.
 
-    The file is read through :func:`tuner.matrix.io.scan_mtx` first (every bound of ``limits``; gzip data is
+    The file is read through :func:`tuner.matrix.bounds.scan_mtx` first (every bound of ``limits``; gzip data is
     decompressed into a plain copy, ``scratch``, which the caller removes), then parsed by
     :func:`tuner.matrix.io.read_mtx`. With ``keep_dir`` the matrix is kept there (:func:`keep_matrix`). Runs
     in a child process (:mod:`service.parsing`).

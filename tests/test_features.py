@@ -14,7 +14,6 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import MatrixFormatError
 from tests.conftest import shared_manifest
 from tuner.matrix.features import CF_WIDTHS, FEATURE_NAMES, extract_features
 
@@ -306,17 +305,6 @@ def test_gini_matches_pairwise_formula(npr: list[int]) -> None:
     mad = np.abs(x[:, None] - x[None, :]).mean()
     want = mad / (2 * x.mean()) if x.sum() else 0.0
     assert extract_features(with_row_counts(npr))["npr_gini"] == pytest.approx(want, abs=1e-12)
-
-
-def test_non_canonical_input_is_refused() -> None:
-    f = extract_features
-    unsorted = sp.csr_matrix(
-        (np.ones(2), np.array([3, 1], dtype=np.int32), np.array([0, 2], dtype=np.int32)), shape=(1, 4)
-    )
-    with pytest.raises(MatrixFormatError, match="canonicalise"):
-        f(unsorted)
-    with pytest.raises(MatrixFormatError, match="CSR"):
-        f(sp.coo_matrix(np.eye(2)))
 
 
 def generated_matrix(m: int, n: int, nnz: int, *, seed: int = 0) -> sp.csr_matrix:

@@ -13,6 +13,7 @@ import scipy.sparse as sp
 from common.errors import MatrixFormatError
 from tests.test_features import canonical, from_rows, random_canonical
 from tuner.matrix import fingerprint as fp_module
+from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
 
 MASK = (1 << 64) - 1
@@ -92,7 +93,7 @@ def test_legacy_fingerprint_layout() -> None:
     assert legacy_fingerprint(A) == h.hexdigest()
 
 
-@pytest.mark.parametrize("f", [fingerprint, legacy_fingerprint])
+@pytest.mark.parametrize("f", [fingerprint, legacy_fingerprint, extract_features])
 def test_non_canonical_input_is_refused(f) -> None:
     unsorted = sp.csr_matrix(
         (np.ones(2), np.array([3, 1], dtype=np.int32), np.array([0, 2], dtype=np.int32)), shape=(1, 4)

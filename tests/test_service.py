@@ -754,7 +754,7 @@ def test_upload_guard_checks_the_file_as_it_arrives():
     """The checks made on a file part chunk by chunk: a bomb stops at its first line, a size line
     announcing too much at once, a body past the size line's bound at the chunk that crosses it."""
     from service.uploads import MatrixTooLargeError, _FileGuard
-    from tuner.matrix.io import ReadLimitError, ReadLimits
+    from tuner.matrix.bounds import ReadLimitError, ReadLimits
 
     limits = ReadLimits(line_bytes=100, header_bytes=1000, entry_bytes=10, max_entries=1000)
     ok = MTX_HEADER + b"% comment\n\n3 4 2\n1 1 1\n2 2 2\n"
