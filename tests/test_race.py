@@ -114,3 +114,16 @@ def test_every_entrant_failing_leaves_no_winner(A) -> None:
     ref = Reference.build(A, "float64")
     result = race(CpuReferenceBackend(), A, [Entrant("nut", {"rows_per_panel": 3})], ref, ref.x)
     assert result.winner is None and result.prepared is None and result.baseline_s is None
+
+
+@pytest.mark.parametrize("name", ["zero_nnz", "zero_rows", "one_by_one", "one_row", "one_column", "huge_row",
+                                  "empty_rows"])
+def test_a_race_on_degenerate_matrices_has_a_winner_that_computes_y(name: str) -> None:
+    from tests.kernel_cases import CASES
+
+    A = CASES[name]()
+    ref = Reference.build(A, "float64")
+    result = race(CpuReferenceBackend(), A, shortlist(None, size=3), ref, ref.x)
+    assert result.winner is not None and all(lap.result.ok for lap in result.laps)
+    y = get_family(result.winner.entrant.kernel).run_reference(result.prepared, ref.x)
+    np.testing.assert_allclose(y, A @ ref.x, rtol=1e-12, atol=1e-300)
