@@ -266,7 +266,7 @@ def build(
 
     # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).
     key = entry_panel * n + indices.astype(i64)
-    order = _stable_argsort(xp, key)
+    order = _stable_argsort(xp, _narrow(xp, key, n_panels * n))
     key_sorted = key[order]
     new = xp.ones(nnz, dtype=bool)
     new[1:] = key_sorted[1:] != key_sorted[:-1]
@@ -290,7 +290,7 @@ def build(
 
     # Entries grouped by tile, in CSR order (row, column) inside each tile.
     entry_tile = active_tile[entry_uid]
-    order = _stable_argsort(xp, entry_tile)
+    order = _stable_argsort(xp, _narrow(xp, entry_tile, n_tiles))
     tile_sorted = entry_tile[order]
     row_sorted = local_row[order]
     tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=i64), side="left")
@@ -420,6 +420,11 @@ def _exclusive_cumsum(xp: Any, counts: Any) -> Any:
     out = xp.zeros(counts.shape[0] + 1, dtype=xp.int64)
     out[1:] = xp.cumsum(counts)
     return out
+
+
+def _narrow(xp: Any, key: Any, bound: int) -> Any:
+    """``key`` (int64, each below ``bound``) as int32 where it fits: a radix sort of half the passes."""
+    return key.astype(xp.int32) if bound <= np.iinfo(np.int32).max else key
 
 
 def _stable_argsort(xp: Any, key: Any) -> Any:

@@ -21,7 +21,6 @@ from tests.test_model import DEV_A, DEV_B, DEVICE, DTYPE, A, B, _fill, _table
 from tuner.cli import app
 from tuner.execute.choice import choose
 from tuner.matrix.features import FEATURE_NAMES
-from tuner.select import model as model_module
 from tuner.select import shipped
 from tuner.select.evaluation import ranking_table
 from tuner.select.model import DeviceSpec, KernelSelector, find_selector, load_shipped, save_model, ship_model
@@ -188,12 +187,10 @@ def test_a_gpu_of_the_same_architecture_is_served_by_the_nearest_shipped_selecto
         assert find_selector(store, device=A100, dtype=DTYPE) is None
         assert find_selector(store, device=H200, dtype=DTYPE)[1:] == (None, f"the selector shipped for {H200}")
         assert find_selector(store, device=H100_NVL, dtype="float32")[0].device_ == h100  # the only float32 one
-    # nothing in the store: measured on the backend once a process; without one, as on the source GPU
-    monkeypatch.setattr(model_module, "_BANDWIDTH", {})
+    # nothing in the store: measured on the backend; without one, as on the source GPU
     backend = _FakeBackend(H100_NVL, 3100.0)
-    for _ in range(2):
-        model, spec, _ = find_selector(None, device=H100_NVL, dtype=DTYPE, backend=backend)
-        assert model.device_ == h100 and spec == DeviceSpec(H100_NVL, 3100.0, 50 * 2**20, 114)
+    model, spec, _ = find_selector(None, device=H100_NVL, dtype=DTYPE, backend=backend)
+    assert model.device_ == h100 and spec == DeviceSpec(H100_NVL, 3100.0, 50 * 2**20, 114)
     assert backend.measured == 1
     other = _FakeBackend(H200, 1.0)  # a backend of another device says nothing of this one
     model, spec, basis = find_selector(None, device="NVIDIA H800 (sm_90)", dtype=DTYPE, backend=other)
@@ -239,7 +236,10 @@ def test_plan_predicts_from_the_shipped_model_on_a_fresh_store(models, data):
     from tuner.measure.backend import GpuBackend
 
     device = GpuBackend().info.id
-    ship_model(_selector(data, only=B), device=device, dtype=DTYPE, folder=models)  # csr_vector, the only config
+    feats, times = data
+    times = [{B: t[B]} for t in times]  # csr_vector, the only config, prepared in 1 SpMV: cheap enough to predict
+    selector = KernelSelector(n_estimators=10).fit(feats, times, dtype=DTYPE, device=DEVICE, prepare_times=times)
+    ship_model(selector, device=device, dtype=DTYPE, folder=models)
     A = generate("poisson2d", n=60)
     with Store(memory=True) as fresh:
         ex = plan(A, db=fresh, effort="predict")

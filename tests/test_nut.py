@@ -438,6 +438,15 @@ def test_invariants_on_hard_cases_with_small_sizes():
                 check_invariants(A, ex, params)
 
 
+def test_invariants_where_the_sort_keys_need_64_bits():
+    """(panel, column) keys of a matrix 2^30 columns wide, 64 one-row panels: past int32, sorted as int64."""
+    rng = np.random.default_rng(7)
+    A = as_csr(sp.random(64, 1 << 30, density=3e-9, format="csr", random_state=rng))
+    params = {"rows_per_panel": 1, "cols_per_tile": 4, "threads": 3}
+    assert A.nnz > 100 and 64 * A.shape[1] > np.iinfo(np.int32).max
+    check_invariants(A, build(A.indptr, A.indices, A.data, A.shape, **params, num_sms=1), params)
+
+
 # -- the reference y -----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(CASES))

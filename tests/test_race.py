@@ -127,3 +127,18 @@ def test_a_race_on_degenerate_matrices_has_a_winner_that_computes_y(name: str) -
     assert result.winner is not None and all(lap.result.ok for lap in result.laps)
     y = get_family(result.winner.entrant.kernel).run_reference(result.prepared, ref.x)
     np.testing.assert_allclose(y, A @ ref.x, rtol=1e-12, atol=1e-300)
+
+
+def test_predict_takes_the_first_config_cheap_to_prepare() -> None:
+    """plan(effort="predict") prepares nothing costly: past the budget a config is left to the race."""
+    from tuner.execute.choice import ranked_choice
+    from tuner.execute.plan import PREDICT_PREPARE_SPMVS
+
+    ranking = [ranked("nut", {}, 1.0e-4, 150.0), ranked("csr_vector", {"threads_per_row": 4}, 1.2e-4, 0.8),
+               ranked("cusparse", {"algorithm": "csr_alg1"}, 1.3e-4, 4.0)]
+    assert ranked_choice(ranking, "b", nnz=1e6).kernel == "nut"
+    cheap = ranked_choice(ranking, "b", nnz=1e6, prepare_budget=PREDICT_PREPARE_SPMVS)
+    assert (cheap.kernel, cheap.source) == ("csr_vector", "predicted")
+    assert cheap.expected_gflops == pytest.approx(2e6 / 1.2e-4 / 1e9)
+    unknown = ranked("csr_scalar", {}, 1.0e-4, float("nan"))  # never measured: not known to be cheap
+    assert ranked_choice([ranking[0], unknown], "b", nnz=1e6, prepare_budget=5.0).source == "default"

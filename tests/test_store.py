@@ -382,15 +382,14 @@ def test_add_trials_is_all_or_nothing(store: Store, monkeypatch: pytest.MonkeyPa
         store.add_trials([trial(time_s=1e-6), trial(time_s=2e-6), trial(fingerprint="no-such-matrix")])
     assert (counts(store), store.best(FP, device=DEV, dtype="float64")) == before
 
-    insert, calls = Store._insert_trial, []
+    get = Store._get
 
-    def failing_third(self: Store, row: dict[str, Any]) -> int:
-        calls.append(row)
-        if len(calls) == 3:
+    def failing_at_best(self: Store, table: str, pk: Any) -> dict[str, Any] | None:
+        if table == "best":  # the trials are inserted by now
             raise KeyboardInterrupt  # anything at all, mid-transaction
-        return insert(self, row)
+        return get(self, table, pk)
 
-    monkeypatch.setattr(Store, "_insert_trial", failing_third)
+    monkeypatch.setattr(Store, "_get", failing_at_best)
     with pytest.raises(KeyboardInterrupt):
         store.add_trials([trial(time_s=1e-6), trial(time_s=2e-6), trial(time_s=3e-6)])
     monkeypatch.undo()

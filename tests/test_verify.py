@@ -62,6 +62,11 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
         np.testing.assert_allclose(dev.scale.get(), abs(A64) @ np.abs(x64), rtol=1e-12, atol=1e-300)
         y = cusp.csr_matrix(A.astype(dtype)) @ dev.x
         assert dev.check(y)[0] and dev.check(y.get())[0]  # on either side
+        if A.shape[0] and A[0].nnz:  # a wrong value, every entry finite: the one-pass check finds it too
+            wrong = y.copy()
+            wrong[0] += 1.0
+            ok, rel, msg = dev.check(wrong)
+            assert not ok and rel > dev.rtol and msg.startswith("row 0:")
         if A.shape[0]:
             y[0] += 1.0 if A[0].nnz else 0.0
             y[-1] = cupy.nan
@@ -83,3 +88,17 @@ def test_gpu_queued_timing_brackets_each_product() -> None:
     samples = backend.time_queued([one, two], repeats=5, lead=[True, False])
     assert [len(s) for s in samples] == [5, 5] and min(min(s) for s in samples) > 0
     assert 1.5 < np.median(samples[1]) / np.median(samples[0]) < 2.5  # two passes take about twice one
+
+
+@pytest.mark.gpu
+def test_the_copy_bandwidth_is_measured_once_a_process() -> None:
+    """Every plan() makes a backend; the 1 GB copy that measures the bandwidth runs for the first only."""
+    import time
+
+    from tuner.measure.backend import GpuBackend
+
+    first = GpuBackend().copy_bandwidth_gbs()
+    backend = GpuBackend()
+    start = time.perf_counter()
+    again = backend.copy_bandwidth_gbs()
+    assert again == first > 100 and time.perf_counter() - start < 1e-3

@@ -94,8 +94,15 @@ def _valid(kernel: str, params: Mapping[str, Any]) -> bool:
     return True
 
 
-def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float) -> Choice:
-    """The selector's first config, as a prediction (for a matrix of ``nnz`` nonzeros)."""
+def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float,
+                  prepare_budget: float | None = None) -> Choice:
+    """The selector's first config, as a prediction (for a matrix of ``nnz`` nonzeros); with
+    ``prepare_budget``, the first whose preparation is expected to cost at most that many SpMVs
+    (cuSPARSE's default when none is known to)."""
+    if prepare_budget is not None:
+        ranking = [r for r in ranking if r.prepare_spmvs is not None and r.prepare_spmvs <= prepare_budget]
+        if not ranking:
+            return default_choice()
     first = ranking[0]
     gflops = 2 * nnz / first.expected_s / 1e9 if first.expected_s else None
     return Choice(first.kernel, dict(first.params), "predicted", expected_gflops=gflops,
@@ -104,8 +111,8 @@ def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float) ->
 
 def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
            features: Mapping[str, float] | None = None) -> Choice:
-    """The config plan(effort="predict") runs, measuring nothing: the stored best for (fingerprint,
-    device, dtype), else the selector's first config for ``features``, else the default.
+    """The config recommended without measuring anything: the stored best for (fingerprint, device,
+    dtype), else the selector's first config for ``features``, else the default.
 
     ``use_tuned=False`` gives what plan() would predict for a matrix it has never
     tuned (the benchmark compares that with the tuned best).

@@ -3,9 +3,9 @@
 ``effort`` says how much ``plan()`` may spend when the store holds nothing
 measured for the matrix on this GPU and dtype:
 
-- ``"predict"``: the selector's first config (:mod:`tuner.select.model`), or
-  cuSPARSE without a selector for this GPU; the matrix's features are the
-  only cost beyond preparing the kernel;
+- ``"predict"``: the selector's first config (:mod:`tuner.select.model`) among
+  those cheap to prepare (:data:`PREDICT_PREPARE_SPMVS`), or cuSPARSE without
+  a selector for this GPU; the matrix's features are the only other cost;
 - ``"race"`` (the default): the selector's shortlist and cuSPARSE's two
   algorithms prepared, checked and timed here (:mod:`tuner.execute.race`); the
   fastest runs, already prepared, and every lap goes into the store, so the
@@ -43,12 +43,15 @@ from tuner.measure.verify import Reference
 if TYPE_CHECKING:
     from tuner.execute.spmspv import SpMSpVExecutor
 
-__all__ = ["DEFAULT_TRIALS", "EFFORTS", "plan", "race_matrix"]
+__all__ = ["DEFAULT_TRIALS", "EFFORTS", "PREDICT_PREPARE_SPMVS", "plan", "race_matrix"]
 
 EFFORTS = ("predict", "race", "tune")
 """How much ``plan()`` may spend on a matrix it has no measurement of (see the module's doc)."""
 DEFAULT_TRIALS = 30
 """Trials of ``effort="tune"`` when ``trials`` is not given."""
+PREDICT_PREPARE_SPMVS = 5.0
+"""The preparation ``effort="predict"`` may spend, in SpMVs by the selector's estimate: configs that cost more
+(a NuT or IPCSR structure built on the matrix) are for the race, which measures whether they repay it."""
 
 
 def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None, op: str = "spmv",
@@ -104,7 +107,8 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
                                 trials=DEFAULT_TRIALS if trials is None else trials,
                                 seeds=[(r.kernel, r.params) for r in (ranking or [])[:race_size]])
         elif effort == "predict":
-            choice = ranked_choice(ranking, basis, nnz=A_dev.nnz) if ranking else default_choice()
+            choice = (ranked_choice(ranking, basis, nnz=A_dev.nnz, prepare_budget=PREDICT_PREPARE_SPMVS) if ranking
+                      else default_choice())
         else:
             with steps("race"):
                 raced = race_matrix(A_dev, backend=backend, store=store, fp=fp, features=features,

@@ -13,7 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -118,6 +118,9 @@ class Backend(ABC):
 class GpuBackend(Backend):
     """The current CUDA device through CuPy; times are GPU times from CUDA events."""
 
+    _bandwidths: ClassVar[dict[int, float]] = {}
+    """Copy bandwidth by device ordinal, measured once a process (about 13 ms: every plan() makes a backend)."""
+
     def __init__(self) -> None:
         self.cp = require_cupy()
         dev = self.cp.cuda.Device()
@@ -136,7 +139,6 @@ class GpuBackend(Backend):
         )
         self._flush: Any = None
         self._spinner: Any = None
-        self._bandwidth: float | None = None
 
     def matrix(self, A: Any) -> Any:
         import cupyx.scipy.sparse as cusp
@@ -218,14 +220,15 @@ class GpuBackend(Backend):
         return [[cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in zip(ev, ev[1:], strict=False)] for ev in marks]
 
     def copy_bandwidth_gbs(self) -> float:
-        if self._bandwidth is None:
+        device = self.cp.cuda.Device().id
+        if device not in self._bandwidths:
             n = max(8 * self.info.l2_bytes, 512 << 20)
             src = self.cp.ones(n, dtype=self.cp.uint8)
             dst = self.cp.empty_like(src)
             t = self.time(lambda: dst.__setitem__(Ellipsis, src), repeats=20, max_duration=2.0)
-            self._bandwidth = 2 * n / t.median_s / 1e9
+            self._bandwidths[device] = 2 * n / t.median_s / 1e9
             del src, dst
-        return self._bandwidth
+        return self._bandwidths[device]
 
 
 class CpuReferenceBackend(Backend):

@@ -532,13 +532,9 @@ def _load_shipped(path: str, mtime_ns: int, size: int, device: str, dtype: str, 
 # -- which selector answers for a device -----------------------------------------------------------------
 
 
-_BANDWIDTH: dict[str, float] = {}
-"""Copy bandwidth measured on a backend, by device id: measured once a process (about 10 ms)."""
-
-
 def device_spec(store: Store | None, device: str, backend: Backend | None = None) -> DeviceSpec | None:
     """What the selector needs of ``device``: from the store's ``devices`` row when it holds the copy bandwidth
-    and SMs, else from ``backend`` when it runs that device (its bandwidth measured once a process), else None."""
+    and SMs, else from ``backend`` when it runs that device (its copy bandwidth measured there), else None."""
     record = store.device(device) if store is not None else None
     info = backend.info if backend is not None and backend.info.id == device else None
     if record and record.get("copy_bandwidth_gbs") and record.get("sms"):
@@ -547,10 +543,8 @@ def device_spec(store: Store | None, device: str, backend: Backend | None = None
         return DeviceSpec.from_record(record)
     if info is None or backend is None:
         return None
-    if device not in _BANDWIDTH:
-        _BANDWIDTH[device] = backend.copy_bandwidth_gbs()
     return DeviceSpec.from_record({"id": info.id, "name": info.name, "sms": info.sms, "l2_bytes": info.l2_bytes,
-                                   "copy_bandwidth_gbs": _BANDWIDTH[device]})
+                                   "copy_bandwidth_gbs": backend.copy_bandwidth_gbs()})
 
 
 def find_selector(store: Store | None, *, device: str, dtype: str, backend: Backend | None = None
