@@ -12,6 +12,7 @@ service's ``/recommend`` asks :func:`choose`, which measures nothing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -87,8 +88,14 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
 
 def _valid(kernel: str, params: Mapping[str, Any]) -> bool:
     """Whether a config the selector learned is still in the registry (it may predate a change of it)."""
+    return _valid_key(kernel, tuple(sorted(params.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_key(kernel: str, params: tuple[tuple[str, Any], ...]) -> bool:
+    """:func:`_valid`, once a process per config (every plan() ranks the same few dozen)."""
     try:
-        get_family(kernel).space.validate(params, family=kernel)
+        get_family(kernel).space.validate(dict(params), family=kernel)
     except InvalidConfigError:
         return False
     return True
