@@ -49,8 +49,8 @@ BASELINE_ENTRANTS: tuple[tuple[str, dict[str, Any]], ...] = (
 """In every race: cuSPARSE's two CSR algorithms, the reference every result is a ratio to."""
 
 MARGIN = 0.03
-"""How much faster than cuSPARSE an entrant must be to win: the race times warm and briefly, and on the H200
-a config 0.3 % ahead in the race was 6 % behind with a cold L2 (bench/results/*_unseen.json)."""
+"""How much faster than cuSPARSE an entrant must be to win: a race is a few products each. (When it timed
+warm, a config 0.3 % ahead in the race was 6 % behind cold on the H200; it now times cold too.)"""
 
 SHORT_S = 60e-6
 """A product shorter than this may not hide the host's launch of the next: the race fills the queue first."""
@@ -162,8 +162,9 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     """Prepare, check and time every entrant on ``A`` (on ``backend``'s device; ``x`` is ``reference.x``
     there); the winner stays prepared, the others are released.
 
-    Timing: ``rounds`` rounds of ``repeats`` products of each survivor, interleaved, each product between
-    two CUDA events (:meth:`~tuner.measure.backend.Backend.time_queued`); after the first round an entrant
+    Timing: ``rounds`` rounds of ``repeats`` products of each survivor, interleaved, each product after an
+    L2 flush and between two CUDA events (:meth:`~tuner.measure.backend.Backend.time_queued`): cold, as
+    the benchmarks time (warm, x stays in L2 and the order of configs can differ); after the first round an entrant
     slower than ``drop`` times the leader leaves. A lap's time is the median of its products. The winner
     must beat cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
     """
@@ -188,7 +189,8 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         fns = [_runner(backend, laps[i].entrant.kernel, *ready[i], x) for i in order]
         # Before a product too short to hide the host's next launch behind it, the queue is filled first.
         lead = [not laps[i].samples or float(np.median(laps[i].samples)) < SHORT_S for i in order]
-        for i, samples in zip(order, backend.time_queued(fns, repeats=repeats, lead=lead), strict=True):
+        timed = backend.time_queued(fns, repeats=repeats, lead=lead, flush_l2=True)
+        for i, samples in zip(order, timed, strict=True):
             laps[i].samples += samples
         if round_ + 1 < rounds:
             leader = min(float(np.median(laps[i].samples)) for i in order)

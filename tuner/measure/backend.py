@@ -97,10 +97,11 @@ class Backend(ABC):
 
     @abstractmethod
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
-                    lead: Sequence[bool] | None = None) -> list[list[float]]:
-        """``repeats`` products of each fn in turn, back to back with no wait between them: the seconds of
-        each product. Cheaper than :meth:`time` (no wait, no spin per product); ``lead[i]`` fills the queue
-        before fn i, for products too short to hide the host's next launch (else their samples include it)."""
+                    lead: Sequence[bool] | None = None, flush_l2: bool = False) -> list[list[float]]:
+        """``repeats`` products of each fn in turn, queued with no wait between them: the seconds of each
+        product. Cheaper than :meth:`time` (no wait, no spin per product); ``lead[i]`` fills the queue
+        before fn i, for products too short to hide the host's next launch (else their samples include it);
+        ``flush_l2`` evicts the cache before every product (cold figures, as the benchmarks time)."""
 
     @abstractmethod
     def copy_bandwidth_gbs(self) -> float:
@@ -202,22 +203,26 @@ class GpuBackend(Backend):
         self._spinner((1,), (1,), (np.int64(cycles),))
 
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
-                    lead: Sequence[bool] | None = None) -> list[list[float]]:
-        """CUDA events between consecutive products, all recorded before one wait at the end."""
+                    lead: Sequence[bool] | None = None, flush_l2: bool = False) -> list[list[float]]:
+        """CUDA events around every product, all recorded before one wait at the end."""
         cp = self.cp
         marks = []
         for i, fn in enumerate(fns):
             if lead is None or lead[i]:
                 self._spin(i, cycles=SPIN_CYCLES * repeats // 2)
-            events = [cp.cuda.Event() for _ in range(repeats + 1)]
-            events[0].record()
-            for event in events[1:]:
+            events = []
+            for r in range(repeats):
+                if flush_l2:
+                    self._flush_l2(r)
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
                 fn()
-                event.record()
+                end.record()
+                events.append((start, end))
             marks.append(events)
-        if marks:
-            marks[-1][-1].synchronize()
-        return [[cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in zip(ev, ev[1:], strict=False)] for ev in marks]
+        if marks and marks[-1]:
+            marks[-1][-1][1].synchronize()
+        return [[cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in events] for events in marks]
 
     def copy_bandwidth_gbs(self) -> float:
         device = self.cp.cuda.Device().id
@@ -280,7 +285,7 @@ class CpuReferenceBackend(Backend):
         return Timing.from_samples(np.asarray(samples))
 
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
-                    lead: Sequence[bool] | None = None) -> list[list[float]]:
+                    lead: Sequence[bool] | None = None, flush_l2: bool = False) -> list[list[float]]:
         samples = []
         for fn in fns:
             mine = []
