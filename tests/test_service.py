@@ -513,6 +513,8 @@ def test_tune_rejects_bad_bodies(client, settings):
     before = snapshot(settings.db_path)
     assert_error(client.post("/tune", headers=AUTH, files={"file": ("bad.mtx", MTX_HEADER + b"2 2 1\n3 1 1\n")}),
                  422, "bad.mtx, line 3")
+    assert_error(client.post("/tune", headers=AUTH, files={"file": ("extra.mtx", MTX_HEADER + b"2 2 1\n1 1 1 9\n")}),
+                 422, "extra.mtx, line 3: 4 fields")
     assert_error(client.post("/tune", headers=AUTH, json={"fingerprint": "0" * 32}), 404, "no matrix")
     assert_error(client.post("/tune", headers=AUTH, json={"fingerprint": fps[0]}), 409, "no copy")
     assert_error(client.post("/tune", headers=AUTH, json={"fingerprint": "../../etc/passwd"}), 404)
