@@ -637,6 +637,10 @@ class Store:
         """How many matrices the store knows."""
         return self.db["matrices"].count
 
+    def study_names(self) -> set[str]:
+        """The studies the store's trials came from (optuna's, and the pseudo-studies of races and surveys)."""
+        return {row["study"] for row in self.db.query("select distinct study from trials where study is not null")}
+
     def find_matrix(self, name_or_prefix: str) -> dict[str, Any] | None:
         """A matrix by exact fingerprint, unique fingerprint prefix (>= 6 chars) or exact name (newest).
 
