@@ -494,11 +494,12 @@ def test_tune_without_a_configured_token_is_403(tmp_path, mtx):
 
 @pytest.mark.parametrize(
     ("data", "status", "words"),
-    [({"trials": "0"}, 422, ["trials"]), ({"trials": "many"}, 422, ["trials"]),
+    [({"trials": "0"}, 422, ["trials"]), ({"trials": "-1"}, 422, ["trials"]), ({"trials": "many"}, 422, ["trials"]),
      ({"trials": "100000"}, 422, ["more than this server allows"]), ({"dtype": "int8"}, 422, ["dtype"]),
      ({"kernels": "csr_scalar,warp_magic"}, 422, ["unknown kernel(s) warp_magic"]),
      ({"colour": "red"}, 422, ["colour"])],
-    ids=["zero trials", "trials not a number", "too many trials", "bad dtype", "unknown kernel", "unknown field"],
+    ids=["zero trials", "negative trials", "trials not a number", "too many trials", "bad dtype", "unknown kernel",
+         "unknown field"],
 )
 def test_tune_rejects_bad_options(client, settings, mtx, data, status, words):
     seed_store(settings.db_path)

@@ -87,8 +87,9 @@ def generate(
 @_clean_errors
 def tune(
     matrix: Annotated[Path, typer.Argument(help="Matrix Market file (.mtx or .mtx.gz)")],
-    trials: Annotated[int, typer.Option(help="trials to run now (the study keeps earlier ones)")] = 40,
-    timeout: Annotated[float | None, typer.Option(help="stop starting new trials after this many seconds")] = None,
+    trials: Annotated[int, typer.Option(min=1, help="trials to run now (the study keeps earlier ones)")] = 40,
+    timeout: Annotated[float | None, typer.Option(
+        min=0, help="stop starting new trials after this many seconds")] = None,
     kernels: Annotated[str | None, typer.Option(help="comma-separated families (default: all)")] = None,
     dtype: DtypeOption = "float64",
     db: DbOption = None,
@@ -164,9 +165,9 @@ def bench(
     matrices: Annotated[list[Path] | None, typer.Argument(help=".mtx files or folders of them")] = None,
     suite: Annotated[str | None, typer.Option(
         help="a named generated suite: small, large, graphs, corpus or corpus-smoke")] = None,
-    trials: Annotated[int, typer.Option(help="trials per matrix (0: reuse what the store holds)")] = 40,
+    trials: Annotated[int, typer.Option(min=0, help="trials per matrix (0: reuse what the store holds)")] = 40,
     family_trials: Annotated[int, typer.Option(
-        help="then this many trials for each family alone, so every family is tuned")] = 0,
+        min=0, help="then this many trials for each family alone, so every family is tuned")] = 0,
     enqueue: Annotated[Path | None, typer.Option(
         help="portfolio file (`tuner corpus portfolio`): configs measured on every matrix")] = None,
     kernels: Annotated[str | None, typer.Option(
@@ -348,7 +349,7 @@ def train(
     db: DbOption = None,
     device: Annotated[str | None, typer.Option(help="device id in the store (default: its only gpu device)")] = None,
     dtype: DtypeOption = "float64",
-    cv: Annotated[int, typer.Option(help="folds of the cross-validation grouped by matrix")] = 5,
+    cv: Annotated[int, typer.Option(min=2, help="folds of the cross-validation grouped by matrix")] = 5,
     seed: Annotated[int, typer.Option(help="random seed of the forest")] = 0,
     corpus: Annotated[list[Path] | None, typer.Option(
         help="corpus file(s) (`tuner corpus export`) to import into the store first; again: adds nothing")] = None,

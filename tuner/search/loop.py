@@ -183,7 +183,7 @@ def tune(
                                 skip_if_exists=total is not None or bool(enqueue))
     restricted = {f.name for f in families} != set(REGISTRY)
     rng = np.random.default_rng(seed + len(seen))
-    deadline = time.monotonic() + timeout if timeout else float("inf")
+    deadline = time.monotonic() + timeout if timeout is not None else float("inf")
     record = {"fingerprint": fp, "device": device.id, "dtype": dtype, "study": study.study_name}
 
     ran = 0
