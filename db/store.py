@@ -277,6 +277,7 @@ class Store:
 
     ``db`` is the underlying ``sqlite_utils.Database``, for read-only queries;
     write through the methods, which validate records and keep ``best`` right.
+    ``create=False``: a file that does not exist is an error rather than a new, empty store.
     """
 
     #: The schema's migrations, in order. Append new ones; never edit, rename or reorder applied ones.
@@ -284,11 +285,14 @@ class Store:
                                                    _m004_fingerprint_scheme)
     SCHEMA_VERSION: ClassVar[int] = len(MIGRATIONS)
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, memory: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, memory: bool = False,
+                 create: bool = True) -> None:
         if memory and path is not None:
             raise ValueError("pass either a path or memory=True, not both")
         file = None if memory else Path(path if path is not None else default_path())
         self.path: Path | str = ":memory:" if file is None else file
+        if file is not None and not create and not file.exists():
+            raise StoreError(f"no store at {file}")
         self._migrations = Migrations(_MIGRATION_SET)
         for step in self.MIGRATIONS:
             self._migrations(name=step.__name__)(step)
@@ -640,6 +644,10 @@ class Store:
     def count_matrices(self) -> int:
         """How many matrices the store knows."""
         return self.db["matrices"].count
+
+    def study_names(self) -> set[str]:
+        """The studies the store's trials came from (optuna's, and the pseudo-studies of races and surveys)."""
+        return {row["study"] for row in self.db.query("select distinct study from trials where study is not null")}
 
     def find_matrix(self, name_or_prefix: str) -> dict[str, Any] | None:
         """A matrix by exact fingerprint, unique fingerprint prefix (>= 6 chars) or exact name (newest).

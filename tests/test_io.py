@@ -89,6 +89,15 @@ MALFORMED = {
     ),
     "dense array": ("%%MatrixMarket matrix array real general\n2 1\n1\n2\n", ["array", "coordinate"]),
     "NaN and Inf": (BANNER + "3 3 3\n1 1 1\n2 1 nan\n3 3 -inf\n", ["2 NaN or Inf", "row 2, column 1"]),
+    "extra field": (BANNER + "3 3 2\n1 1 1.0 extra\n2 2 2\n", ["line 3", "4 fields", "'real' entry has 3"]),
+    "extra field on the last line": (BANNER + "%\n3 3 2\n1 1 1\n\n2 2 2 7\n", ["line 6", "4 fields"]),
+    "a value in a pattern file": (
+        "%%MatrixMarket matrix coordinate pattern general\n2 2 2\n1 1\n2 2 1.0\n",
+        ["line 4", "3 fields", "'pattern' entry has 2"],
+    ),
+    "extra field, symmetric": (
+        "%%MatrixMarket matrix coordinate integer symmetric\n2 2 1\n2 1 3 4\n", ["line 3", "4 fields"],
+    ),
 }
 
 
@@ -133,6 +142,27 @@ def test_error_early_in_a_large_file_is_an_exception(tmp_path: Path, name: str) 
     path = tmp_path / name
     path.write_bytes(gzip.compress(text, compresslevel=1) if name.endswith(".gz") else text)
     with pytest.raises(MatrixFormatError, match="line 11: Invalid floating-point"):
+        read_mtx(path)
+
+
+@pytest.mark.parametrize("name", ["big.mtx", "big.mtx.gz"])
+def test_fields_are_counted_across_the_reads_of_a_large_file(tmp_path: Path, name: str) -> None:
+    """Entries split across fast_matrix_market's reads and the counted MiBs, blank lines and odd
+    whitespace are fine; one extra field far into the file is found, on its line."""
+    rng = np.random.default_rng(1)
+    row, col = rng.integers(0, 30_000, (2, 200_000))
+    good = tmp_path / "good.mtx"
+    write_mtx(good, sp.coo_matrix((rng.uniform(size=200_000), (row, col)), shape=(30_000, 30_000)))
+    lines = good.read_bytes().split(b"\n")
+    lines[5] = b"\t" + lines[5].replace(b" ", b"  \t") + b" \r"
+    lines[7:7] = [b"", b"   "]
+    path = tmp_path / name
+    compress = gzip.compress if name.endswith(".gz") else bytes
+    path.write_bytes(compress(b"\n".join(lines)))
+    assert read_mtx(path).nnz == read_mtx(good).nnz
+    lines[-3] += b" 1"
+    path.write_bytes(compress(b"\n".join(lines)))
+    with pytest.raises(MatrixFormatError, match=f"line {len(lines) - 2}: 4 fields"):
         read_mtx(path)
 
 

@@ -494,11 +494,12 @@ def test_tune_without_a_configured_token_is_403(tmp_path, mtx):
 
 @pytest.mark.parametrize(
     ("data", "status", "words"),
-    [({"trials": "0"}, 422, ["trials"]), ({"trials": "many"}, 422, ["trials"]),
+    [({"trials": "0"}, 422, ["trials"]), ({"trials": "-1"}, 422, ["trials"]), ({"trials": "many"}, 422, ["trials"]),
      ({"trials": "100000"}, 422, ["more than this server allows"]), ({"dtype": "int8"}, 422, ["dtype"]),
      ({"kernels": "csr_scalar,warp_magic"}, 422, ["unknown kernel(s) warp_magic"]),
      ({"colour": "red"}, 422, ["colour"])],
-    ids=["zero trials", "trials not a number", "too many trials", "bad dtype", "unknown kernel", "unknown field"],
+    ids=["zero trials", "negative trials", "trials not a number", "too many trials", "bad dtype", "unknown kernel",
+         "unknown field"],
 )
 def test_tune_rejects_bad_options(client, settings, mtx, data, status, words):
     seed_store(settings.db_path)
@@ -513,6 +514,8 @@ def test_tune_rejects_bad_bodies(client, settings):
     before = snapshot(settings.db_path)
     assert_error(client.post("/tune", headers=AUTH, files={"file": ("bad.mtx", MTX_HEADER + b"2 2 1\n3 1 1\n")}),
                  422, "bad.mtx, line 3")
+    assert_error(client.post("/tune", headers=AUTH, files={"file": ("extra.mtx", MTX_HEADER + b"2 2 1\n1 1 1 9\n")}),
+                 422, "extra.mtx, line 3: 4 fields")
     assert_error(client.post("/tune", headers=AUTH, json={"fingerprint": "0" * 32}), 404, "no matrix")
     assert_error(client.post("/tune", headers=AUTH, json={"fingerprint": fps[0]}), 409, "no copy")
     assert_error(client.post("/tune", headers=AUTH, json={"fingerprint": "../../etc/passwd"}), 404)

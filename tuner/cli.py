@@ -1,7 +1,8 @@
 """The ``tuner`` command line (typer + rich).
 
 Every command turns the project's own errors (:class:`~common.errors.TunerError`)
-into one red line and exit code 1; anything else is a bug and shows its traceback.
+and the system's (``OSError``: a missing file, a full disk) into one red line and
+exit code 1; anything else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (TunerError, FileNotFoundError) as exc:
+        except (TunerError, OSError) as exc:
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
 
@@ -87,8 +88,9 @@ def generate(
 @_clean_errors
 def tune(
     matrix: Annotated[Path, typer.Argument(help="Matrix Market file (.mtx or .mtx.gz)")],
-    trials: Annotated[int, typer.Option(help="trials to run now (the study keeps earlier ones)")] = 40,
-    timeout: Annotated[float | None, typer.Option(help="stop starting new trials after this many seconds")] = None,
+    trials: Annotated[int, typer.Option(min=1, help="trials to run now (the study keeps earlier ones)")] = 40,
+    timeout: Annotated[float | None, typer.Option(
+        min=0, help="stop starting new trials after this many seconds")] = None,
     kernels: Annotated[str | None, typer.Option(help="comma-separated families (default: all)")] = None,
     dtype: DtypeOption = "float64",
     db: DbOption = None,
@@ -164,9 +166,9 @@ def bench(
     matrices: Annotated[list[Path] | None, typer.Argument(help=".mtx files or folders of them")] = None,
     suite: Annotated[str | None, typer.Option(
         help="a named generated suite: small, large, graphs, corpus or corpus-smoke")] = None,
-    trials: Annotated[int, typer.Option(help="trials per matrix (0: reuse what the store holds)")] = 40,
+    trials: Annotated[int, typer.Option(min=0, help="trials per matrix (0: reuse what the store holds)")] = 40,
     family_trials: Annotated[int, typer.Option(
-        help="then this many trials for each family alone, so every family is tuned")] = 0,
+        min=0, help="then this many trials for each family alone, so every family is tuned")] = 0,
     enqueue: Annotated[Path | None, typer.Option(
         help="portfolio file (`tuner corpus portfolio`): configs measured on every matrix")] = None,
     kernels: Annotated[str | None, typer.Option(
@@ -312,8 +314,10 @@ def show(
     from db.store import Store
     from tuner.matrix.fingerprint import fingerprint
 
-    store = Store(db)
-    key = fingerprint(_read_matrix(matrix)) if Path(matrix).is_file() else matrix
+    path = Path(matrix)
+    is_path = path.exists() or len(path.parts) > 1 or matrix.endswith((".mtx", ".mtx.gz"))
+    key = fingerprint(_read_matrix(path)) if is_path else matrix  # a missing file: an error naming it
+    store = Store(db, create=False)
     row = store.find_matrix(key)
     if row is None:
         raise _TunerError(f"nothing stored for {matrix!r} in {store.path}; run `tuner tune` on it first")
@@ -348,7 +352,7 @@ def train(
     db: DbOption = None,
     device: Annotated[str | None, typer.Option(help="device id in the store (default: its only gpu device)")] = None,
     dtype: DtypeOption = "float64",
-    cv: Annotated[int, typer.Option(help="folds of the cross-validation grouped by matrix")] = 5,
+    cv: Annotated[int, typer.Option(min=2, help="folds of the cross-validation grouped by matrix")] = 5,
     seed: Annotated[int, typer.Option(help="random seed of the forest")] = 0,
     corpus: Annotated[list[Path] | None, typer.Option(
         help="corpus file(s) (`tuner corpus export`) to import into the store first; again: adds nothing")] = None,
@@ -371,7 +375,7 @@ def train(
     check_dtype(dtype)
     if task not in ("spmv", "spmspv"):
         raise TunerError(f"unknown task {task!r}: spmv (the kernel selector) or spmspv (the SpMSpV mode selector)")
-    with Store(db) as store:
+    with Store(db, create=bool(corpus)) as store:
         if corpus:
             from tuner.select.corpus import import_corpus
 
@@ -486,7 +490,7 @@ def corpus_export(
 
     if dtype is not None:
         check_dtype(dtype)
-    with Store(db) as store:
+    with Store(db, create=False) as store:
         report = export_corpus(store, output, device=device, dtype=dtype)
     size = output.stat().st_size
     console.print(f"wrote {output} ({size / 1e6:.2f} MB): {report.trials} trials ({_per_dtype(report)}) of "

@@ -38,7 +38,7 @@ from tuner.measure.backend import Backend
 from tuner.measure.evaluate import time_interleaved
 from tuner.measure.metrics import gbps, gflops
 from tuner.measure.verify import Reference
-from tuner.search.loop import tune
+from tuner.search.loop import check_tunable, tune
 from tuner.select.shipped import slug
 
 COLUMNS = (
@@ -101,6 +101,7 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
     """
     families = families_of(kernels)
     A = src.load(dtype)
+    check_tunable(A, src.name)
     A_dev = backend.matrix(A)
     fp = fingerprint(A_dev)
     device = backend.info.id

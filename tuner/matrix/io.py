@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import os
 import re
 import secrets
@@ -44,6 +45,8 @@ INDEX_MAX = int(np.iinfo(np.int32).max)
 _VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FMM_LINE = re.compile(r"Line (\d+): (.*)", re.DOTALL)
 _FMM_TRUNCATED = re.compile(r"Truncated file\. Expected another (\d+) lines")
+_SPACE = 32  # bytes up to the space (whitespace, control characters) separate a line's fields
+_COUNT_BYTES = 1 << 20  # bytes whose fields are counted at once (fast_matrix_market reads 1 KiB at a time)
 _T = TypeVar("_T")
 
 
@@ -76,9 +79,11 @@ def read_mtx(path: str | os.PathLike[str], *, dtype: Any = None) -> sp.csr_matri
         scan_mtx(path, name=path, limits=ReadLimits(), header_only=True)  # a file without newlines stops here
     header = _parse(path, fmm.read_header, lambda msg: _header_error(path, msg))
     _check_header(path, header)
-    (data, (row, col)), shape = _parse(
-        path, lambda f: fmm.read_coo(f, generalize_symmetry=True), lambda msg: _body_error(path, header, msg)
+    (data, (row, col)), shape, fields = _parse(
+        path, lambda f: (*fmm.read_coo(f, generalize_symmetry=True), f.fields),
+        lambda msg: _body_error(path, header, msg),
     )
+    _check_fields(path, header, fields)
     _check_finite(path, data[: header.nnz], row, col)
     return _from_scipy(sp.coo_matrix((data, (row, col)), shape=shape), dtype, None)
 
@@ -96,10 +101,43 @@ def _open(path: str) -> IO[bytes]:
 
 class _ReadOnly:
     """A binary file with ``read`` alone: fast_matrix_market then never seeks it, which, done when its
-    cursor is destroyed on some errors, aborts the process for a plain Python file object."""
+    cursor is destroyed on some errors, aborts the process for a plain Python file object.
+
+    It counts the fields of what was read (:attr:`fields`), a MiB at a time: fast_matrix_market
+    takes what it needs from a line and skips the rest, so only the count tells extra fields.
+    """
 
     def __init__(self, stream: IO[bytes]) -> None:
-        self.read = stream.read
+        self._read = stream.read
+        self._pending = bytearray()
+        self._fields = 0
+        self._after_space = True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._read(size)
+        self._pending += data
+        if len(self._pending) >= _COUNT_BYTES:
+            self._count()
+        return data
+
+    @property
+    def fields(self) -> int:
+        """The fields read so far (see :func:`_fields`)."""
+        self._count()
+        return self._fields
+
+    def _count(self) -> None:
+        if self._pending:
+            self._fields += _fields(self._pending, after_space=self._after_space)
+            self._after_space = self._pending[-1] <= _SPACE
+            self._pending = bytearray()
+
+
+def _fields(data: bytes | bytearray, *, after_space: bool = True) -> int:
+    """How many fields begin in ``data``: runs of bytes above the space (``after_space``: whether the bytes
+    before ``data`` ended with a separator, so that a field running on from them is not counted again)."""
+    solid = np.frombuffer(data, np.uint8) > _SPACE
+    return int(np.count_nonzero(solid[1:] > solid[:-1])) + bool(solid.size and solid[0] and after_space)
 
 
 @contextlib.contextmanager
@@ -135,11 +173,16 @@ def _parse(
         raise explain(str(e)) from e
 
 
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-    """The file's lines numbered from 1: a light scan, used only to explain an error."""
+def _raw_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """The file's lines as bytes, numbered from 1: a light scan, used to check a header and explain an error."""
     with _open(path) as stream:
-        for number, line in enumerate(stream, 1):
-            yield number, line.decode("utf-8", errors="replace").strip()
+        yield from enumerate(stream, 1)
+
+
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+    """The file's lines as text, numbered from 1, without surrounding whitespace."""
+    for number, line in _raw_lines(path):
+        yield number, line.decode("utf-8", errors="replace").strip()
 
 
 def _size_line(path: str) -> int:
@@ -214,6 +257,25 @@ def _check_header(path: str, header: fmm.header) -> None:
             f"{header.nnz} stored entries{expansion} does not fit 32-bit indices "
             f"(at most {INDEX_MAX} rows, columns and entries)"
         )
+
+
+def _check_fields(path: str, header: fmm.header, fields: int) -> None:
+    """Every entry line holds exactly the fields the header's field says: 2 (pattern) or 3 (with a value).
+
+    ``fields``, the count of the whole file, must be the header's plus that many per entry (blank lines
+    hold none); only when it is not are the lines read again, to name the first that is wrong.
+    """
+    per_line = 2 if header.field == "pattern" else 3
+    lines = _raw_lines(path)
+    in_header = sum(_fields(line) for _, line in itertools.islice(lines, _size_line(path)))
+    if fields == in_header + per_line * header.nnz:
+        return
+    what = "row, column" if per_line == 2 else "row, column, value"
+    for number, line in lines:
+        if (found := _fields(line)) not in (0, per_line):
+            raise MatrixFormatError(f"{path}, line {number}: {found} fields where a '{header.field}' entry has "
+                                    f"{per_line} ({what})")
+    raise MatrixFormatError(f"{path}: {fields - in_header} fields in {header.nnz} entries of {per_line} ({what})")
 
 
 def _check_finite(path: str, stored: np.ndarray, row: np.ndarray, col: np.ndarray) -> None:

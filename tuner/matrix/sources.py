@@ -1,8 +1,8 @@
 """SOURCES: what the commands' matrix arguments name, as a list of matrices to load, each when it is needed.
 
 :func:`sources` takes ``.mtx``/``.mtx.gz`` files and folders of them (``tuner
-bench``); :func:`read_sources` also takes manifests, and checks that every path
-exists first (``tuner tune-many``). Both add a named generated suite's matrices
+bench``), and checks that every path exists first; :func:`read_sources` also
+takes manifests (``tuner tune-many``). Both add a named generated suite's matrices
 (:mod:`tuner.matrix.suites`), each built only when it is loaded.
 """
 
@@ -35,9 +35,12 @@ class Source:
 
 
 def sources(matrices: Sequence[str | Path], suite_name: str | None = None) -> list[Source]:
-    """Files, folders of .mtx/.mtx.gz files, and the matrices of a named suite."""
+    """Files, folders of .mtx/.mtx.gz files, and the matrices of a named suite; a path that does not exist
+    fails here, before any matrix is loaded."""
     out: list[Source] = []
     for item in map(Path, matrices):
+        if not item.exists():
+            raise FileNotFoundError(f"source {item} does not exist")
         files = sorted([*item.glob("*.mtx"), *item.glob("*.mtx.gz")]) if item.is_dir() else [item]
         label = item.name if item.is_dir() else "files"
         out += [Source(matrix_name(f), label, lambda dtype, f=f: read_mtx(f, dtype=dtype)) for f in files]
@@ -56,8 +59,6 @@ def read_sources(items: Sequence[str | Path], suite: str | None = None) -> list[
     """
     paths: list[Path] = []
     for item in map(Path, items):
-        if not item.exists():
-            raise FileNotFoundError(f"source {item} does not exist")
         paths += _manifest(item) if item.is_file() and not item.name.endswith((".mtx", ".mtx.gz")) else [item]
     return sources(paths, suite)
 

@@ -33,6 +33,7 @@ import optuna
 from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 
+from common.errors import MatrixFormatError
 from db.store import Store
 from kernels import BASELINE, REGISTRY, Family, config_key, get_family
 from tuner.matrix.features import extract_features
@@ -94,6 +95,13 @@ class TuneResult:
         return min(self.summary, key=lambda s: s.timing.median_s, default=None)
 
 
+def check_tunable(A: Any, name: str = "") -> None:
+    """Refuse a matrix without rows or columns: it has no product worth timing (``plan()`` still takes one)."""
+    if 0 in A.shape:
+        raise MatrixFormatError(f"{name or 'the matrix'} is {A.shape[0]} x {A.shape[1]}: a matrix without rows "
+                                "or columns has nothing to tune")
+
+
 def tune(
     A: Any,
     *,
@@ -132,6 +140,7 @@ def tune(
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]
     A = as_csr(A, dtype=dtype)
+    check_tunable(A, name)
     A_dev = backend.matrix(A)  # fingerprint, features and reference where the kernels run: on the GPU, fast
     fp = fingerprint(A_dev)
     features = extract_features(A_dev)
@@ -183,7 +192,7 @@ def tune(
                                 skip_if_exists=total is not None or bool(enqueue))
     restricted = {f.name for f in families} != set(REGISTRY)
     rng = np.random.default_rng(seed + len(seen))
-    deadline = time.monotonic() + timeout if timeout else float("inf")
+    deadline = time.monotonic() + timeout if timeout is not None else float("inf")
     record = {"fingerprint": fp, "device": device.id, "dtype": dtype, "study": study.study_name}
 
     ran = 0

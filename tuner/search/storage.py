@@ -1,9 +1,11 @@
 """Where optuna keeps its studies: a URL or a journal file, never a bare SQLite default.
 
 optuna's FAQ warns that SQLite does not promise concurrent writers, so the
-default is a JournalStorage on a file beside the store: two ``tuner tune``
-processes on one machine append to it under a file lock. ``postgresql://…``
-(or any RDB URL) serves many machines.
+default is a JournalStorage on a file beside the store and named after it
+(:func:`default_storage`): two ``tuner tune`` processes on one machine append
+to it under a file lock, and two stores in one folder keep apart histories.
+An append cut short (a full disk) is undone, so the journal stays readable.
+``postgresql://…`` (or any RDB URL) serves many machines.
 
 Heartbeats (``heartbeat_interval``) let a worker that died mid-trial be noticed:
 its trial stops beating, and after ``grace_period`` seconds whoever calls
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import logging
 import os
 import time
@@ -32,17 +35,42 @@ import optuna
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from common.errors import InvalidConfigError
+from common.errors import InvalidConfigError, StoreError
+from db.store import Store
 
 StaleTrialCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 _BEAT = "spmv_tuner:heartbeat"
+SHARED_JOURNAL = "optuna-journal.log"
+"""The journal every store of a folder shared before each store had its own."""
 _log = logging.getLogger(__name__)
 
 
 def default_storage(db_path: str | os.PathLike) -> str:
-    """The journal file beside the SQLite store."""
-    return str(Path(db_path).with_name("optuna-journal.log"))
+    """The store's own journal file, beside it and named after it: ``A.db`` → ``A.optuna.log``.
+
+    A store that tuned into the folder's old shared journal (:data:`SHARED_JOURNAL`: its trials
+    name studies there) and has no journal of its own yet reads on from the shared one, with a
+    warning, so that nothing tuned before is lost; the README says how to give it its own.
+    """
+    path = Path(db_path)
+    own = path.with_name(f"{path.stem}.optuna.log")
+    shared = path.with_name(SHARED_JOURNAL)
+    if own.exists() or not shared.exists() or not _tuned_into(shared, path):
+        return str(own)
+    _log.warning("%s reads on from %s, the optuna journal its folder's stores shared; rename or copy it to %s "
+                 "to give the store its own (see the README)", path, shared, own.name)
+    return str(shared)
+
+
+def _tuned_into(journal: Path, db_path: Path) -> bool:
+    """Whether the store at ``db_path`` holds trials of a study in the journal file ``journal``."""
+    if not db_path.is_file():
+        return False
+    with Store(db_path) as store:
+        mine = store.study_names()
+    theirs = optuna.get_all_study_names(optuna.storages.JournalStorage(_JournalFile(str(journal))))
+    return not mine.isdisjoint(theirs)
 
 
 def open_storage(
@@ -83,8 +111,11 @@ def open_storage(
             f"storage {spec!r} is neither a URL (postgresql://…, sqlite:///…) nor a journal file "
             "(journal:PATH or a path ending in .log)"
         )
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    backend = optuna.storages.journal.JournalFileBackend(path)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        backend = _JournalFile(path)
+    except OSError as exc:
+        raise StoreError(f"cannot open the optuna journal {path}: {exc}") from exc
     if not beats:
         return optuna.storages.JournalStorage(backend)
     return HeartbeatJournalStorage(backend, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
@@ -106,6 +137,35 @@ def _with_driver(url: str) -> str:
     raise InvalidConfigError(
         f"storage {url!r} needs a PostgreSQL driver: pip install 'psycopg[binary]' (or the project's [dev] extra)"
     )
+
+
+class _JournalFile(optuna.storages.journal.JournalFileBackend):
+    """optuna's journal file, where an append that fails (a full disk) is undone.
+
+    optuna appends a batch of log lines in one write; cut short, it would leave a
+    partial line that the next append runs into, and from then on no process
+    could read the journal. Here the file is cut back to where the batch began,
+    under the same lock, and the error names the file.
+    """
+
+    def append_logs(self, logs: list[dict[str, object]]) -> None:
+        data = memoryview(("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode())
+        self._lock.acquire()
+        try:
+            fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND)
+            try:
+                end = os.lseek(fd, 0, os.SEEK_END)
+                try:
+                    while data:
+                        data = data[os.write(fd, data):]
+                    os.fsync(fd)
+                except OSError as exc:
+                    os.ftruncate(fd, end)
+                    raise StoreError(f"cannot write the optuna journal {self._file_path}: {exc}") from exc
+            finally:
+                os.close(fd)
+        finally:
+            self._lock.release()
 
 
 class HeartbeatRDBStorage(optuna.storages.RDBStorage):

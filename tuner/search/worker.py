@@ -100,8 +100,8 @@ def run_worker(
     by_key = _studies_by_source(storage, study_name("", backend.info, dtype)) if any(s.key for s in srcs) else {}
 
     def remaining() -> float | None:
-        """Seconds to the deadline (at least a nanosecond: tune() reads a timeout of 0 as none), or None."""
-        return None if deadline is None else max(deadline - time.time(), 1e-9)
+        """Seconds to the deadline (0 once it has passed), or None."""
+        return None if deadline is None else max(deadline - time.time(), 0.0)
 
     def on_trial(outcome: Any) -> None:
         stats.trials += 1
@@ -180,7 +180,7 @@ def _studies_by_source(storage: optuna.storages.BaseStorage, suffix: str) -> dic
 
 def worker(
     storage: Annotated[str, typer.Option(help="optuna storage shared by every worker")],
-    trials_per_matrix: Annotated[int, typer.Option(help="finished trials per study, all workers together")],
+    trials_per_matrix: Annotated[int, typer.Option(min=1, help="finished trials per study, all workers together")],
     sources: Annotated[list[Path] | None, typer.Argument(help=".mtx files, folders, manifests")] = None,
     suite: Annotated[str | None, typer.Option()] = None,
     dtype: Annotated[str, typer.Option()] = "float64",
