@@ -119,6 +119,8 @@ def test_recommend_race_on_the_cpu_references_then_from_the_store(tmp_path):
     args = ["recommend", str(tmp_path / "a.mtx"), "--race", "--device", "cpu-reference", "--db",
             str(tmp_path / "s.db"), "--json"]
     first = json.loads(CliRunner().invoke(app, args).output)
-    assert first["source"] == "raced" and len(first["race"]) == 5 and first["race"][0].startswith("*")
+    assert first["source"] == "raced" and len(first["race"]) == 5
+    starred = [line for line in first["race"] if line.startswith("*")]  # the winner: the fastest, or cuSPARSE
+    assert len(starred) == 1 and starred[0].startswith(f"* {first['kernel']} ")  # within 3 % of it (a tie)
     again = json.loads(CliRunner().invoke(app, args).output)
     assert again["source"] == "raced" and again["race"] is None and again["kernel"] == first["kernel"]
