@@ -164,9 +164,9 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
 
     Timing: ``rounds`` rounds of ``repeats`` products of each survivor, interleaved, each product after an
     L2 flush and between two CUDA events (:meth:`~tuner.measure.backend.Backend.time_queued`): cold, as
-    the benchmarks time (warm, x stays in L2 and the order of configs can differ); after the first round an entrant
-    slower than ``drop`` times the leader leaves. A lap's time is the median of its products. The winner
-    must beat cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
+    the benchmarks time (warm, x stays in L2 and the order of configs can differ). After the first round
+    an entrant slower than ``drop`` times the leader leaves. A lap's time is the median of its products.
+    The winner must beat cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
     """
     seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
     laps: list[Lap] = []
