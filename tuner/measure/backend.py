@@ -195,7 +195,9 @@ class GpuBackend(Backend):
     def _flush_l2(self, i: int) -> None:
         if self._flush is None:  # twice the L2 size, so nothing of the matrix stays cached
             self._flush = self.cp.empty(max(2 * self.info.l2_bytes, 64 << 20), dtype=self.cp.uint8)
-        self._flush.fill(i & 0xFF)
+        # the driver's memset (about 35 us for 100 MB on an H100); a fill() writes a byte a thread, ten times slower
+        self.cp.cuda.runtime.memsetAsync(self._flush.data.ptr, i & 0xFF, self._flush.nbytes,
+                                         self.cp.cuda.get_current_stream().ptr)
 
     def _spin(self, i: int, cycles: int = SPIN_CYCLES) -> None:
         if self._spinner is None:
