@@ -185,10 +185,6 @@ MATRICES = (
 
 # --------------------------------------------------------------------------- measuring
 
-WARM_UP: dict[str, Any] = {}
-"""The warm-up matrix's record (shape, features): every fresh store holds it before plan() is timed."""
-
-
 def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
     """Run every config of the selector for this GPU and dtype once on ``A_host``: each kernel compiled before
     the clock starts, as CuPy's kernel cache on disk holds them after a machine's first use."""
@@ -216,7 +212,7 @@ def cold_times(backend: GpuBackend, fns: list[Callable[[], object]], *, rounds: 
 
 
 def bench_one(backend: GpuBackend, name: str, A_host: sp.csr_matrix, dtype: str, efforts: list[str],
-              trials: int) -> list[dict[str, Any]]:
+              trials: int, warm_up: dict[str, Any]) -> list[dict[str, Any]]:
     import cupyx.scipy.sparse as cusp
 
     A = A_host.astype(dtype)
@@ -232,15 +228,16 @@ def bench_one(backend: GpuBackend, name: str, A_host: sp.csr_matrix, dtype: str,
     fns = [lambda p=p, o=o: cus.run(p, x, o) for p, o in zip(base, outs, strict=True)]
     info = {"matrix": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz, "dtype": dtype,
             "upload_s": upload_s}
-    return [planned(backend, A_dev, x, fns, effort, trials, info) for effort in efforts]
+    return [planned(backend, A_dev, x, fns, effort, trials, info, warm_up) for effort in efforts]
 
 
 def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], effort: str,
-            trials: int, info: dict[str, Any]) -> dict[str, Any]:
-    """plan() at one effort on a fresh store: its wall time, its pick, and the pick timed cold beside cuSPARSE."""
+            trials: int, info: dict[str, Any], warm_up: dict[str, Any]) -> dict[str, Any]:
+    """plan() at one effort on a fresh store: its wall time, its pick, and the pick timed cold beside cuSPARSE.
+    The store holds ``warm_up`` (the warm-up matrix's shape and features) before the clock starts."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store.db")  # made before the clock starts, as a user's store is
-        store.add_matrix("warm-up", name="warm-up", **WARM_UP)  # and it has seen another matrix (tables shaped)
+        store.add_matrix("warm-up", name="warm-up", **warm_up)  # and it has seen another matrix (tables shaped)
         backend.synchronize()
         start = time.perf_counter()
         ex = plan(A_dev, effort=effort, db=store, trials=trials if effort == "tune" else None)
@@ -291,7 +288,7 @@ def main() -> None:
         warm = as_csr(rgg(20_000, np.random.default_rng(0)), dtype=dtype)
         plan(warm, effort="race", db=Store(memory=True))
         compile_configs(backend, warm)
-    WARM_UP.update(rows=warm.shape[0], cols=warm.shape[1], nnz=warm.nnz, features=extract_features(warm))
+    warm_up = {"rows": warm.shape[0], "cols": warm.shape[1], "nnz": warm.nnz, "features": extract_features(warm)}
     compile_s = time.perf_counter() - start
     print(f"{env['device']}: compile and first plan() {compile_s:.1f} s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -303,7 +300,7 @@ def main() -> None:
         for name, future in futures:
             A = future.result()
             for dtype in args.dtype:
-                rows += bench_one(backend, name, A, dtype, args.effort, args.trials)
+                rows += bench_one(backend, name, A, dtype, args.effort, args.trials, warm_up)
             (out / f"{stem}.json").write_text(json.dumps(
                 {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
     print("\n".join(summary(rows)))
