@@ -250,7 +250,8 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
            "params": json.dumps(ex.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
            "cusparse_alg2_s": t2, "cusparse_best_s": best, "ratio_to_cusparse": best / t_plan, "plan_s": plan_s,
            "plan_spmvs": plan_s / best, "plan_steps_s": ex.cost,
-           "race": ex.race.table() if ex.race is not None else None}
+           "race": ex.race.table() if ex.race is not None else None,
+           "race_steps_s": ex.race.seconds if ex.race is not None else None}
     print(f"{info['matrix']:18s} {info['dtype']} {effort:8s} {row['ratio_to_cusparse']:.3f}x  plan "
           f"{plan_s * 1e3:8.1f} ms = {plan_s / best:7.1f} SpMVs  {ex.source:9s} {ex.kernel} {ex.params}", flush=True)
     return row

@@ -170,3 +170,39 @@ nut_spmv(const int n_items,
         // first tile starts with __syncthreads, so no barrier is needed here.
     }
 }
+
+// The tile encoding, built on the GPU in one pass (kernels/nut.py's build does the same in NumPy for the
+// reference): entry e of the entries sorted by tile (CSR order inside a tile) is entry order[e] of the
+// CSR; it is q = e - tile_entry_ptr[t] of its tile t, item j = q % s of stretch q / s, stored at
+// tile_ptr[t] + j * w + q / s. Its word is its x slot, or ~(local_row << 16 | slot) where it starts a
+// stretch or a row of the tile.
+template <typename T>
+__global__ void nut_encode(const long long nnz,
+                           const long long* __restrict__ order,
+                           const long long* __restrict__ tile_sorted,
+                           const long long* __restrict__ tile_entry_ptr,
+                           const long long* __restrict__ stretch,  // s per tile
+                           const long long* __restrict__ width,    // w per tile
+                           const long long* __restrict__ tile_ptr,
+                           const long long* __restrict__ local_row,
+                           const long long* __restrict__ entry_uid,
+                           const long long* __restrict__ active_slot,
+                           const T* __restrict__ data,
+                           int* __restrict__ enc_idx,
+                           T* __restrict__ enc_val)
+{
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long t = tile_sorted[e];
+        const long long q = e - tile_entry_ptr[t];
+        const long long s = stretch[t];
+        const long long j = q % s;
+        const long long pos = tile_ptr[t] + j * width[t] + q / s;
+        const long long i = order[e];
+        const long long row = local_row[i];
+        const bool starts = j == 0 || local_row[order[e - 1]] != row;
+        const long long slot = active_slot[entry_uid[i]];
+        enc_idx[pos] = (int)(starts ? ~((row << 16) | slot) : slot);
+        enc_val[pos] = data[i];
+    }
+}

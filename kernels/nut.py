@@ -153,7 +153,7 @@ class Nut(Family):
             return DEFAULT_SMS
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return (f"nut_spmv<{c_type(dtype)}>",)
+        return _kernel_names(dtype)
 
     def memory_ratio(self, prepared: Prepared) -> float:
         """Bytes of the NuT structure over the bytes of the CSR arrays (indptr + indices + data)."""
@@ -167,8 +167,7 @@ class Nut(Family):
         A, p = prepared.A, prepared.params
         ex = prepared.extra
         ex.update(build(A.indptr, A.indices, A.data, prepared.shape, **p, num_sms=self.sm_count(), xp=cupy))
-        (name,) = self.name_expressions(prepared.dtype)
-        kernel = get_kernels(self.cu_file, (name,))[name]
+        kernel = _kernels(prepared.dtype)["spmv"]
         shared = (ex["max_panel_rows"] + ex["max_tile_cols"]) * prepared.dtype.itemsize
         limit = _device_attribute("MaxSharedMemoryPerBlockOptin")
         if shared > limit:
@@ -210,6 +209,17 @@ class Nut(Family):
         return np.bincount(rows, weights=products, minlength=prepared.shape[0])
 
 
+def _kernel_names(dtype: Any) -> tuple[str, str]:
+    """The product's kernel and the encoding's (see :func:`build`), one module per value type."""
+    return f"nut_spmv<{c_type(dtype)}>", f"nut_encode<{c_type(dtype)}>"
+
+
+def _kernels(dtype: Any) -> dict[str, Any]:
+    spmv, encode = _kernel_names(dtype)
+    kernels = get_kernels(Nut.cu_file, (spmv, encode))
+    return {"spmv": kernels[spmv], "encode": kernels[encode]}
+
+
 def _device_attribute(name: str) -> int:
     cupy = require_cupy()
     return _attributes(cupy.cuda.Device().id)[name]
@@ -239,7 +249,9 @@ def build(
     """The NuT structure of a CSR matrix (nnz > 0, rows > 0) as ``xp`` arrays (``numpy`` or ``cupy``).
 
     Only functions that NumPy and CuPy share are used, with unique or stably
-    sorted keys, so both give identical arrays. Returns the :data:`STRUCTURE`
+    sorted keys, so both give identical arrays; on CuPy the last step, the
+    tiles' encoding, is one kernel (``nut_encode`` of nut.cu) that writes what
+    the NumPy lines beside it do (the GPU tests compare every array). Returns the :data:`STRUCTURE`
     arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
     a block needs) and ``zero_all`` (clear all of y before the launch rather than
     ``zero_rows``). ``max_item_nnz`` caps a work item's nonzeros where its tiles
@@ -292,7 +304,6 @@ def build(
     entry_tile = active_tile[entry_uid]
     order = _stable_argsort(xp, _narrow(xp, entry_tile, n_tiles))
     tile_sorted = entry_tile[order]
-    row_sorted = local_row[order]
     tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=i64), side="left")
     tile_nnz = xp.diff(tile_entry_ptr)
 
@@ -335,20 +346,24 @@ def build(
     s = (tile_nnz + threads - 1) // threads
     w = (tile_nnz + s - 1) // s
     tile_ptr = _exclusive_cumsum(xp, s * w)
-    q = xp.arange(nnz, dtype=i64) - tile_entry_ptr[tile_sorted]
-    s_e, w_e = s[tile_sorted], w[tile_sorted]
-    j = q % s_e
-    pos = tile_ptr[tile_sorted] + j * w_e + q // s_e
-    starts_row = j == 0
-    starts_row[1:] |= row_sorted[1:] != row_sorted[:-1]
-    slot = active_slot[entry_uid[order]]
-    word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
-
     storage = int(tile_ptr[-1])
     enc_idx = xp.zeros(storage, dtype=xp.int32)
-    enc_idx[pos] = word.astype(xp.int32)
     enc_val = xp.zeros(storage, dtype=data.dtype)
-    enc_val[pos] = data[order]
+    if hasattr(xp, "RawModule"):  # CuPy: one kernel, not a dozen passes over nnz-long temporaries
+        _encode_on_gpu(xp, order, tile_sorted, tile_entry_ptr, s, w, tile_ptr, local_row, entry_uid, active_slot,
+                       data, enc_idx, enc_val)
+    else:
+        q = xp.arange(nnz, dtype=i64) - tile_entry_ptr[tile_sorted]
+        s_e, w_e = s[tile_sorted], w[tile_sorted]
+        j = q % s_e
+        pos = tile_ptr[tile_sorted] + j * w_e + q // s_e
+        row_sorted = local_row[order]
+        starts_row = j == 0
+        starts_row[1:] |= row_sorted[1:] != row_sorted[:-1]
+        slot = active_slot[entry_uid[order]]
+        word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
+        enc_idx[pos] = word.astype(xp.int32)
+        enc_val[pos] = data[order]
     return {
         "panel_ptr": panel_ptr.astype(xp.int32),
         "item_order": item_order,
@@ -365,6 +380,18 @@ def build(
         "max_tile_cols": int(xp.diff(tile_col_ptr).max()),
         "zero_all": zero_all,
     }
+
+
+def _encode_on_gpu(cupy: Any, order: Any, tile_sorted: Any, tile_entry_ptr: Any, s: Any, w: Any, tile_ptr: Any,
+                   local_row: Any, entry_uid: Any, active_slot: Any, data: Any, enc_idx: Any, enc_val: Any) -> None:
+    """``enc_idx`` and ``enc_val`` filled by ``nut_encode`` (nut.cu): the NumPy branch of :func:`build`, fused."""
+    kernel = _kernels(data.dtype)["encode"]
+    nnz = order.shape[0]
+    block = 256
+    blocks = int(min(max(1, -(-nnz // block)), 65535 * 8))
+    longs = (a.astype(cupy.int64, copy=False) for a in (order, tile_sorted, tile_entry_ptr, s, w, tile_ptr,
+                                                         local_row, entry_uid, active_slot))
+    kernel((blocks,), (block,), (np.int64(nnz), *longs, data, enc_idx, enc_val))
 
 
 def item_cap(nnz: int, groups: int, num_sms: int) -> int:

@@ -330,7 +330,7 @@ def test_space_and_paper_defaults():
     assert (max(nut.ROWS_PER_PANEL) + max(nut.COLS_PER_TILE)) * 8 <= 227 * 1024
     assert max(nut.ROWS_PER_PANEL) <= nut._MAX_ROWS and max(nut.COLS_PER_TILE) <= nut._MAX_SLOTS
     assert len(f.space.configs()) == 120 * (1 + 3 * 5)  # bands only with more than one slab
-    assert f.name_expressions("float32") == ("nut_spmv<float>",)
+    assert f.name_expressions("float32") == ("nut_spmv<float>", "nut_encode<float>")
     with pytest.raises(InvalidConfigError, match="allowed"):
         f.space.validate({"cols_per_tile": 3})
 

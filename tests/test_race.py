@@ -22,27 +22,42 @@ def ranked(kernel: str, params: dict, expected: float, prepare: float = 0.0) -> 
 
 
 RANKING = [
-    ranked("nut", {}, 1.0, prepare=100.0),
+    ranked("nut", {}, 1.0, prepare=250.0),
     ranked("cusparse", {"algorithm": "default"}, 1.05),
-    ranked("nut", {"slabs": 2}, 1.1, prepare=100.0),
-    ranked("csr_vector", {"threads_per_row": 4}, 1.2),
-    ranked("csr_vector", {"threads_per_row": 8}, 1.25),
-    ranked("csr_vector", {"threads_per_row": 16}, 1.3),
-    ranked("csr_scalar", {}, 1.4),
-    ranked("specsum", {}, 1.6),
+    ranked("nut", {"slabs": 2}, 1.1, prepare=150.0),
+    ranked("csr_vector", {"threads_per_row": 4}, 1.2, prepare=0.8),
+    ranked("csr_vector", {"threads_per_row": 8}, 1.25, prepare=0.8),
+    ranked("csr_vector", {"threads_per_row": 16}, 1.3, prepare=0.8),
+    ranked("csr_scalar", {}, 1.4, prepare=0.5),
+    ranked("specsum", {}, 1.6, prepare=3.0),
 ]
 
 
 def test_the_shortlist_keeps_the_first_then_cheap_and_diverse_configs_and_always_cusparse() -> None:
     entrants = shortlist(RANKING, size=4, per_family=2, prepare_budget=120.0, slack=1.5)
     names = [(e.kernel, e.params.get("threads_per_row"), e.params.get("slabs")) for e in entrants]
-    # nut first (the selector's answer); the second nut is over the preparation budget; two csr_vector at most;
-    # cuSPARSE's ranked default left for its two algorithms; specsum expected over 1.5x the first
+    # nut first (the selector's answer) though its preparation alone is over the budget; the second nut is
+    # over it; two csr_vector at most; cuSPARSE's ranked default left for its two algorithms; specsum
+    # expected over 1.5x the first
     assert names[:4] == [("nut", None, 1), ("csr_vector", 4, None), ("csr_vector", 8, None), ("csr_scalar", None, None)]
     assert [(e.kernel, e.params) for e in entrants[4:]] == [(k, p) for k, p in BASELINE_ENTRANTS]
-    assert entrants[0].expected_s == 1.0 and entrants[0].prepare_spmvs == 100.0
+    assert entrants[0].expected_s == 1.0 and entrants[0].prepare_spmvs == 250.0
     assert len(shortlist(RANKING, size=1)) == 3
     assert [e.kernel for e in shortlist(RANKING, size=4, slack=1.15)] == ["nut", "cusparse", "cusparse"]
+
+
+def test_the_shortlist_always_has_what_predict_would_run() -> None:
+    """The first config cheap to prepare races even when expected slower than ``slack`` times the first."""
+    ranking = [ranked("nut", {}, 1.0, prepare=250.0), ranked("ipcsr", {}, 1.05, prepare=100.0),
+               ranked("specsum", {}, 1.7, prepare=30.0), ranked("csr_vector", {"threads_per_row": 4}, 2.0, 0.8),
+               ranked("csr_scalar", {}, 2.1, prepare=0.5)]
+    kernels = [e.kernel for e in shortlist(ranking, size=4, slack=1.5)]
+    assert kernels == ["nut", "ipcsr", "csr_vector", "cusparse", "cusparse"]
+    assert [e.kernel for e in shortlist(ranking, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
+    assert [e.kernel for e in shortlist(ranking, size=4, prepare_budget=50.0)] == [
+        "nut", "csr_vector", "cusparse", "cusparse"]  # ipcsr's 100 SpMVs are over the budget
+    assert [e.kernel for e in shortlist(ranking, size=4, cheap=0.6)] == [
+        "nut", "ipcsr", "csr_scalar", "cusparse", "cusparse"]
 
 
 def test_without_a_ranking_the_default_entrants_race() -> None:
@@ -132,12 +147,12 @@ def test_a_race_on_degenerate_matrices_has_a_winner_that_computes_y(name: str) -
 def test_predict_takes_the_first_config_cheap_to_prepare() -> None:
     """plan(effort="predict") prepares nothing costly: past the budget a config is left to the race."""
     from tuner.execute.choice import ranked_choice
-    from tuner.execute.plan import PREDICT_PREPARE_SPMVS
+    from tuner.execute.race import CHEAP_SPMVS
 
     ranking = [ranked("nut", {}, 1.0e-4, 150.0), ranked("csr_vector", {"threads_per_row": 4}, 1.2e-4, 0.8),
                ranked("cusparse", {"algorithm": "csr_alg1"}, 1.3e-4, 4.0)]
     assert ranked_choice(ranking, "b", nnz=1e6).kernel == "nut"
-    cheap = ranked_choice(ranking, "b", nnz=1e6, prepare_budget=PREDICT_PREPARE_SPMVS)
+    cheap = ranked_choice(ranking, "b", nnz=1e6, prepare_budget=CHEAP_SPMVS)
     assert (cheap.kernel, cheap.source) == ("csr_vector", "predicted")
     assert cheap.expected_gflops == pytest.approx(2e6 / 1.2e-4 / 1e9)
     unknown = ranked("csr_scalar", {}, 1.0e-4, float("nan"))  # never measured: not known to be cheap

@@ -4,7 +4,7 @@
 measured for the matrix on this GPU and dtype:
 
 - ``"predict"``: the selector's first config (:mod:`tuner.select.model`) among
-  those cheap to prepare (:data:`PREDICT_PREPARE_SPMVS`), or cuSPARSE without
+  those cheap to prepare (:data:`~tuner.execute.race.CHEAP_SPMVS`), or cuSPARSE without
   a selector for this GPU; the matrix's features are the only other cost;
 - ``"race"`` (the default): the selector's shortlist and cuSPARSE's two
   algorithms prepared, checked and timed here (:mod:`tuner.execute.race`); the
@@ -33,7 +33,7 @@ from db.store import Store
 from kernels._cuda import gpu_available
 from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
 from tuner.execute.executor import Executor
-from tuner.execute.race import RaceResult, race, record_race, shortlist
+from tuner.execute.race import CHEAP_SPMVS, RaceResult, race, record_race, shortlist
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
 from tuner.matrix.io import as_csr, as_device_csr
@@ -43,15 +43,12 @@ from tuner.measure.verify import Reference
 if TYPE_CHECKING:
     from tuner.execute.spmspv import SpMSpVExecutor
 
-__all__ = ["DEFAULT_TRIALS", "EFFORTS", "PREDICT_PREPARE_SPMVS", "plan", "race_matrix"]
+__all__ = ["DEFAULT_TRIALS", "EFFORTS", "plan", "race_matrix"]
 
 EFFORTS = ("predict", "race", "tune")
 """How much ``plan()`` may spend on a matrix it has no measurement of (see the module's doc)."""
 DEFAULT_TRIALS = 30
 """Trials of ``effort="tune"`` when ``trials`` is not given."""
-PREDICT_PREPARE_SPMVS = 5.0
-"""The preparation ``effort="predict"`` may spend, in SpMVs by the selector's estimate: configs that cost more
-(a NuT or IPCSR structure built on the matrix) are for the race, which measures whether they repay it."""
 
 
 def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None, op: str = "spmv",
@@ -107,7 +104,7 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
                                 trials=DEFAULT_TRIALS if trials is None else trials,
                                 seeds=[(r.kernel, r.params) for r in (ranking or [])[:race_size]])
         elif effort == "predict":
-            choice = (ranked_choice(ranking, basis, nnz=A_dev.nnz, prepare_budget=PREDICT_PREPARE_SPMVS) if ranking
+            choice = (ranked_choice(ranking, basis, nnz=A_dev.nnz, prepare_budget=CHEAP_SPMVS) if ranking
                       else default_choice())
         else:
             with steps("race"):

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from tuner.measure.verify import Reference
     from tuner.select.model import RankedConfig
 
-__all__ = ["BASELINE_ENTRANTS", "DEFAULT_ENTRANTS", "STUDY", "Entrant", "Lap", "RaceResult", "race",
+__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "STUDY", "Entrant", "Lap", "RaceResult", "race",
            "record_race", "shortlist"]
 
 STUDY = "race"
@@ -52,8 +52,9 @@ MARGIN = 0.03
 """How much faster than cuSPARSE an entrant must be to win: a race is a few products each. (When it timed
 warm, a config 0.3 % ahead in the race was 6 % behind cold on the H200; it now times cold too.)"""
 
-SHORT_S = 60e-6
-"""A product shorter than this may not hide the host's launch of the next: the race fills the queue first."""
+CHEAP_SPMVS = 5.0
+"""A preparation expected within this many SpMVs is cheap: ``plan(effort="predict")`` runs only those, and
+a race always has the first of them."""
 
 DEFAULT_ENTRANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("csr_vector", {"threads_per_row": 4, "block_size": 256}),
@@ -117,39 +118,49 @@ class RaceResult:
 
 
 def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_family: int = 2,
-              prepare_budget: float = 120.0, slack: float = 1.5) -> list[Entrant]:
+              prepare_budget: float = 120.0, slack: float = 1.5, cheap: float = CHEAP_SPMVS) -> list[Entrant]:
     """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (fastest expected
     first), then cuSPARSE's two algorithms.
 
-    From the ranking: at most ``per_family`` configs of one family (a second family often wins where the
-    selector is wrong), none expected slower than ``slack`` times the first, and preparation within
-    ``prepare_budget`` SpMVs in all (the first is always in: it is the selector's answer). cuSPARSE's
-    configs in the ranking are left for the two always raced. Without a ranking (no selector for this
-    GPU): :data:`DEFAULT_ENTRANTS`.
+    From the ranking: the first (the selector's answer) and the first that prepares within ``cheap``
+    SpMVs (what ``plan(effort="predict")`` runs, so a race never does worse than a prediction), then
+    others in rank order: at most ``per_family`` of one family (a second family often wins where the
+    selector is wrong), none expected slower than ``slack`` times the first, and their preparation within
+    ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs).
+    cuSPARSE's configs in the ranking are left for the two always raced. Without a ranking (no selector
+    for this GPU): :data:`DEFAULT_ENTRANTS`.
     """
     if size < 1:
         raise ValueError(f"a race needs at least one entrant besides cuSPARSE, got size={size}")
-    picked: list[Entrant] = []
     if ranking is None:
         picked = [Entrant(k, get_family(k).space.validate(p, family=k)) for k, p in DEFAULT_ENTRANTS[:size]]
     else:
+        anchor = next((r for r in ranking if _cost(r) <= cheap), None)
         ranked = [r for r in ranking if r.kernel != BASELINE]
-        spent = 0.0
+        chosen = ranked[:1] + ([anchor] if anchor is not None and anchor.kernel != BASELINE
+                               and ranked and anchor is not ranked[0] and size > 1 else [])
+        spent = sum(_cost(r) for r in chosen[1:])
         for r in ranked:
-            if len(picked) == size:
+            if len(chosen) == size or r.expected_s > slack * chosen[0].expected_s:
                 break
-            if picked and r.expected_s > slack * picked[0].expected_s:
-                break
-            cost = r.prepare_spmvs if r.prepare_spmvs is not None and np.isfinite(r.prepare_spmvs) else 0.0
-            if sum(e.kernel == r.kernel for e in picked) >= per_family or (picked and spent + cost > prepare_budget):
+            if (any(r is c for c in chosen) or sum(c.kernel == r.kernel for c in chosen) >= per_family
+                    or spent + _cost(r) > prepare_budget):
                 continue
-            picked.append(Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs))
-            spent += cost
+            chosen.append(r)
+            spent += _cost(r)
+        order = {id(r): i for i, r in enumerate(ranked)}
+        picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
+                  for r in sorted(chosen, key=lambda r: order[id(r)])]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
     for kernel, params in BASELINE_ENTRANTS:
         r = expected.get((kernel, _key(params)))
         picked.append(Entrant(kernel, dict(params), r.expected_s if r else None, r.prepare_spmvs if r else None))
     return picked
+
+
+def _cost(r: RankedConfig) -> float:
+    """A ranked config's expected preparation in SpMVs (0 where the selector gives none)."""
+    return r.prepare_spmvs if r.prepare_spmvs is not None and np.isfinite(r.prepare_spmvs) else 0.0
 
 
 def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -187,9 +198,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
             break
         order = list(ready)
         fns = [_runner(backend, laps[i].entrant.kernel, *ready[i], x) for i in order]
-        # Before a product too short to hide the host's next launch behind it, the queue is filled first.
-        lead = [not laps[i].samples or float(np.median(laps[i].samples)) < SHORT_S for i in order]
-        timed = backend.time_queued(fns, repeats=repeats, lead=lead, flush_l2=True)
+        timed = backend.time_queued(fns, repeats=repeats, flush_l2=True)
         for i, samples in zip(order, timed, strict=True):
             laps[i].samples += samples
         if round_ + 1 < rounds:

@@ -101,7 +101,8 @@ class Backend(ABC):
         """``repeats`` products of each fn in turn, queued with no wait between them: the seconds of each
         product. Cheaper than :meth:`time` (no wait, no spin per product); ``lead[i]`` fills the queue
         before fn i, for products too short to hide the host's next launch (else their samples include it);
-        ``flush_l2`` evicts the cache before every product (cold figures, as the benchmarks time)."""
+        ``flush_l2`` evicts the cache before every product (cold figures, as the benchmarks time), and
+        fills the queue before each (``lead`` is not needed then)."""
 
     @abstractmethod
     def copy_bandwidth_gbs(self) -> float:
@@ -213,7 +214,7 @@ class GpuBackend(Backend):
         cp = self.cp
         marks = []
         for i, fn in enumerate(fns):
-            if lead is None or lead[i]:
+            if not flush_l2 and (lead is None or lead[i]):  # a flush fills the queue before every product
                 self._spin(i, cycles=SPIN_CYCLES * repeats // 2)
             events = []
             for r in range(repeats):
