@@ -17,8 +17,8 @@ def products(A, x: np.ndarray) -> np.ndarray:
 
 
 def segment_sums(segment: np.ndarray, values: np.ndarray, n_segments: int) -> np.ndarray:
-    """Sum ``values`` into ``n_segments`` bins by ``segment`` id, in entry order."""
-    return np.bincount(segment, weights=values, minlength=n_segments)
+    """Sum ``values`` into ``n_segments`` bins by ``segment`` id, in entry order (float64, empty input too)."""
+    return np.bincount(segment, weights=values, minlength=n_segments).astype(np.float64, copy=False)
 
 
 class RowSumReference:
