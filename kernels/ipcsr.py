@@ -161,7 +161,8 @@ def row_blocks(indptr: Any, shared_size: int, nt: int, xp: Any = np) -> Any:
         if int(ahead[-1]) == m:
             break
         jump = jump[jump]
-    n_blocks = int(xp.count_nonzero(starts < m))
+    # starts ascend, then stay at m: a search, where a count_nonzero would build a CUB reduction per size class
+    n_blocks = int(xp.searchsorted(starts, xp.asarray([m], dtype=starts.dtype))[0])
     out = xp.empty(n_blocks + 1, dtype=xp.int32)
     out[:n_blocks] = starts[:n_blocks]
     out[n_blocks] = m
@@ -262,7 +263,7 @@ class Ipcsr(Family):
         prepared.extra.update(table)
         # A counter (zero between products: the last piece's atomicInc wraps it) and a partial sum
         # for every block, used by the pieces of long rows only.
-        split = bool((table["block_piece"] > 0).any())
+        split = bool(np.any(cupy.asnumpy(table["block_piece"])))  # few blocks: read on the host
         n = table["block_piece"].size if split else 1
         prepared.extra["counters"] = cupy.zeros(n, dtype=cupy.uint32)
         prepared.extra["partials"] = cupy.zeros(n, dtype=prepared.dtype)

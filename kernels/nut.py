@@ -326,7 +326,9 @@ def build(
     item_tile_ptr = xp.concatenate([first_tile[by_tile], xp.asarray([n_tiles], dtype=i64)])
     item_group = item_group[by_tile]
     item_panel = item_group // slabs
-    items_of_panel = xp.bincount(item_panel, minlength=n_panels)
+    # item_panel ascends (items are in tile order): counted by a search, where CuPy's bincount builds a CUB
+    # histogram for each new size on a machine's first use (seconds)
+    items_of_panel = xp.diff(xp.searchsorted(item_panel, xp.arange(n_panels + 1, dtype=i64), side="left"))
     alone = items_of_panel[item_panel] == 1
     item_nnz = xp.diff(tile_entry_ptr[item_tile_ptr])
 
