@@ -12,10 +12,11 @@
 //     diagonal; tile_row / tile_nz, n_tiles + 1 entries each.
 //   merge_path_spmv<V, IPT> (a run): per tile,
 //     1. the ends of the rows the tile consumes, indptr[r0+1 .. r1], staged in
-//        shared memory;
-//     2. each thread finds its start on its diagonal by a binary search of them
-//        (its end is the next thread's start), loads its nonzeros' values and
-//        columns (at most IPT, read once: streaming hint __ldcs) and gathers x;
+//        shared memory, and the products of its nonzeros, value * x[column], computed by the
+//        whole block in order (coalesced reads; streaming hint __ldcs on values
+//        and columns, read once);
+//     2. each thread finds its start on its diagonal by a binary search of the
+//        row ends (its end is the next thread's start);
 //     3. it walks its items in order: a nonzero adds its product to the running
 //        sum, a row end closes the row; every row it closes but the first is
 //        written to y at once (the thread holds all of it), the first is kept
@@ -102,7 +103,8 @@ __global__ void merge_path_search(const int m,
 }
 
 // One block a tile of blockDim.x * IPT path items (blockDim.x a multiple of 32, at most
-// MERGE_PATH_MAX_THREADS); dynamic shared memory: blockDim.x * IPT ints.
+// MERGE_PATH_MAX_THREADS); dynamic shared memory: blockDim.x * IPT * sizeof(V) + 16 bytes (the tile's row
+// ends, then its products: together at most a tile of items).
 template <typename V, int IPT>
 __global__ void __launch_bounds__(MERGE_PATH_MAX_THREADS)
 merge_path_spmv(const int* __restrict__ indptr,
@@ -115,7 +117,7 @@ merge_path_spmv(const int* __restrict__ indptr,
                 V* __restrict__ carry)
 {
     using namespace merge_path_detail;
-    extern __shared__ int merge_path_ends[];  // row ends of rows r0 .. r1-1 (at most a tile of them)
+    extern __shared__ __align__(16) unsigned char merge_path_shared[];
     __shared__ int s_row[MERGE_PATH_MAX_THREADS / 32];
     __shared__ V s_val[MERGE_PATH_MAX_THREADS / 32];
 
@@ -127,30 +129,25 @@ merge_path_spmv(const int* __restrict__ indptr,
     const int n_rows = tile_row[b + 1] - r0;  // row ends in the tile
     const int n_nz = tile_nz[b + 1] - j0;     // nonzeros in the tile
     const int items = n_rows + n_nz;
+    int* ends = reinterpret_cast<int*>(merge_path_shared);  // row ends of rows r0 .. r1-1
+    V* prods = reinterpret_cast<V*>(merge_path_shared + ((n_rows * (int)sizeof(int) + 15) & ~15));
 
-    // 1. the tile's row ends.
-    for (int k = threadIdx.x; k < n_rows; k += blockDim.x) merge_path_ends[k] = __ldg(&indptr[r0 + 1 + k]);
+    // 1. the tile's row ends, and its products read by the whole block in order (coalesced; the values
+    //    and columns are read once: streaming hint), as CUB stages them.
+    for (int k = threadIdx.x; k < n_rows; k += blockDim.x) ends[k] = __ldg(&indptr[r0 + 1 + k]);
+    for (int k = threadIdx.x; k < n_nz; k += blockDim.x) {
+        prods[k] = __ldcs(&data[j0 + k]) * __ldg(&x[__ldcs(&indices[j0 + k])]);
+    }
     __syncthreads();
 
     // 2. the thread's items: row ends is .. ie-1 and nonzeros js .. je-1 of the tile (local rows, global nonzeros).
     const int d = min((int)threadIdx.x * IPT, items);
-    const int is = search<false>(merge_path_ends, n_rows, j0, n_nz, d);
+    const int is = search<false>(ends, n_rows, j0, n_nz, d);
     int ie = __shfl_down_sync(FULL, is, 1);
-    if (lane == 31) ie = search<false>(merge_path_ends, n_rows, j0, n_nz, min(d + IPT, items));
+    if (lane == 31) ie = search<false>(ends, n_rows, j0, n_nz, min(d + IPT, items));
     const int js = j0 + d - is;
     const int je = j0 + min(d + IPT, items) - ie;
-
-    int col[IPT];
-    V val[IPT];
-#pragma unroll
-    for (int q = 0; q < IPT; ++q) {
-        const bool in = js + q < je;
-        col[q] = in ? __ldcs(&indices[js + q]) : 0;
-        val[q] = in ? __ldcs(&data[js + q]) : V(0);
-    }
-    V prod[IPT];
-#pragma unroll
-    for (int q = 0; q < IPT; ++q) prod[q] = js + q < je ? val[q] * __ldg(&x[col[q]]) : V(0);
+    const V* prod = prods + (js - j0);
 
     // 3. the walk: row end i comes before nonzero j when its end is <= j.
     V acc = 0;
@@ -168,7 +165,7 @@ merge_path_spmv(const int* __restrict__ indptr,
 #pragma unroll
     for (int q = 0; q < IPT; ++q) {
         if (js + q < je) {
-            while (i < ie && merge_path_ends[i] <= js + q) close_row();
+            while (i < ie && ends[i] <= js + q) close_row();
             acc += prod[q];
         }
     }

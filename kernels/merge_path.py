@@ -14,8 +14,9 @@ Stages and kernels (``merge_path.cu``):
 - prepare: ``merge_path_search`` finds the coordinate (row, nonzero) of every
   tile boundary once, by a binary search along its diagonal (``tile_row``,
   ``tile_nz``; the matrix does not change between runs);
-- ``merge_path_spmv<V, IPT>``: a block stages its tile's row ends in shared
-  memory, each thread finds its start there, sums its items in order and writes
+- ``merge_path_spmv<V, IPT>``: a block stages its tile's row ends and its
+  products (value times x, read by the whole block in order: coalesced, as CUB
+  does) in shared memory, each thread finds its start there, sums its items in order and writes
   the rows it closes; the partial sums of rows that go on past a thread
   (carry-outs) are combined by a block-wide scan by row, and the tile's own
   carry-out (its share of the row it ends in) goes to ``carry``;
@@ -164,6 +165,12 @@ class MergePath(Family):
         return ("merge_path_search", f"merge_path_fixup<{v}>", *spmv)
 
     @staticmethod
+    def shared_bytes(params: dict[str, Any], dtype: Any) -> int:
+        """Dynamic shared memory of a block: a tile's row ends and products (a tile of items in all, each
+        at most a value's size), and 16 bytes to align the products."""
+        return int(params["items_per_thread"]) * int(params["block_size"]) * np.dtype(dtype).itemsize + 16
+
+    @staticmethod
     def _tile(prepared: Prepared) -> int:
         return int(prepared.params["items_per_thread"]) * int(prepared.params["block_size"])
 
@@ -176,6 +183,9 @@ class MergePath(Family):
         v = c_type(prepared.dtype)
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
         ex["spmv_kernel"] = kernels[f"merge_path_spmv<{v}, {prepared.params['items_per_thread']}>"]
+        ex["shared_bytes"] = self.shared_bytes(prepared.params, prepared.dtype)
+        if ex["shared_bytes"] > ex["spmv_kernel"].max_dynamic_shared_size_bytes:  # above 48 KB: opt in (once)
+            ex["spmv_kernel"].max_dynamic_shared_size_bytes = ex["shared_bytes"]
         ex["fixup_kernel"] = kernels[f"merge_path_fixup<{v}>"]
         ex["tile_row"] = cupy.empty(count + 1, dtype=np.int32)
         ex["tile_nz"] = cupy.empty(count + 1, dtype=np.int32)
@@ -196,7 +206,7 @@ class MergePath(Family):
             (count,),
             (block,),
             (A.indptr, A.indices, A.data, x, out, ex["tile_row"], ex["tile_nz"], ex["carry"]),
-            shared_mem=self._tile(prepared) * 4,
+            shared_mem=ex["shared_bytes"],
         )
         if ex["fixup"]:
             ex["fixup_kernel"](
