@@ -103,8 +103,8 @@ __global__ void merge_path_search(const int m,
 }
 
 // One block a tile of blockDim.x * IPT path items (blockDim.x a multiple of 32, at most
-// MERGE_PATH_MAX_THREADS); dynamic shared memory: blockDim.x * IPT * sizeof(V) + 16 bytes (the tile's row
-// ends, then its products: together at most a tile of items).
+// MERGE_PATH_MAX_THREADS); dynamic shared memory: the tile's row ends, then, when `staged`, its products
+// (together at most a tile of items: blockDim.x * IPT * sizeof(V) + 16 bytes).
 template <typename V, int IPT>
 __global__ void __launch_bounds__(MERGE_PATH_MAX_THREADS)
 merge_path_spmv(const int* __restrict__ indptr,
@@ -114,7 +114,8 @@ merge_path_spmv(const int* __restrict__ indptr,
                 V* __restrict__ y,
                 const int* __restrict__ tile_row,
                 const int* __restrict__ tile_nz,
-                V* __restrict__ carry)
+                V* __restrict__ carry,
+                const int staged)
 {
     using namespace merge_path_detail;
     extern __shared__ __align__(16) unsigned char merge_path_shared[];
@@ -132,11 +133,24 @@ merge_path_spmv(const int* __restrict__ indptr,
     int* ends = reinterpret_cast<int*>(merge_path_shared);  // row ends of rows r0 .. r1-1
     V* prods = reinterpret_cast<V*>(merge_path_shared + ((n_rows * (int)sizeof(int) + 15) & ~15));
 
-    // 1. the tile's row ends, and its products read by the whole block in order (coalesced; the values
-    //    and columns are read once: streaming hint), as CUB stages them.
+    // 1. the tile's row ends; when `staged`, its products too, read by the whole block in order (coalesced;
+    //    the values and columns are read once: streaming hint), as CUB stages them. A thread's IPT loads are
+    //    issued together (n_nz <= a tile = IPT * blockDim.x), so they wait on memory together.
     for (int k = threadIdx.x; k < n_rows; k += blockDim.x) ends[k] = __ldg(&indptr[r0 + 1 + k]);
-    for (int k = threadIdx.x; k < n_nz; k += blockDim.x) {
-        prods[k] = __ldcs(&data[j0 + k]) * __ldg(&x[__ldcs(&indices[j0 + k])]);
+    int col[IPT];
+    V val[IPT];
+    if (staged) {
+#pragma unroll
+        for (int q = 0; q < IPT; ++q) {
+            const int k = q * blockDim.x + threadIdx.x;
+            col[q] = k < n_nz ? __ldcs(&indices[j0 + k]) : 0;
+            val[q] = k < n_nz ? __ldcs(&data[j0 + k]) : V(0);
+        }
+#pragma unroll
+        for (int q = 0; q < IPT; ++q) {
+            const int k = q * blockDim.x + threadIdx.x;
+            if (k < n_nz) prods[k] = val[q] * __ldg(&x[col[q]]);
+        }
     }
     __syncthreads();
 
@@ -147,7 +161,22 @@ merge_path_spmv(const int* __restrict__ indptr,
     if (lane == 31) ie = search<false>(ends, n_rows, j0, n_nz, min(d + IPT, items));
     const int js = j0 + d - is;
     const int je = j0 + min(d + IPT, items) - ie;
-    const V* prod = prods + (js - j0);
+    // Not staged: the thread reads its own (consecutive) nonzeros, its IPT loads together.
+    V prod[IPT];
+#pragma unroll
+    for (int q = 0; q < IPT; ++q) {
+        const bool in = js + q < je;
+        if (staged) {
+            prod[q] = in ? prods[js - j0 + q] : V(0);
+        } else {
+            col[q] = in ? __ldcs(&indices[js + q]) : 0;
+            val[q] = in ? __ldcs(&data[js + q]) : V(0);
+        }
+    }
+    if (!staged) {
+#pragma unroll
+        for (int q = 0; q < IPT; ++q) prod[q] = js + q < je ? val[q] * __ldg(&x[col[q]]) : V(0);
+    }
 
     // 3. the walk: row end i comes before nonzero j when its end is <= j.
     V acc = 0;

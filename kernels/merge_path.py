@@ -56,6 +56,7 @@ from kernels._space import Param, Space
 
 ITEMS_PER_THREAD = (2, 3, 4, 5, 6, 7, 9, 12, 16)
 BLOCK_SIZES = (64, 128, 256, 512)
+LOADS = ("block", "thread")
 SEARCH_THREADS = 128
 FIXUP_THREADS = 256
 PATH_MAX = int(np.iinfo(np.int32).max)
@@ -154,6 +155,8 @@ class MergePath(Family):
     # Default: CUB's tuning for float64 since sm_50 (64 threads, 6 items a thread; float32 takes 128 and 7).
     space = Space(
         (
+            Param("loads", LOADS, "block", "who reads a tile's values and columns: the block, in order, its "
+                  "products staged in shared memory (coalesced, as CUB), or each thread its own items"),
             Param("items_per_thread", ITEMS_PER_THREAD, 6, "merge-path items (row ends + nonzeros) a thread"),
             Param("block_size", BLOCK_SIZES, 64, "threads per block (a tile is block_size * items_per_thread)"),
         )
@@ -166,9 +169,10 @@ class MergePath(Family):
 
     @staticmethod
     def shared_bytes(params: dict[str, Any], dtype: Any) -> int:
-        """Dynamic shared memory of a block: a tile's row ends and products (a tile of items in all, each
-        at most a value's size), and 16 bytes to align the products."""
-        return int(params["items_per_thread"]) * int(params["block_size"]) * np.dtype(dtype).itemsize + 16
+        """Dynamic shared memory of a block: a tile's row ends, and its products when the block loads them
+        (a tile of items in all, each at most a value's size, and 16 bytes to align the products)."""
+        tile = int(params["items_per_thread"]) * int(params["block_size"])
+        return tile * np.dtype(dtype).itemsize + 16 if params["loads"] == "block" else tile * 4
 
     @staticmethod
     def _tile(prepared: Prepared) -> int:
@@ -205,7 +209,8 @@ class MergePath(Family):
         ex["spmv_kernel"](
             (count,),
             (block,),
-            (A.indptr, A.indices, A.data, x, out, ex["tile_row"], ex["tile_nz"], ex["carry"]),
+            (A.indptr, A.indices, A.data, x, out, ex["tile_row"], ex["tile_nz"], ex["carry"],
+             np.int32(prepared.params["loads"] == "block")),
             shared_mem=ex["shared_bytes"],
         )
         if ex["fixup"]:

@@ -25,6 +25,7 @@ from kernels._reference import products
 from kernels.merge_path import (
     BLOCK_SIZES,
     ITEMS_PER_THREAD,
+    LOADS,
     PATH_MAX,
     MergePath,
     decompose,
@@ -40,13 +41,14 @@ FAMILY = MergePath()
 DTYPES = ("float64", "float32")
 # Every items_per_thread, the block sizes in turn: tiles from 128 to 8192 items.
 GPU_CONFIGS = tuple(
-    {"items_per_thread": k, "block_size": BLOCK_SIZES[n % len(BLOCK_SIZES)]} for n, k in enumerate(ITEMS_PER_THREAD)
+    {"items_per_thread": k, "block_size": BLOCK_SIZES[n % len(BLOCK_SIZES)], "loads": loads}
+    for n, k in enumerate(ITEMS_PER_THREAD) for loads in LOADS
 )
 CPU_CONFIGS = (
     FAMILY.space.defaults(),
-    {"items_per_thread": 2, "block_size": 64},
-    {"items_per_thread": 16, "block_size": 512},
-    {"items_per_thread": 7, "block_size": 128},
+    {"items_per_thread": 2, "block_size": 64, "loads": "thread"},
+    {"items_per_thread": 16, "block_size": 512, "loads": "block"},
+    {"items_per_thread": 7, "block_size": 128, "loads": "thread"},
 )
 # Shared matrices of the shapes merge_path is for: huge rows (arrow, lp_fit2d: 25 rows of ~5 000 entries),
 # many empty rows (LFAT5_hypersparse, mbeacxc), power-law rows (rajat01, ca-HepPh_rawids).
@@ -91,10 +93,13 @@ def _check_against_scipy(A, dtype: str, params: dict) -> None:
 # -- the space ------------------------------------------------------------------------------------
 def test_space_and_instantiations():
     params = {p.name: p for p in FAMILY.space.params}
-    assert list(params) == ["items_per_thread", "block_size"]
+    assert list(params) == ["loads", "items_per_thread", "block_size"]
     assert params["items_per_thread"].values == ITEMS_PER_THREAD and params["block_size"].values == BLOCK_SIZES
-    assert FAMILY.space.defaults() == {"items_per_thread": 6, "block_size": 64}  # CUB's float64 tuning
-    assert max(ITEMS_PER_THREAD) * max(BLOCK_SIZES) * 4 <= 48 * 1024  # the row ends of a tile: static smem limit
+    assert params["loads"].values == LOADS
+    assert FAMILY.space.defaults() == {"loads": "block", "items_per_thread": 6, "block_size": 64}  # CUB's float64
+    largest = {"items_per_thread": max(ITEMS_PER_THREAD), "block_size": max(BLOCK_SIZES)}
+    assert FAMILY.shared_bytes({**largest, "loads": "thread"}, "float64") <= 48 * 1024  # row ends: no opt-in
+    assert FAMILY.shared_bytes({**largest, "loads": "block"}, "float64") <= 227 * 1024  # Hopper's opt-in limit
     for dtype, ctype in (("float64", "double"), ("float32", "float")):
         exprs = FAMILY.name_expressions(dtype)
         assert len(set(exprs)) == len(exprs)
@@ -105,11 +110,13 @@ def test_space_and_instantiations():
 
 
 def test_conformance_suite_runs_every_config():
-    """tests/test_kernels.py samples at most 40 configs of a space: merge_path's 36 are all run."""
+    """tests/test_kernels.py samples at most 40 configs of a space: of merge_path's 72, every items_per_thread
+    with both ways of loading (the GPU tests here run every items_per_thread both ways)."""
     from tests.test_kernels import configs
 
-    assert configs("merge_path") == FAMILY.space.configs()
-    assert len(FAMILY.space.configs()) == len(ITEMS_PER_THREAD) * len(BLOCK_SIZES)
+    assert len(FAMILY.space.configs()) == len(ITEMS_PER_THREAD) * len(BLOCK_SIZES) * len(LOADS)
+    sample = configs("merge_path")
+    assert {(c["items_per_thread"], c["loads"]) for c in sample} == {(k, w) for k in ITEMS_PER_THREAD for w in LOADS}
 
 
 # -- the search -----------------------------------------------------------------------------------
