@@ -10,13 +10,14 @@
 //   merge_path_search (prepare, once): the coordinate of every tile boundary
 //     (diagonal b * tile), by a binary search of the row pointer along the
 //     diagonal; tile_row / tile_nz, n_tiles + 1 entries each.
-//   merge_path_spmv<V, IPT> (a run): per tile,
+//   merge_path_spmv<V, IPT, STAGED> (a run): per tile,
 //     1. the ends of the rows the tile consumes, indptr[r0+1 .. r1], staged in
-//        shared memory, and the products of its nonzeros, value * x[column], computed by the
-//        whole block in order (coalesced reads; streaming hint __ldcs on values
-//        and columns, read once);
+//        shared memory, and (STAGED) the products of its nonzeros, value *
+//        x[column], computed by the whole block in order (coalesced reads;
+//        streaming hint __ldcs on values and columns, read once);
 //     2. each thread finds its start on its diagonal by a binary search of the
-//        row ends (its end is the next thread's start);
+//        row ends (its end is the next thread's start); not STAGED, it reads its
+//        own nonzeros' values and columns and gathers x;
 //     3. it walks its items in order: a nonzero adds its product to the running
 //        sum, a row end closes the row; every row it closes but the first is
 //        written to y at once (the thread holds all of it), the first is kept
@@ -33,8 +34,8 @@
 //
 // Every row end is consumed by exactly one thread, so stage 1 writes every row of
 // y (an empty row gets 0) and the fix-up only adds. 32-bit coordinates: the
-// caller checks m + nnz < 2^31. Instantiated per value type and items a thread:
-// merge_path_spmv<double, 7>, merge_path_fixup<double>, merge_path_search.
+// caller checks m + nnz < 2^31. Instantiated per value type, items a thread and loads:
+// merge_path_spmv<double, 7, true>, merge_path_fixup<double>, merge_path_search.
 
 #ifndef MERGE_PATH_MAX_THREADS
 #define MERGE_PATH_MAX_THREADS 512
@@ -103,9 +104,9 @@ __global__ void merge_path_search(const int m,
 }
 
 // One block a tile of blockDim.x * IPT path items (blockDim.x a multiple of 32, at most
-// MERGE_PATH_MAX_THREADS); dynamic shared memory: the tile's row ends, then, when `staged`, its products
+// MERGE_PATH_MAX_THREADS); dynamic shared memory: the tile's row ends, then, when STAGED, its products
 // (together at most a tile of items: blockDim.x * IPT * sizeof(V) + 16 bytes).
-template <typename V, int IPT>
+template <typename V, int IPT, bool STAGED>
 __global__ void __launch_bounds__(MERGE_PATH_MAX_THREADS)
 merge_path_spmv(const int* __restrict__ indptr,
                 const int* __restrict__ indices,
@@ -114,8 +115,7 @@ merge_path_spmv(const int* __restrict__ indptr,
                 V* __restrict__ y,
                 const int* __restrict__ tile_row,
                 const int* __restrict__ tile_nz,
-                V* __restrict__ carry,
-                const int staged)
+                V* __restrict__ carry)
 {
     using namespace merge_path_detail;
     extern __shared__ __align__(16) unsigned char merge_path_shared[];
@@ -133,13 +133,13 @@ merge_path_spmv(const int* __restrict__ indptr,
     int* ends = reinterpret_cast<int*>(merge_path_shared);  // row ends of rows r0 .. r1-1
     V* prods = reinterpret_cast<V*>(merge_path_shared + ((n_rows * (int)sizeof(int) + 15) & ~15));
 
-    // 1. the tile's row ends; when `staged`, its products too, read by the whole block in order (coalesced;
+    // 1. the tile's row ends; when STAGED, its products too, read by the whole block in order (coalesced;
     //    the values and columns are read once: streaming hint), as CUB stages them. A thread's IPT loads are
     //    issued together (n_nz <= a tile = IPT * blockDim.x), so they wait on memory together.
     for (int k = threadIdx.x; k < n_rows; k += blockDim.x) ends[k] = __ldg(&indptr[r0 + 1 + k]);
     int col[IPT];
     V val[IPT];
-    if (staged) {
+    if constexpr (STAGED) {
 #pragma unroll
         for (int q = 0; q < IPT; ++q) {
             const int k = q * blockDim.x + threadIdx.x;
@@ -161,19 +161,19 @@ merge_path_spmv(const int* __restrict__ indptr,
     if (lane == 31) ie = search<false>(ends, n_rows, j0, n_nz, min(d + IPT, items));
     const int js = j0 + d - is;
     const int je = j0 + min(d + IPT, items) - ie;
-    // Not staged: the thread reads its own (consecutive) nonzeros, its IPT loads together.
+    // Not STAGED: the thread reads its own (consecutive) nonzeros, its IPT loads together.
     V prod[IPT];
 #pragma unroll
     for (int q = 0; q < IPT; ++q) {
         const bool in = js + q < je;
-        if (staged) {
+        if constexpr (STAGED) {
             prod[q] = in ? prods[js - j0 + q] : V(0);
         } else {
             col[q] = in ? __ldcs(&indices[js + q]) : 0;
             val[q] = in ? __ldcs(&data[js + q]) : V(0);
         }
     }
-    if (!staged) {
+    if constexpr (!STAGED) {
 #pragma unroll
         for (int q = 0; q < IPT; ++q) prod[q] = js + q < je ? val[q] * __ldg(&x[col[q]]) : V(0);
     }

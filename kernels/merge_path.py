@@ -14,7 +14,7 @@ Stages and kernels (``merge_path.cu``):
 - prepare: ``merge_path_search`` finds the coordinate (row, nonzero) of every
   tile boundary once, by a binary search along its diagonal (``tile_row``,
   ``tile_nz``; the matrix does not change between runs);
-- ``merge_path_spmv<V, IPT>``: a block stages its tile's row ends and its
+- ``merge_path_spmv<V, IPT, STAGED>``: a block stages its tile's row ends and its
   products (value times x, read by the whole block in order: coalesced, as CUB
   does) in shared memory, each thread finds its start there, sums its items in order and writes
   the rows it closes; the partial sums of rows that go on past a thread
@@ -164,8 +164,8 @@ class MergePath(Family):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
-        spmv = tuple(f"merge_path_spmv<{v}, {k}>" for k in ITEMS_PER_THREAD)
-        return ("merge_path_search", f"merge_path_fixup<{v}>", *spmv)
+        return ("merge_path_search", f"merge_path_fixup<{v}>",
+                *(_spmv_name(v, k, w) for w in LOADS for k in ITEMS_PER_THREAD))
 
     @staticmethod
     def shared_bytes(params: dict[str, Any], dtype: Any) -> int:
@@ -186,7 +186,7 @@ class MergePath(Family):
         count = n_tiles(m, nnz, tile)
         v = c_type(prepared.dtype)
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        ex["spmv_kernel"] = kernels[f"merge_path_spmv<{v}, {prepared.params['items_per_thread']}>"]
+        ex["spmv_kernel"] = kernels[_spmv_name(v, prepared.params["items_per_thread"], prepared.params["loads"])]
         ex["shared_bytes"] = self.shared_bytes(prepared.params, prepared.dtype)
         if ex["shared_bytes"] > ex["spmv_kernel"].max_dynamic_shared_size_bytes:  # above 48 KB: opt in (once)
             ex["spmv_kernel"].max_dynamic_shared_size_bytes = ex["shared_bytes"]
@@ -209,8 +209,7 @@ class MergePath(Family):
         ex["spmv_kernel"](
             (count,),
             (block,),
-            (A.indptr, A.indices, A.data, x, out, ex["tile_row"], ex["tile_nz"], ex["carry"],
-             np.int32(prepared.params["loads"] == "block")),
+            (A.indptr, A.indices, A.data, x, out, ex["tile_row"], ex["tile_nz"], ex["carry"]),
             shared_mem=ex["shared_bytes"],
         )
         if ex["fixup"]:
@@ -254,6 +253,11 @@ class MergePath(Family):
                 "rows or stored entries has no decomposition)"
             )
         return {k: ex[k] if isinstance(ex[k], np.ndarray) else ex[k].get() for k in ("tile_row", "tile_nz", "carry")}
+
+
+def _spmv_name(ctype: str, items_per_thread: int, loads: str) -> str:
+    """The product's kernel for a value type, items a thread and who loads (STAGED: the block)."""
+    return f"merge_path_spmv<{ctype}, {items_per_thread}, {'true' if loads == 'block' else 'false'}>"
 
 
 __all__ = ["MergePath", "decompose", "ends_inside_a_row", "merge_path_search", "path_length", "spmv_reference"]

@@ -122,8 +122,8 @@ def tune(
 ) -> TuneResult:
     """Tune SpMV for ``A`` on ``backend``: ``trials`` more trials (or until ``timeout`` seconds).
 
-    Every family tried gets its default config measured first, so the summary
-    always has one row per family. Configs already measured in this study are
+    Every family tried gets a config measured first (one of ``enqueue``, else its
+    default), so the summary always has one row per family. Configs already measured in this study are
     not measured again (optuna is told the stored value; ``on_trial`` gets None).
 
     ``total=N`` (for many workers on one study): stop as soon as the study
@@ -135,8 +135,10 @@ def tune(
     matrix's :attr:`~tuner.matrix.suites.SuiteMatrix.key`) is kept in the study's
     user attrs (:data:`SOURCE_ATTR`), so a later run finds the study without
     building the matrix. ``enqueue`` (``(kernel, params)`` pairs, e.g. a
-    :mod:`tuner.select.portfolio`) is measured right after the defaults, each config
-    once per study; those of families outside ``kernels`` are left out.
+    :mod:`tuner.select.portfolio`, the selector's first configs) is measured before the
+    defaults, each config once per study (so a budget of a few trials runs what is
+    known rather than a default of every family); those of families outside
+    ``kernels`` are left out.
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]
     A = as_csr(A, dtype=dtype)
@@ -180,12 +182,12 @@ def tune(
         seen = {k: v for k, v in seen.items() if k in stored}
         tried = {r["kernel"] for r in rows}
     if total is None or study_budget(study, total, current).open:
-        untried = [f for f in families if f.name not in tried]
+        names = {f.name for f in families}
+        queue = [(get_family(k), p) for k, p in enqueue if k in names]  # what is known first: a short budget
+        untried = [f for f in families if f.name not in tried | {f.name for f, _ in queue}]  # runs no default
         if total is not None:  # no more defaults than the budget has places left
             untried = untried[: max(0, total - sum(t.state != TrialState.PRUNED for t in current))]
-        queue = [(f, f.space.defaults()) for f in untried]
-        names = {f.name for f in families}
-        queue += [(get_family(k), p) for k, p in enqueue if k in names]
+        queue += [(f, f.space.defaults()) for f in untried]
         for f, params in queue:  # skip_if_exists: a config the study holds (or has queued) is not queued again
             study.enqueue_trial({"kernel": f.name, **_prefixed(f, params)},
                                 user_attrs={DEFAULT_ATTR: True} if total is not None else None,
