@@ -139,8 +139,11 @@ def decompose_rows(
         raise AssertionError(f"bins out of order: {codes.tolist()}")
     bin_threads = np.left_shift(1, codes % 64).astype(np.int32)
 
-    n_long = int(long_.sum())
-    n_above = int((npr > threshold).sum())  # G1 candidates: the leading long rows, npr > threshold
+    # Counted from the sorted order (no reduction kernel: CuPy builds one per new size on a machine's first
+    # use, seconds): the long rows lead, npr descending; the G1 candidates (npr > threshold) lead them.
+    n_long = int(bin_bounds[np.count_nonzero(codes >= 64)])
+    long_npr = npr[perm[:n_long]]
+    n_above = int(xp.searchsorted(-long_npr, xp.asarray([-threshold], dtype=xp.int64))[0])
     lead = _host(code[: min(n_above, budget // 32 + 1)]).astype(np.int64)  # each t >= 32
     lead_threads = np.left_shift(1, lead - 64)
     g1_end = int(np.count_nonzero(np.cumsum(lead_threads) <= budget))  # cumsum increases: a prefix
