@@ -49,3 +49,29 @@ def shared_cases() -> list[str]:
 
 def load_shared(name: str) -> sp.csr_matrix:
     return read_mtx(SHARED_MATRICES / f"{name}.mtx.gz")
+
+
+def gpu_runs(family, A: sp.csr_matrix, dtype: str, params: dict, *, runs: int = 2):
+    """``A`` prepared by ``family``'s CPU reference and on the GPU, the GPU product run ``runs`` times into an
+    output filled with NaN first (what a run reuses must not accumulate), each y checked against SciPy.
+
+    Returns ``(ref, cpu, gpu, expected, x, y)``: the reference, both prepared matrices, the reference
+    decomposition's y, x on the GPU and the last GPU y (on the host).
+    """
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from tuner.measure.verify import Reference
+
+    ref = Reference.build(A, dtype, seed=2)
+    cpu = family.prepare_reference(A, params)
+    expected = family.run_reference(cpu, ref.x)
+    gpu = family.prepare(cusp.csr_matrix(A), params)
+    x = cupy.asarray(ref.x)
+    out = cupy.empty(A.shape[0], dtype=dtype)
+    for _ in range(runs):
+        out.fill(cupy.nan)
+        y = family.run(gpu, x, out).get()
+        ok, _, msg = ref.check(y)
+        assert ok, f"{params}: {msg}"
+    return ref, cpu, gpu, expected, x, y

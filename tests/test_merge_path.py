@@ -34,7 +34,7 @@ from kernels.merge_path import (
     path_length,
     spmv_reference,
 )
-from tests.kernel_cases import CASES, load_shared
+from tests.kernel_cases import CASES, gpu_runs, load_shared
 from tuner.measure.verify import Reference
 
 FAMILY = MergePath()
@@ -287,20 +287,8 @@ def test_path_longer_than_32_bit_coordinates_is_refused():
 
 # -- GPU against the reference and SciPy ----------------------------------------------------------
 def _gpu_check(A, dtype: str, params: dict) -> None:
-    import cupy
-    import cupyx.scipy.sparse as cusp
-
-    ref = Reference.build(A, dtype, seed=2)
-    cpu = FAMILY.prepare_reference(A, params)
-    expected = FAMILY.run_reference(cpu, ref.x)
-    gpu = FAMILY.prepare(cusp.csr_matrix(A), params)
-    x = cupy.asarray(ref.x)
-    out = cupy.empty(A.shape[0], dtype=dtype)
-    for _ in range(2):  # twice: the carries are overwritten, y is written whole, nothing accumulates
-        out.fill(cupy.nan)
-        y = FAMILY.run(gpu, x, out).get()
-        ok, _, msg = ref.check(y)  # against SciPy
-        assert ok, f"{params}: {msg}"
+    # run twice: the carries are overwritten, y is written whole
+    ref, cpu, gpu, expected, _, y = gpu_runs(FAMILY, A, dtype, params)
     bound = 2 * ref.rtol * ref.scale + ref.atol
     assert np.all(np.abs(y - expected) <= bound), f"{params}: GPU differs from its reference"
     if not (A.nnz and A.shape[0]):

@@ -31,7 +31,7 @@ from kernels.specsum import (
     resident_threads,
     speculate,
 )
-from tests.kernel_cases import CASES, load_shared, shared_cases
+from tests.kernel_cases import CASES, gpu_runs, load_shared, shared_cases
 from tuner.matrix.io import as_csr
 from tuner.measure.verify import Reference
 
@@ -378,20 +378,8 @@ def _underflow_floor(A, dtype: str) -> float:
 
 
 def _gpu_check(A, dtype: str, params: dict) -> None:
-    import cupy
-    import cupyx.scipy.sparse as cusp
-
-    ref = Reference.build(A, dtype, seed=2)
-    cpu = FAMILY.prepare_reference(A, params)
-    expected = FAMILY.run_reference(cpu, ref.x)
-    gpu = FAMILY.prepare(cusp.csr_matrix(A), params)
-    x = cupy.asarray(ref.x)
-    out = cupy.empty(A.shape[0], dtype=dtype)
-    for _ in range(2):  # twice: buffers (and the host path's pinned ones) are reused
-        out.fill(cupy.nan)
-        y = FAMILY.run(gpu, x, out).get()
-        ok, _, msg = ref.check(y)
-        assert ok, f"{params}: {msg}"
+    # run twice: buffers (and the host path's pinned ones) are reused
+    ref, cpu, gpu, expected, x, y = gpu_runs(FAMILY, A, dtype, params)
     floor = _underflow_floor(A, dtype)
     assert np.all(np.abs(y - expected) <= 2 * ref.rtol * ref.scale + floor), f"{params}: GPU differs from its reference"
     if not (A.nnz and A.shape[0]):
