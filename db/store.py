@@ -606,6 +606,19 @@ class Store:
         rows = self.db["trials"].rows_where(where, used, order_by="id", limit=limit, offset=offset)
         return [_decoded(row) for row in rows]
 
+    def bests_with_features(self, *, device: str, dtype: str) -> list[dict[str, Any]]:
+        """Every matrix's best config on a device in a dtype, each with a ``features`` sub-dict (the features
+        recorded for it): where the search looks for matrices like a new one."""
+        columns = set(self.db["best"].columns_dict)
+        rows = self.db.query(
+            "select best.*, features.* from best join features using (fingerprint)"
+            " where best.device = ? and best.dtype = ? order by best.fingerprint",
+            [device, dtype],
+        )
+        return [_decoded({**{k: v for k, v in row.items() if k in columns},
+                          "features": {k: v for k, v in row.items() if k not in columns and v is not None}})
+                for row in rows]
+
     def best_per_kernel(self, fingerprint: str, *, device: str, dtype: str) -> list[dict[str, Any]]:
         """For each kernel family, its fastest ok and verified trial; fastest family first."""
         rows = self.db.query(

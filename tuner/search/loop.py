@@ -43,6 +43,7 @@ from tuner.measure.backend import Backend, DeviceInfo, Timing
 from tuner.measure.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
 from tuner.measure.metrics import gbps, gflops
 from tuner.measure.verify import Reference
+from tuner.search.seeds import seed_configs, unique_valid
 from tuner.search.study import (
     CACHED_ATTR,
     DEFAULT_ATTR,
@@ -138,7 +139,9 @@ def tune(
     :mod:`tuner.select.portfolio`, the selector's first configs) is measured before the
     defaults, each config once per study (so a budget of a few trials runs what is
     known rather than a default of every family); those of families outside
-    ``kernels`` are left out.
+    ``kernels`` are left out. With a store, what it knows goes first
+    (:func:`tuner.search.seeds.seed_configs`: this matrix's best in the other
+    dtype, the bests of the tuned matrices nearest in features).
     """
     families = [get_family(k) for k in (kernels or REGISTRY)]
     A = as_csr(A, dtype=dtype)
@@ -151,6 +154,9 @@ def tune(
     if store is not None:
         store.add_matrix(fp, name=name, rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
         store.add_device(device.record(bandwidth))
+        # what the store knows first: this matrix in the other dtype, the tuned matrices nearest to it
+        enqueue = seed_configs(store, fingerprint=fp, device=device.id, dtype=dtype, features=features) + list(enqueue)
+    enqueue = unique_valid(enqueue)
 
     reference = Reference.build(A_dev, dtype, seed=seed)
     x_dev = reference.x
