@@ -110,7 +110,7 @@ class Scripted(CpuReferenceBackend):
         self.seconds = seconds
         self.kernels: list[str] = []
 
-    def time_queued(self, fns, *, repeats, lead=None, flush_l2=False):
+    def time_queued(self, fns, *, repeats, flush_l2=False):
         return [[self.seconds[k]] * repeats for k in self.kernels]
 
 

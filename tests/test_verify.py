@@ -86,7 +86,7 @@ def test_gpu_queued_timing_brackets_each_product() -> None:
     one(), two()
     backend.synchronize()
     for flush_l2 in (False, True):  # warm, and cold: the flush before each product is not in its sample
-        samples = backend.time_queued([one, two], repeats=5, lead=[True, False], flush_l2=flush_l2)
+        samples = backend.time_queued([one, two], repeats=5, flush_l2=flush_l2)
         assert [len(s) for s in samples] == [5, 5] and min(min(s) for s in samples) > 0
         assert 1.5 < np.median(samples[1]) / np.median(samples[0]) < 2.5  # two passes take about twice one
 

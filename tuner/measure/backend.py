@@ -97,12 +97,12 @@ class Backend(ABC):
 
     @abstractmethod
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
-                    lead: Sequence[bool] | None = None, flush_l2: bool = False) -> list[list[float]]:
+                    flush_l2: bool = False) -> list[list[float]]:
         """``repeats`` products of each fn in turn, queued with no wait between them: the seconds of each
-        product. Cheaper than :meth:`time` (no wait, no spin per product); ``lead[i]`` fills the queue
-        before fn i, for products too short to hide the host's next launch (else their samples include it);
-        ``flush_l2`` evicts the cache before every product (cold figures, as the benchmarks time), and
-        fills the queue before each (``lead`` is not needed then)."""
+        product. Cheaper than :meth:`time` (no wait, no spin per product). The queue is filled before each
+        fn's products, so that a product too short to hide the host's next launch does not count it;
+        ``flush_l2`` evicts the cache before every product (cold figures, as the benchmarks time), which
+        fills the queue before each product."""
 
     @abstractmethod
     def copy_bandwidth_gbs(self) -> float:
@@ -209,12 +209,12 @@ class GpuBackend(Backend):
         self._spinner((1,), (1,), (np.int64(cycles),))
 
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
-                    lead: Sequence[bool] | None = None, flush_l2: bool = False) -> list[list[float]]:
+                    flush_l2: bool = False) -> list[list[float]]:
         """CUDA events around every product, all recorded before one wait at the end."""
         cp = self.cp
         marks = []
         for i, fn in enumerate(fns):
-            if not flush_l2 and (lead is None or lead[i]):  # a flush fills the queue before every product
+            if not flush_l2:  # a flush fills the queue before every product
                 self._spin(i, cycles=SPIN_CYCLES * repeats // 2)
             events = []
             for r in range(repeats):
@@ -291,7 +291,7 @@ class CpuReferenceBackend(Backend):
         return Timing.from_samples(np.asarray(samples))
 
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
-                    lead: Sequence[bool] | None = None, flush_l2: bool = False) -> list[list[float]]:
+                    flush_l2: bool = False) -> list[list[float]]:
         samples = []
         for fn in fns:
             mine = []
