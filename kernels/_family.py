@@ -60,6 +60,12 @@ class Family(ABC):
         """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""
         return ()
 
+    def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Value] | None:
+        """``params`` fitted to a matrix of ``cols`` columns of ``itemsize``-byte values on a GPU with
+        ``l2_bytes`` of L2, where the family knows how (a race at plan time times it beside ``params``);
+        None where it does not, or ``params`` fit already. Beyond what a selector learned from its corpus."""
+        return None
+
     # -- GPU path ---------------------------------------------------------------
     def prepare(self, A: Any, params: Mapping[str, Any] | None = None) -> Prepared:
         """One-time setup on the GPU for a canonical ``cupyx`` CSR matrix."""

@@ -12,6 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 # No selector shipped in the package answers in the tests (or in the servers and workers they start):
 # what is shipped must not change their 'default's; tests of shipped selectors set their own folder.
 os.environ["SPMV_TUNER_MODELS"] = ""
+# rich wraps the CLI's output at the terminal's width, which differs between one process and xdist's
+# workers (80 columns there): the tests read whole lines
+os.environ["COLUMNS"] = "200"
 SHARED_MATRICES = Path(
     __import__("os").environ.get("SPMV_SHARED_MATRICES", REPO.parent / "shared" / "matrices")
 )
@@ -24,6 +27,21 @@ def _gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+GPU_WORKERS = 6
+"""Processes of ``python -m pytest -m gpu`` on a machine with a GPU when ``-n`` is not given: the suite is
+bound by compiling kernels and by the host's launches, so six processes sharing the GPU (pytest-xdist) run it
+in about a third of one's time. ``SPMV_GPU_WORKERS`` sets another count; ``-n 0`` runs it in one process."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Before pytest-xdist reads ``-n``: a GPU run (``-m gpu``, on a machine with a GPU) gets GPU_WORKERS."""
+    if (getattr(config.option, "numprocesses", 0) is None and not hasattr(config, "workerinput")
+            and config.option.markexpr.strip() == "gpu" and not config.getoption("usepdb", False)
+            and _gpu_available()):
+        config.option.numprocesses = int(os.environ.get("SPMV_GPU_WORKERS", GPU_WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):

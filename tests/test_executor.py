@@ -67,8 +67,9 @@ def test_plan_on_gpu_predicts_races_then_answers_from_the_store(A, tmp_path):
     store = Store(tmp_path / "s.db")
     ex = plan(A, db=store, effort="predict")  # no selector for this GPU in the tests: cuSPARSE
     assert ex.source == "default" and ex.kernel == "cusparse" and ex.race is None
-    ex = plan(A, db=store)  # the default effort races, and stores every lap
+    ex = plan(A, db=store)  # the default effort races, and stores every lap (behind: the next plan() waits)
     assert ex.source == "raced" and ex.race is not None and ex.race.winner is not None
+    assert ex.race.recorded.result() > 0 and set(ex.race.seconds) >= {"reference", "record"}
     laps = ex.race.laps
     assert len(laps) == len(store.trials(ex.fingerprint, device=ex.device, dtype="float64"))
     assert {lap.entrant.kernel for lap in laps} >= {"cusparse", "csr_vector", "csr_scalar"}

@@ -10,7 +10,16 @@ import scipy.sparse as sp
 
 from db.store import Store
 from kernels import get_family
-from tuner.execute.race import BASELINE_ENTRANTS, DEFAULT_ENTRANTS, STUDY, Entrant, race, record_race, shortlist
+from tuner.execute.race import (
+    BASELINE_ENTRANTS,
+    DEFAULT_ENTRANTS,
+    STUDY,
+    Entrant,
+    adapted,
+    race,
+    record_race,
+    shortlist,
+)
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import CpuReferenceBackend
 from tuner.measure.verify import Reference
@@ -23,13 +32,13 @@ def ranked(kernel: str, params: dict, expected: float, prepare: float = 0.0) -> 
 
 RANKING = [
     ranked("nut", {}, 1.0, prepare=250.0),
-    ranked("cusparse", {"algorithm": "default"}, 1.05),
     ranked("nut", {"slabs": 2}, 1.1, prepare=150.0),
     ranked("csr_vector", {"threads_per_row": 4}, 1.2, prepare=0.8),
     ranked("csr_vector", {"threads_per_row": 8}, 1.25, prepare=0.8),
     ranked("csr_vector", {"threads_per_row": 16}, 1.3, prepare=0.8),
     ranked("csr_scalar", {}, 1.4, prepare=0.5),
     ranked("specsum", {}, 1.6, prepare=3.0),
+    ranked("cusparse", {"algorithm": "default"}, 2.0),
 ]
 
 
@@ -43,7 +52,21 @@ def test_the_shortlist_keeps_the_first_then_cheap_and_diverse_configs_and_always
     assert [(e.kernel, e.params) for e in entrants[4:]] == [(k, p) for k, p in BASELINE_ENTRANTS]
     assert entrants[0].expected_s == 1.0 and entrants[0].prepare_spmvs == 250.0
     assert len(shortlist(RANKING, size=1)) == 3
-    assert [e.kernel for e in shortlist(RANKING, size=4, slack=1.15)] == ["nut", "cusparse", "cusparse"]
+    # past 1.15x the first only what predict runs (the first cheap to prepare) races beside it
+    assert [e.kernel for e in shortlist(RANKING, size=4, slack=1.15)] == ["nut", "csr_vector", "cusparse", "cusparse"]
+
+
+def test_the_shortlist_leaves_out_configs_not_expected_to_beat_cusparse_by_the_margin() -> None:
+    ranking = [ranked("nut", {}, 1.0, prepare=250.0), ranked("csr_vector", {"threads_per_row": 4}, 1.2, 0.8),
+               ranked("specsum", {}, 1.25, prepare=3.0), ranked("cusparse", {"algorithm": "csr_alg1"}, 1.29),
+               ranked("csr_scalar", {}, 1.3, prepare=0.5)]
+    # 0.97 x 1.29 = 1.2513: specsum (1.25) may still win, csr_scalar (1.3) cannot
+    assert [e.kernel for e in shortlist(ranking, size=4)] == ["nut", "csr_vector", "specsum", "cusparse", "cusparse"]
+    assert [e.kernel for e in shortlist(ranking, size=4, margin=0.05)] == ["nut", "csr_vector", "cusparse",
+                                                                          "cusparse"]
+    # the selector's first and what predict runs race whatever cuSPARSE is expected to take
+    slow = [ranked("cusparse", {"algorithm": "csr_alg1"}, 0.5, prepare=6.0), *ranking]
+    assert [e.kernel for e in shortlist(slow, size=4)] == ["nut", "csr_vector", "cusparse", "cusparse"]
 
 
 def test_the_shortlist_always_has_what_predict_would_run() -> None:
@@ -51,12 +74,12 @@ def test_the_shortlist_always_has_what_predict_would_run() -> None:
     ranking = [ranked("nut", {}, 1.0, prepare=250.0), ranked("ipcsr", {}, 1.05, prepare=100.0),
                ranked("specsum", {}, 1.7, prepare=30.0), ranked("csr_vector", {"threads_per_row": 4}, 2.0, 0.8),
                ranked("csr_scalar", {}, 2.1, prepare=0.5)]
-    kernels = [e.kernel for e in shortlist(ranking, size=4, slack=1.5)]
+    kernels = [e.kernel for e in shortlist(ranking, size=4, slack=1.5, prepare_budget=120.0)]
     assert kernels == ["nut", "ipcsr", "csr_vector", "cusparse", "cusparse"]
     assert [e.kernel for e in shortlist(ranking, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
     assert [e.kernel for e in shortlist(ranking, size=4, prepare_budget=50.0)] == [
         "nut", "csr_vector", "cusparse", "cusparse"]  # ipcsr's 100 SpMVs are over the budget
-    assert [e.kernel for e in shortlist(ranking, size=4, cheap=0.6)] == [
+    assert [e.kernel for e in shortlist(ranking, size=4, cheap=0.6, prepare_budget=120.0)] == [
         "nut", "ipcsr", "csr_scalar", "cusparse", "cusparse"]
 
 
@@ -157,3 +180,20 @@ def test_predict_takes_the_first_config_cheap_to_prepare() -> None:
     assert cheap.expected_gflops == pytest.approx(2e6 / 1.2e-4 / 1e9)
     unknown = ranked("csr_scalar", {}, 1.0e-4, float("nan"))  # never measured: not known to be cheap
     assert ranked_choice([ranking[0], unknown], "b", nnz=1e6, prepare_budget=5.0).source == "default"
+
+
+def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
+    """NuT's slabs: one slab of x in a third of the L2 (x of 64 MB in float64 against 50 MB: 4 slabs)."""
+    nut = Entrant("nut", get_family("nut").space.validate({"cols_per_tile": 4096}, family="nut"), 1e-3, 150.0)
+    entrants = [nut, *shortlist(None, size=2)]
+    l2 = 50 << 20
+    fitted = adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=l2)
+    assert [(e.kernel, e.params.get("slabs")) for e in fitted[:2]] == [("nut", 1), ("nut", 4)]
+    assert fitted[1].params["cols_per_tile"] == 4096 and fitted[1].prepare_spmvs == 150.0
+    assert fitted[2:] == entrants[1:]
+    assert adapted(entrants, cols=8_000_000, itemsize=4, l2_bytes=l2)[1].params["slabs"] == 2
+    assert adapted(entrants, cols=2_000_000, itemsize=8, l2_bytes=l2) == entrants  # x fits: one slab
+    assert adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=0) == entrants  # L2 unknown (the CPU)
+    assert adapted(fitted, cols=8_000_000, itemsize=8, l2_bytes=l2) == fitted  # raced already: not twice
+    others = shortlist(None, size=3)  # a family without an adaptation: as it was
+    assert adapted(others, cols=8_000_000, itemsize=8, l2_bytes=l2) == others

@@ -29,11 +29,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from db import write_behind
 from db.store import Store
 from kernels._cuda import gpu_available
 from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
 from tuner.execute.executor import Executor
-from tuner.execute.race import CHEAP_SPMVS, RaceResult, race, record_race, shortlist
+from tuner.execute.race import CHEAP_SPMVS, RaceResult, adapted, race, record_race, shortlist
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
 from tuner.matrix.io import as_csr, as_device_csr
@@ -89,6 +90,7 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     with steps("fingerprint"):
         fp = fingerprint(A_dev)
     with steps("lookup"):
+        write_behind.wait(store.path)  # an earlier plan()'s race, still being written
         choice = stored_choice(store, fp, device=device, dtype=dtype)
         if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1], nnz=A_dev.nnz):
             choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
@@ -109,7 +111,7 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         else:
             with steps("race"):
                 raced = race_matrix(A_dev, backend=backend, store=store, fp=fp, features=features,
-                                    race_size=race_size, ranking=ranking, basis=basis)
+                                    race_size=race_size, ranking=ranking, basis=basis, record_behind=True)
             choice = raced[0]
     with steps("prepare"):
         ex = Executor(A=A_dev, choice=choice, backend=backend, fingerprint=fp,
@@ -135,12 +137,14 @@ class _Steps:
 
 
 def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: dict[str, float] | None = None,
-                race_size: int = 4, ranking: list[Any] | None = None, basis: str | None = None
-                ) -> tuple[Choice, RaceResult]:
+                race_size: int = 4, ranking: list[Any] | None = None, basis: str | None = None,
+                record_behind: bool = False) -> tuple[Choice, RaceResult]:
     """Race the selector's shortlist and cuSPARSE on ``A`` (where ``backend`` runs: the GPU, or the CPU
     references), store every lap with the matrix and the device, and say what won (cuSPARSE's default if
     every entrant failed). ``plan(effort="race")``, ``tuner recommend --race`` and the service's
     ``/recommend?race=true`` all race through here; ``ranking`` is computed from ``features`` when not given.
+    ``record_behind``: the laps are written by :mod:`db.write_behind` (``plan()``: they land while the
+    caller's products run; ``result.recorded`` is that write), else before this returns.
     """
     dtype = str(A.dtype)
     if features is None:
@@ -148,12 +152,27 @@ def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: di
     if ranking is None and basis is None:
         ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype, features=features,
                                       backend=backend if isinstance(backend, GpuBackend) else None)
+    start = time.perf_counter()
     reference = Reference.build(A, dtype)
-    result = race(backend, A, shortlist(ranking, size=race_size), reference, reference.x)
-    with store.transaction():
-        store.add_matrix(fp, name="", rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
-        store.add_device(backend.info.record(backend.copy_bandwidth_gbs()))
-        record_race(store, result, fingerprint=fp, device=backend.info.id, dtype=dtype, shape=A.shape, nnz=A.nnz)
+    backend.synchronize()
+    reference_s = time.perf_counter() - start
+    entrants = adapted(shortlist(ranking, size=race_size), cols=A.shape[1], itemsize=A.dtype.itemsize,
+                       l2_bytes=backend.info.l2_bytes)
+    result = race(backend, A, entrants, reference, reference.x)
+    device = backend.info.record(backend.copy_bandwidth_gbs())
+
+    def record(into: Store) -> None:
+        with into.transaction():
+            into.add_matrix(fp, name="", rows=A.shape[0], cols=A.shape[1], nnz=A.nnz, features=features)
+            into.add_device(device)
+            record_race(into, result, fingerprint=fp, device=device["id"], dtype=dtype, shape=A.shape, nnz=A.nnz)
+
+    start = time.perf_counter()
+    if record_behind:
+        result.recorded = write_behind.submit(store, record)
+    else:
+        record(store)
+    result.seconds = {"reference": reference_s, **result.seconds, "record": time.perf_counter() - start}
     if result.winner is None:
         return default_choice(), result
     e = result.winner.entrant

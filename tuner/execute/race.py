@@ -4,7 +4,10 @@ A selector's ranking (:meth:`tuner.select.model.KernelSelector.rank`) is a
 guess about a matrix it has not seen; the race turns it into a measurement.
 :func:`shortlist` takes the first configs of the ranking (a few families,
 within a preparation budget) and always adds cuSPARSE's two CSR algorithms,
-so the winner is never slower than cuSPARSE as measured in the same race.
+so the winner is never slower than cuSPARSE as measured in the same race;
+:func:`adapted` adds the first's config as its family fits it to the matrix
+and the GPU (what the selector's corpus could not teach it: NuT's slabs to
+the L2 where x is larger than a corpus matrix's).
 :func:`race` prepares each entrant on the matrix, checks one product against
 the float64 reference (on the GPU, :class:`~tuner.measure.verify.Reference`),
 then times the survivors in rounds, dropping those far behind after the first
@@ -22,6 +25,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +40,8 @@ if TYPE_CHECKING:
     from tuner.measure.verify import Reference
     from tuner.select.model import RankedConfig
 
-__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "STUDY", "Entrant", "Lap", "RaceResult", "race",
-           "record_race", "shortlist"]
+__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "STUDY", "Entrant", "Lap", "RaceResult", "adapted",
+           "race", "record_race", "shortlist"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -89,13 +93,16 @@ class Lap:
 
 @dataclass
 class RaceResult:
-    """The laps in the order raced, the winner (None when every entrant failed), its prepared matrix, and
-    the wall seconds of each step (``prepare``, ``verify``, ``time``)."""
+    """The laps in the order raced, the winner (None when every entrant failed), its prepared matrix, the
+    wall seconds of each step (``prepare``, ``verify``, ``time``; :func:`tuner.execute.plan.race_matrix` adds
+    ``reference`` and ``record``), and, where the laps are written to the store behind the caller's back,
+    the future of that write (:mod:`db.write_behind`: its seconds, or its error)."""
 
     laps: list[Lap]
     winner: Lap | None
     prepared: Prepared | None
     seconds: dict[str, float]
+    recorded: Future[float] | None = None
 
     @property
     def baseline_s(self) -> float | None:
@@ -118,14 +125,16 @@ class RaceResult:
 
 
 def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_family: int = 2,
-              prepare_budget: float = 120.0, slack: float = 1.5, cheap: float = CHEAP_SPMVS) -> list[Entrant]:
+              prepare_budget: float = 60.0, slack: float = 1.5, cheap: float = CHEAP_SPMVS,
+              margin: float = MARGIN) -> list[Entrant]:
     """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (fastest expected
     first), then cuSPARSE's two algorithms.
 
     From the ranking: the first (the selector's answer) and the first that prepares within ``cheap``
     SpMVs (what ``plan(effort="predict")`` runs, so a race never does worse than a prediction), then
     others in rank order: at most ``per_family`` of one family (a second family often wins where the
-    selector is wrong), none expected slower than ``slack`` times the first, and their preparation within
+    selector is wrong), none expected slower than ``slack`` times the first or expected to miss beating
+    cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their preparation within
     ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs).
     cuSPARSE's configs in the ranking are left for the two always raced. Without a ranking (no selector
     for this GPU): :data:`DEFAULT_ENTRANTS`.
@@ -140,8 +149,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
         chosen = ranked[:1] + ([anchor] if anchor is not None and anchor.kernel != BASELINE
                                and ranked and anchor is not ranked[0] and size > 1 else [])
         spent = sum(_cost(r) for r in chosen[1:])
+        bar = (1 - margin) * min((r.expected_s for r in ranking if r.kernel == BASELINE), default=float("inf"))
         for r in ranked:
-            if len(chosen) == size or r.expected_s > slack * chosen[0].expected_s:
+            if len(chosen) == size or r.expected_s > slack * chosen[0].expected_s or r.expected_s >= bar:
                 break
             if (any(r is c for c in chosen) or sum(c.kernel == r.kernel for c in chosen) >= per_family
                     or spent + _cost(r) > prepare_budget):
@@ -158,6 +168,19 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
     return picked
 
 
+def adapted(entrants: Sequence[Entrant], *, cols: int, itemsize: int, l2_bytes: int) -> list[Entrant]:
+    """``entrants`` with, second, the first's config as its family fits it to this matrix and GPU
+    (:meth:`kernels.Family.adapt`: NuT's slabs to the L2), where that is another config not raced already.
+    The first's only: such a variant costs what the first costs to prepare."""
+    if not entrants or entrants[0].kernel == BASELINE:
+        return list(entrants)
+    first = entrants[0]
+    params = get_family(first.kernel).adapt(first.params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
+    if params is None or any((e.kernel, e.params) == (first.kernel, params) for e in entrants):
+        return list(entrants)
+    return [first, Entrant(first.kernel, params, prepare_spmvs=first.prepare_spmvs), *entrants[1:]]
+
+
 def _cost(r: RankedConfig) -> float:
     """A ranked config's expected preparation in SpMVs (0 where the selector gives none)."""
     return r.prepare_spmvs if r.prepare_spmvs is not None and np.isfinite(r.prepare_spmvs) else 0.0
@@ -168,7 +191,7 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Reference, x: Any, *,
-         repeats: int = 3, rounds: int = 2, drop: float = 1.25, margin: float = MARGIN,
+         repeats: int = 3, rounds: int = 2, drop: float = 1.1, margin: float = MARGIN,
          on_lap: Callable[[Lap], None] | None = None) -> RaceResult:
     """Prepare, check and time every entrant on ``A`` (on ``backend``'s device; ``x`` is ``reference.x``
     there); the winner stays prepared, the others are released.

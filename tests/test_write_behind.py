@@ -1,0 +1,59 @@
+"""db.write_behind: writes that land after their caller returns, whole or not at all, in order; and the race's."""
+
+from __future__ import annotations
+
+import pytest
+import scipy.sparse as sp
+
+from db import Store, write_behind
+from tuner.execute.plan import race_matrix
+from tuner.execute.race import STUDY
+from tuner.matrix.io import as_csr
+from tuner.measure.backend import CpuReferenceBackend
+
+
+def _matrix(name: str, nnz: int = 1):
+    def write(store: Store) -> None:
+        store.add_matrix(name, name=name, rows=2, cols=2, nnz=nnz)
+    return write
+
+
+def test_a_write_lands_on_its_own_connection_in_the_order_given(tmp_path) -> None:
+    store = Store(tmp_path / "s.db")
+    futures = [write_behind.submit(store, _matrix(name, nnz)) for name, nnz in (("a", 1), ("b", 2), ("a", 3))]
+    write_behind.wait(store.path)
+    assert all(f.done() and f.result() > 0 for f in futures)
+    assert store.db["matrices"].get("a")["nnz"] == 3 and store.db["matrices"].get("b")["nnz"] == 2
+
+
+def test_a_store_in_memory_is_written_at_once() -> None:
+    store = Store(memory=True)
+    assert write_behind.submit(store, _matrix("m")) is None
+    assert store.db["matrices"].get("m")["name"] == "m"
+
+
+def test_a_failed_write_leaves_nothing_half_written_and_warns_the_waiter(tmp_path) -> None:
+    store = Store(tmp_path / "s.db")
+
+    def half(into: Store) -> None:
+        with into.transaction():
+            into.add_matrix("h", name="h", rows=2, cols=2, nnz=1)
+            raise RuntimeError("interrupted after the first row")
+
+    future = write_behind.submit(store, half)
+    with pytest.warns(RuntimeWarning, match="not written to the store .*interrupted after the first row"):
+        write_behind.wait(store.path)
+    assert isinstance(future.exception(), RuntimeError)
+    assert store.db["matrices"].count_where("fingerprint = ?", ["h"]) == 0
+    write_behind.wait(store.path)  # nothing pending any more: no second warning
+
+
+def test_a_race_recorded_behind_lands_whole_with_its_steps_timed(tmp_path) -> None:
+    A = as_csr(sp.random(300, 200, density=0.05, format="csr", random_state=3))
+    store = Store(tmp_path / "s.db")
+    choice, result = race_matrix(A, backend=CpuReferenceBackend(), store=store, fp="r" * 32, record_behind=True)
+    assert result.recorded is not None and result.recorded.result() > 0
+    assert list(result.seconds) == ["reference", "prepare", "verify", "time", "record"]
+    rows = store.trials("r" * 32)
+    assert len(rows) == len(result.laps) and {r["study"] for r in rows} == {STUDY}
+    assert (choice.kernel, choice.source) == (result.winner.entrant.kernel, "raced")
