@@ -158,3 +158,17 @@ def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
     assert _git_commit() == "f" * 40
     monkeypatch.delenv("SPMV_GIT_COMMIT")
     assert _git_commit() != "f" * 40
+
+
+def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percent() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "convergence.py"
+    spec = importlib.util.spec_from_file_location("bench_convergence", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    found = module.convergence([5.0, float("inf"), 4.0, 3.05, 3.2, 3.0], early=4)
+    assert found["best_s"] == 3.0 and found["trials_to_within"] == 4  # 3.05 <= 1.03 * 3.0; a failure is inf
+    assert found["best_after_4_over_best"] == pytest.approx(3.0 / 3.05)
+    assert module.convergence([2.0], early=30) == {"best_s": 2.0, "trials_to_within": 1, "best_after_30_over_best": 1.0}

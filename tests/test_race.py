@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from db.store import Store
-from kernels import get_family
+from kernels import REGISTRY, get_family
 from tuner.execute.race import (
     BASELINE_ENTRANTS,
     DEFAULT_ENTRANTS,
@@ -30,6 +30,9 @@ def ranked(kernel: str, params: dict, expected: float, prepare: float = 0.0) -> 
     return RankedConfig(kernel, get_family(kernel).space.validate(params, family=kernel), expected, prepare, 0.5)
 
 
+KNOWN = [ranked(k, {}, 1e3, prepare=1e4) for k in REGISTRY if k != "cusparse"]
+"""A config of every family, far behind the others: a selector that knows every family (none races unranked)."""
+
 RANKING = [
     ranked("nut", {}, 1.0, prepare=250.0),
     ranked("nut", {"slabs": 2}, 1.1, prepare=150.0),
@@ -39,6 +42,7 @@ RANKING = [
     ranked("csr_scalar", {}, 1.4, prepare=0.5),
     ranked("specsum", {}, 1.6, prepare=3.0),
     ranked("cusparse", {"algorithm": "default"}, 2.0),
+    *KNOWN,
 ]
 
 
@@ -59,7 +63,7 @@ def test_the_shortlist_keeps_the_first_then_cheap_and_diverse_configs_and_always
 def test_the_shortlist_leaves_out_configs_not_expected_to_beat_cusparse_by_the_margin() -> None:
     ranking = [ranked("nut", {}, 1.0, prepare=250.0), ranked("csr_vector", {"threads_per_row": 4}, 1.2, 0.8),
                ranked("specsum", {}, 1.25, prepare=3.0), ranked("cusparse", {"algorithm": "csr_alg1"}, 1.29),
-               ranked("csr_scalar", {}, 1.3, prepare=0.5)]
+               ranked("csr_scalar", {}, 1.3, prepare=0.5), *KNOWN]
     # 0.97 x 1.29 = 1.2513: specsum (1.25) may still win, csr_scalar (1.3) cannot
     assert [e.kernel for e in shortlist(ranking, size=4)] == ["nut", "csr_vector", "specsum", "cusparse", "cusparse"]
     assert [e.kernel for e in shortlist(ranking, size=4, margin=0.05)] == ["nut", "csr_vector", "cusparse",
@@ -73,7 +77,7 @@ def test_the_shortlist_always_has_what_predict_would_run() -> None:
     """The first config cheap to prepare races even when expected slower than ``slack`` times the first."""
     ranking = [ranked("nut", {}, 1.0, prepare=250.0), ranked("ipcsr", {}, 1.05, prepare=100.0),
                ranked("specsum", {}, 1.7, prepare=30.0), ranked("csr_vector", {"threads_per_row": 4}, 2.0, 0.8),
-               ranked("csr_scalar", {}, 2.1, prepare=0.5)]
+               ranked("csr_scalar", {}, 2.1, prepare=0.5), *KNOWN]
     kernels = [e.kernel for e in shortlist(ranking, size=4, slack=1.5, prepare_budget=120.0)]
     assert kernels == ["nut", "ipcsr", "csr_vector", "cusparse", "cusparse"]
     assert [e.kernel for e in shortlist(ranking, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
@@ -81,6 +85,16 @@ def test_the_shortlist_always_has_what_predict_would_run() -> None:
         "nut", "csr_vector", "cusparse", "cusparse"]  # ipcsr's 100 SpMVs are over the budget
     assert [e.kernel for e in shortlist(ranking, size=4, cheap=0.6, prepare_budget=120.0)] == [
         "nut", "ipcsr", "csr_scalar", "cusparse", "cusparse"]
+
+
+def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
+    """One added to the registry after the selector was trained (merge_path, for the selectors shipped
+    on 2026-11-24) cannot be ranked: its default is measured, beyond ``size``."""
+    ranking = [r for r in RANKING if r.kernel != "merge_path"]
+    entrants = shortlist(ranking, size=2)
+    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "merge_path", "cusparse", "cusparse"]
+    assert entrants[2].params == get_family("merge_path").space.defaults() and entrants[2].expected_s is None
+    assert "merge_path" not in [e.kernel for e in shortlist(RANKING, size=2)]
 
 
 def test_without_a_ranking_the_default_entrants_race() -> None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernels import BASELINE, Prepared, get_family
+from kernels import BASELINE, REGISTRY, Prepared, get_family
 from tuner.measure.backend import Backend, Timing
 from tuner.measure.evaluate import TrialResult, checked_prepare
 
@@ -135,9 +135,11 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
     others in rank order: at most ``per_family`` of one family (a second family often wins where the
     selector is wrong), none expected slower than ``slack`` times the first or expected to miss beating
     cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their preparation within
-    ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs).
-    cuSPARSE's configs in the ranking are left for the two always raced. Without a ranking (no selector
-    for this GPU): :data:`DEFAULT_ENTRANTS`.
+    ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs); then,
+    beyond ``size``, the default of every family the selector ranks no config of (one added to the
+    registry after it was trained: it cannot be ranked, so it is measured). cuSPARSE's configs in the
+    ranking are left for the two always raced. Without a ranking (no selector for this GPU):
+    :data:`DEFAULT_ENTRANTS`.
     """
     if size < 1:
         raise ValueError(f"a race needs at least one entrant besides cuSPARSE, got size={size}")
@@ -161,6 +163,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
         order = {id(r): i for i, r in enumerate(ranked)}
         picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
+        known = {r.kernel for r in ranking}
+        picked += [Entrant(k, family.space.defaults()) for k, family in REGISTRY.items()
+                   if k != BASELINE and k not in known]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
     for kernel, params in BASELINE_ENTRANTS:
         r = expected.get((kernel, _key(params)))

@@ -1,0 +1,104 @@
+"""How many trials a search needs on matrices it has never seen: within 3 % of what a long search finds (issue #21).
+
+For each matrix of ``bench/unseen.py`` chosen and each dtype: ``plan(A, effort="tune", trials=N)`` on a
+fresh store (the search as a user starts it: seeded with the selector's first configs, then the
+defaults, then optuna), then the trials in the order they ran: the best time of all N, the first trial
+whose running best is within 3 % of it, the running best after 30 trials as a fraction of the best,
+the best against the best cuSPARSE trial, and the best's effective bandwidth (compulsory bytes,
+:func:`tuner.measure.metrics.gbps`) as a fraction of the copy bandwidth measured in the same process.
+Times are the search's own (:func:`tuner.measure.evaluate.evaluate`).
+
+    python bench/convergence.py --trials 200 --out bench/results
+    python bench/convergence.py --trials 100 --only communities,perm27 --scale 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from unseen import MATRICES  # noqa: E402
+
+from db.store import Store  # noqa: E402
+from kernels import BASELINE  # noqa: E402
+from tuner.benchmark.bench import environment  # noqa: E402
+from tuner.execute.plan import plan  # noqa: E402
+from tuner.measure.backend import GpuBackend  # noqa: E402
+from tuner.measure.metrics import gbps  # noqa: E402
+from tuner.select.shipped import slug  # noqa: E402
+
+WITHIN = 0.03
+EARLY = 30
+
+
+def convergence(times: list[float], *, within: float = WITHIN, early: int = EARLY) -> dict[str, Any]:
+    """From the trials' times in the order they ran (inf: failed): the best, the first trial (1-based)
+    whose running best is within ``within`` of it, and the running best after ``early`` trials / the best."""
+    running = np.minimum.accumulate(np.asarray(times, dtype=float))
+    best = float(running[-1])
+    first = int(np.argmax(running <= (1 + within) * best)) + 1
+    at_early = float(running[min(early, len(running)) - 1])
+    return {"best_s": best, "trials_to_within": first, f"best_after_{early}_over_best": best / at_early}
+
+
+def one(backend: GpuBackend, name: str, A_host: Any, dtype: str, trials: int) -> dict[str, Any]:
+    import cupyx.scipy.sparse as cusp
+
+    A = cusp.csr_matrix(A_host.astype(dtype))
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "store.db")
+        ex = plan(A, effort="tune", trials=trials, db=store)
+        rows = store.trials(ex.fingerprint, device=ex.device, dtype=dtype)
+        store.close()
+    times = [r["time_s"] if r["state"] == "ok" and r["time_s"] else float("inf") for r in rows]
+    cusparse = min((t for t, r in zip(times, rows, strict=True) if r["kernel"] == BASELINE), default=None)
+    found = convergence(times)
+    best = rows[int(np.argmin(times))]
+    rate = gbps(A.shape[0], A.shape[1], A.nnz, dtype, found["best_s"])
+    row = {"matrix": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz, "dtype": dtype,
+           "trials": len(rows), **found, "best_kernel": best["kernel"], "best_params": best["params"],
+           "cusparse_best_s": cusparse, "ratio_to_cusparse": cusparse / found["best_s"] if cusparse else None,
+           "bandwidth_fraction": rate / backend.copy_bandwidth_gbs()}
+    print(f"{name:18s} {dtype} {len(rows):4d} trials: within {WITHIN:.0%} at trial {found['trials_to_within']:4d}, "
+          f"after {EARLY}: {found[f'best_after_{EARLY}_over_best']:.3f} of the best; best {best['kernel']} "
+          f"{row['ratio_to_cusparse'] or float('nan'):.3f}x cuSPARSE, {row['bandwidth_fraction']:.0%} of copy",
+          flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--only", default="", help="comma-separated matrix names of bench/unseen.py")
+    ap.add_argument("--scale", type=float, default=1.0)
+    args = ap.parse_args()
+    backend = GpuBackend()
+    env = environment(backend)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{env['date'][:10]}_{slug(env['device'])}_convergence.json"
+    rows: list[dict[str, Any]] = []
+    for m in MATRICES:
+        if args.only and m.name not in args.only.split(","):
+            continue
+        A = m.make(args.scale)
+        for dtype in args.dtype:
+            rows.append(one(backend, m.name, A, dtype, args.trials))
+            path.write_text(json.dumps({"env": env, "scale": args.scale, "within": WITHIN, "rows": rows}, indent=1)
+                            + "\n")
+
+
+if __name__ == "__main__":
+    main()
