@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 from db.store import Store
 
@@ -35,7 +36,7 @@ def submit(store: Store, write: Callable[[Store], None]) -> Future[float] | None
     if str(store.path) == ":memory:":
         write(store)
         return None
-    path = str(store.path)
+    path = _key(store.path)
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
@@ -48,10 +49,15 @@ def wait(path: object) -> None:
     """Block until every write queued for the store at ``path`` has landed; one that failed is a warning
     (what it measured is lost, nothing stored is half-written)."""
     with _lock:
-        futures = _pending.pop(str(path), [])
+        futures = _pending.pop(_key(path), [])
     for future in futures:
         if (error := future.exception()) is not None:
             warnings.warn(f"measurements not written to the store {path}: {error}", RuntimeWarning, stacklevel=2)
+
+
+def _key(path: object) -> str:
+    """One name for a file however it was spelled (relative, absolute): ``:memory:`` stays as it is."""
+    return str(path) if str(path) == ":memory:" else str(Path(str(path)).resolve())
 
 
 def _write(path: str, write: Callable[[Store], None]) -> float:

@@ -8,8 +8,9 @@ measured for the matrix on this GPU and dtype:
   a selector for this GPU; the matrix's features are the only other cost;
 - ``"race"`` (the default): the selector's shortlist and cuSPARSE's two
   algorithms prepared, checked and timed here (:mod:`tuner.execute.race`); the
-  fastest runs, already prepared, and every lap goes into the store, so the
-  next ``plan()`` of the matrix answers from the store at once;
+  fastest runs, already prepared, and every lap goes into the store (written
+  behind the caller's back, :mod:`db.write_behind`; a later ``plan()`` waits for
+  it), so the next ``plan()`` of the matrix answers from the store at once;
 - ``"tune"``: the optuna search (:func:`tuner.search.loop.tune`) for ``trials``
   trials, seeded with the selector's first configs, then the tuned best.
 
