@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.errors import InvalidConfigError
@@ -42,6 +42,20 @@ def get_family(name: str) -> Family:
         raise InvalidConfigError(f"unknown kernel {name!r}; known kernels: {sorted(REGISTRY)}") from None
 
 
+def with_adapted(configs: Sequence[tuple[str, dict[str, Any]]], *, cols: int, itemsize: int,
+                 l2_bytes: int) -> list[tuple[str, dict[str, Any]]]:
+    """``configs`` with, second, the first as its family fits it to a matrix of ``cols`` columns of
+    ``itemsize``-byte values on a GPU with ``l2_bytes`` of L2 (:meth:`Family.adapt`), where that is a
+    config not among them already. The first's only: the race and the search's seeds both start there."""
+    if not configs:
+        return []
+    kernel, params = configs[0]
+    fitted = get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
+    if fitted is None or any(config_key(k, p) == config_key(kernel, fitted) for k, p in configs):
+        return list(configs)
+    return [configs[0], (kernel, fitted), *configs[1:]]
+
+
 def config_key(kernel: str, params: Mapping[str, Any]) -> str:
     """One string per (family, params): how trials, studies and the selector tell configs apart."""
     return kernel + json.dumps(dict(params), sort_keys=True)
@@ -53,4 +67,5 @@ def config_of(key: str) -> tuple[str, dict[str, Any]]:
     return key[:brace], json.loads(key[brace:])
 
 
-__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "config_key", "config_of", "get_family"]
+__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "config_key", "config_of", "get_family",
+           "with_adapted"]

@@ -80,3 +80,16 @@ def test_a_study_measures_the_other_dtypes_best_first(tmp_path) -> None:
     assert near[0] == (b64["kernel"], b64["params"])
     result = tune(A, backend=backend, store=store, storage=storage, name="m", trials=3, dtype="float32")
     assert (result.trials[0].kernel, result.trials[0].params) == (b64["kernel"], b64["params"])
+
+
+def test_the_first_seed_is_measured_next_as_its_family_fits_it_to_the_l2(tmp_path) -> None:
+    """x of 250 float64 = 2000 bytes against an L2 of 1500: NuT's one slab, then 4 (a slab of x in a third)."""
+    import dataclasses
+
+    A = as_csr(sp.random(300, 250, density=0.03, format="csr", random_state=3))
+    backend = CpuReferenceBackend()
+    backend.info = dataclasses.replace(backend.info, l2_bytes=1500)
+    result = tune(A, backend=backend, store=Store(tmp_path / "t.db"), storage=open_storage(str(tmp_path / "j.log")),
+                  name="m", trials=3, dtype="float64", enqueue=[("nut", {})])
+    assert [(t.kernel, t.params["slabs"]) for t in result.trials[:2]] == [("nut", 1), ("nut", 4)]
+    assert result.trials[1].params["bands"] == 1

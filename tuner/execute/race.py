@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernels import BASELINE, REGISTRY, Prepared, get_family
+from kernels import BASELINE, REGISTRY, Prepared, get_family, with_adapted
 from tuner.measure.backend import Backend, Timing
 from tuner.measure.evaluate import TrialResult, checked_prepare
 
@@ -175,15 +175,14 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
 
 def adapted(entrants: Sequence[Entrant], *, cols: int, itemsize: int, l2_bytes: int) -> list[Entrant]:
     """``entrants`` with, second, the first's config as its family fits it to this matrix and GPU
-    (:meth:`kernels.Family.adapt`: NuT's slabs to the L2), where that is another config not raced already.
+    (:func:`kernels.with_adapted`: NuT's slabs to the L2), where that is another config not raced already.
     The first's only: such a variant costs what the first costs to prepare."""
-    if not entrants or entrants[0].kernel == BASELINE:
+    configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
+                           l2_bytes=l2_bytes)
+    if len(configs) == len(entrants):
         return list(entrants)
     first = entrants[0]
-    params = get_family(first.kernel).adapt(first.params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
-    if params is None or any((e.kernel, e.params) == (first.kernel, params) for e in entrants):
-        return list(entrants)
-    return [first, Entrant(first.kernel, params, prepare_spmvs=first.prepare_spmvs), *entrants[1:]]
+    return [first, Entrant(first.kernel, configs[1][1], prepare_spmvs=first.prepare_spmvs), *entrants[1:]]
 
 
 def _cost(r: RankedConfig) -> float:

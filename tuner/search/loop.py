@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 
 from common.errors import MatrixFormatError
 from db.store import Store
-from kernels import BASELINE, REGISTRY, Family, config_key, get_family
+from kernels import BASELINE, REGISTRY, Family, config_key, get_family, with_adapted
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import SCHEME, fingerprint
 from tuner.matrix.io import as_csr
@@ -156,7 +156,9 @@ def tune(
         store.add_device(device.record(bandwidth))
         # what the store knows first: this matrix in the other dtype, the tuned matrices nearest to it
         enqueue = seed_configs(store, fingerprint=fp, device=device.id, dtype=dtype, features=features) + list(enqueue)
-    enqueue = unique_valid(enqueue)
+    # the first known config as its family fits it to this matrix and GPU, second (NuT's slabs to the L2)
+    enqueue = with_adapted(unique_valid(enqueue), cols=A.shape[1], itemsize=np.dtype(dtype).itemsize,
+                           l2_bytes=device.l2_bytes)
 
     reference = Reference.build(A_dev, dtype, seed=seed)
     x_dev = reference.x
