@@ -63,8 +63,8 @@ class Family(ABC):
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Value] | None:
         """``params`` fitted to a matrix of ``cols`` columns of ``itemsize``-byte values on a GPU with
         ``l2_bytes`` of L2, where the family knows how (a race at plan time times it beside ``params``, a
-        search measures it right after);
-        None where it does not, or ``params`` fit already. Beyond what a selector learned from its corpus."""
+        search measures it right after); None where it does not, or ``params`` fit already. Beyond what a
+        selector learned from its corpus."""
         return None
 
     # -- GPU path ---------------------------------------------------------------
