@@ -8,11 +8,14 @@ given), which opens its own connection to the store's file: each write is
 still one transaction, whole or not at all. :func:`wait` blocks until what was
 queued for a file has landed (``plan()`` waits before it reads the store, so the
 next ``plan()`` of a matrix finds its race); the interpreter waits for the
-thread at exit. A store in memory has no file to share: its writes run at once.
+thread at exit; a fork waits until the writer is idle, and the child starts a
+writer of its own. A store in memory has no file to share: its writes run at once.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import threading
 import time
 import warnings
@@ -33,10 +36,10 @@ def submit(store: Store, write: Callable[[Store], None]) -> Future[float] | None
     """Run ``write(store)`` on the writer thread with a connection of its own to ``store``'s file; the future
     gives the write's seconds (or its error). A store in memory is written here and now (None)."""
     global _pool
-    if str(store.path) == ":memory:":
+    path = _key(store.path)
+    if path == ":memory:":
         write(store)
         return None
-    path = _key(store.path)
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
@@ -53,6 +56,23 @@ def wait(path: object) -> None:
     for future in futures:
         if (error := future.exception()) is not None:
             warnings.warn(f"measurements not written to the store {path}: {error}", RuntimeWarning, stacklevel=2)
+
+
+def _settle_before_fork() -> None:
+    """A fork copies no thread but every lock as it stands: let the writer finish what it holds first."""
+    with _lock:
+        futures = [f for queued in _pending.values() for f in queued]
+    concurrent.futures.wait(futures)
+
+
+def _forget_in_child() -> None:
+    """A forked process has no writer thread of its parent: it starts its own, and waits for none of the
+    parent's writes (they land from the parent)."""
+    global _lock, _pool, _pending
+    _lock, _pool, _pending = threading.Lock(), None, {}
+
+
+os.register_at_fork(before=_settle_before_fork, after_in_child=_forget_in_child)
 
 
 def _key(path: object) -> str:

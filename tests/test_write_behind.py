@@ -57,3 +57,26 @@ def test_a_race_recorded_behind_lands_whole_with_its_steps_timed(tmp_path) -> No
     rows = store.trials("r" * 32)
     assert len(rows) == len(result.laps) and {r["study"] for r in rows} == {STUDY}
     assert (choice.kernel, choice.source) == (result.winner.entrant.kernel, "raced")
+
+
+def _submit_and_wait(path: str) -> None:
+    store = Store(path)
+    write_behind.submit(store, _matrix("child"))
+    write_behind.wait(path)
+    assert store.db["matrices"].get("child")["name"] == "child"
+
+
+def test_a_forked_child_writes_through_a_writer_of_its_own(tmp_path) -> None:
+    """The parent's writer thread does not exist in a forked child: the child's writes must not wait on it."""
+    import multiprocessing
+
+    store = Store(tmp_path / "s.db")
+    write_behind.submit(store, _matrix("parent"))  # the parent's writer exists before the fork
+    child = multiprocessing.get_context("fork").Process(target=_submit_and_wait, args=(str(store.path),))
+    child.start()
+    child.join(timeout=30)
+    if child.is_alive():  # hung waiting on the parent's writer: not left behind
+        child.kill()
+    write_behind.wait(store.path)
+    assert child.exitcode == 0
+    assert {r["fingerprint"] for r in store.db["matrices"].rows} >= {"parent", "child"}
