@@ -287,7 +287,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
-    ap.add_argument("--workers", type=int, default=4, help="processes generating matrices ahead of the GPU")
+    ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")
     args = ap.parse_args()
     chosen = [m for m in MATRICES if not args.only or m.name in args.only.split(",")]
     backend = GpuBackend()
@@ -304,14 +304,16 @@ def main() -> None:
     stem = f"{env['date'][:10]}_{slug(env['device'])}_unseen"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # every matrix generated before the first is measured: generators running beside plan() took CPU from
+    # it (its steps on the host ran up to twice as long)
     with cf.ProcessPoolExecutor(args.workers) as pool:
-        futures = [(m.name, pool.submit(m.make, args.scale)) for m in chosen]
-        for name, future in futures:
-            A = future.result()
-            for dtype in args.dtype:
-                rows += bench_one(backend, name, A, dtype, args.effort, args.trials, warm_up)
-            (out / f"{stem}.json").write_text(json.dumps(
-                {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
+        matrices = [(m.name, A) for m, A in zip(chosen, pool.map(functools.partial(Unseen.make, scale=args.scale),
+                                                                  chosen), strict=True)]
+    for name, A in matrices:
+        for dtype in args.dtype:
+            rows += bench_one(backend, name, A, dtype, args.effort, args.trials, warm_up)
+        (out / f"{stem}.json").write_text(json.dumps(
+            {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
     print("\n".join(summary(rows)))
 
 

@@ -285,7 +285,7 @@ def build(
     n_panels = int(panel_ptr.shape[0]) - 1
     entry_row = _owner(xp, xp.diff(indptr))
     panel_nnz = xp.diff(indptr[panel_ptr])
-    entry_panel = _owner(xp, panel_nnz)
+    entry_panel = _owner(xp, xp.diff(panel_ptr))[entry_row]  # a gather: a search over rows, not over nnz
     local_row = entry_row - panel_ptr[entry_panel]
 
     # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).

@@ -146,9 +146,11 @@ class Scripted(CpuReferenceBackend):
         super().__init__()
         self.seconds = seconds
         self.kernels: list[str] = []
+        self.rounds: list[int] = []  # how many entrants each call of time_queued timed
 
     def time_queued(self, fns, *, repeats, flush_l2=False):
-        return [[self.seconds[k]] * repeats for k in self.kernels]
+        self.rounds.append(len(fns))
+        return [[self.seconds[k]] * repeats for k in self.kernels[:len(fns)]]
 
 
 @pytest.mark.parametrize(("vector_s", "winner"), [(0.98, "cusparse"), (0.95, "csr_vector")])
@@ -160,6 +162,23 @@ def test_a_tie_with_cusparse_goes_to_cusparse(A, vector_s: float, winner: str) -
     ref = Reference.build(A, "float64")
     result = race(backend, A, entrants, ref, ref.x, rounds=1)
     assert result.winner.entrant.kernel == winner and result.prepared.family == winner
+
+
+@pytest.mark.parametrize(("vector_s", "rounds", "samples", "winner"),
+                         [(0.5, [2], [2, 2], "csr_vector"), (0.99, [2, 2], [4, 4], "cusparse")])
+def test_the_race_times_a_second_round_only_while_two_are_close(A, vector_s: float, rounds: list[int],
+                                                                 samples: list[int], winner: str) -> None:
+    """cuSPARSE 1.05x or more behind csr_vector after round 1 leaves, and the one left has won; within 5 %
+    both are timed again (and a tie within the margin goes to cuSPARSE)."""
+    backend = Scripted({"csr_vector": vector_s, "cusparse": 1.0})
+    entrants = [Entrant("csr_vector", {"threads_per_row": 4, "block_size": 256}),
+                Entrant("cusparse", {"algorithm": "csr_alg1"})]
+    backend.kernels = [e.kernel for e in entrants]
+    ref = Reference.build(A, "float64")
+    result = race(backend, A, entrants, ref, ref.x, repeats=2, rounds=2, drop=1.05)
+    assert backend.rounds == rounds
+    assert result.winner.entrant.kernel == winner
+    assert [len(lap.samples) for lap in result.laps] == samples
 
 
 def test_every_entrant_failing_leaves_no_winner(A) -> None:

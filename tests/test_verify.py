@@ -55,6 +55,9 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
     for dtype in ("float64", "float32"):
         host, dev = Reference.build(A, dtype), Reference.build(cusp.csr_matrix(A.astype(dtype)), dtype)
         assert isinstance(dev.x, cupy.ndarray) and dev.x.dtype == np.dtype(dtype)
+        x = dev.x.get()  # uniform in [-1, 1] (1 by rounding to float32), and the same for the same seed
+        assert x.size == 0 or (x.min() >= -1.0 and x.max() <= 1.0 and (x.size < 64 or x.std() > 0.4))
+        assert np.array_equal(Reference.build(cusp.csr_matrix(A.astype(dtype)), dtype).x.get(), x)
         assert (dev.rtol, dev.atol) == (host.rtol, host.atol)
         x64 = dev.x.get().astype(np.float64)
         A64 = A.astype(dtype).astype(np.float64)  # the values the GPU holds

@@ -195,16 +195,18 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Reference, x: Any, *,
-         repeats: int = 3, rounds: int = 2, drop: float = 1.1, margin: float = MARGIN,
+         repeats: int = 2, rounds: int = 2, drop: float = 1.05, margin: float = MARGIN,
          on_lap: Callable[[Lap], None] | None = None) -> RaceResult:
     """Prepare, check and time every entrant on ``A`` (on ``backend``'s device; ``x`` is ``reference.x``
     there); the winner stays prepared, the others are released.
 
-    Timing: ``rounds`` rounds of ``repeats`` products of each survivor, interleaved, each product after an
-    L2 flush and between two CUDA events (:meth:`~tuner.measure.backend.Backend.time_queued`): cold, as
-    the benchmarks time (warm, x stays in L2 and the order of configs can differ). After the first round
-    an entrant slower than ``drop`` times the leader leaves. A lap's time is the median of its products.
-    The winner must beat cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
+    Timing: up to ``rounds`` rounds of ``repeats`` products of each survivor, interleaved, each product after
+    an L2 flush and between two CUDA events (:meth:`~tuner.measure.backend.Backend.time_queued`): cold, as
+    the benchmarks time (warm, x stays in L2 and the order of configs can differ). After a round an entrant
+    slower than ``drop`` times the leader leaves, and the race ends when one is left: cold products vary
+    by well under 1 %, so one 5 % behind after two products does not catch up, and the products of the
+    race are most of its cost. A lap's time is the median of its products. The winner must beat
+    cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
     """
     seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
     laps: list[Lap] = []
@@ -221,18 +223,17 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
             on_lap(laps[-1])
     start = time.perf_counter()
     for round_ in range(rounds):
-        if not ready:
-            break
+        if len(ready) <= (1 if round_ else 0):
+            break  # nothing to time, or one left after a round: it has won
         order = list(ready)
         fns = [_runner(backend, laps[i].entrant.kernel, *ready[i], x) for i in order]
         timed = backend.time_queued(fns, repeats=repeats, flush_l2=True)
         for i, samples in zip(order, timed, strict=True):
             laps[i].samples += samples
-        if round_ + 1 < rounds:
-            leader = min(float(np.median(laps[i].samples)) for i in order)
-            for i in order:
-                if float(np.median(laps[i].samples)) > drop * leader:
-                    del ready[i]  # far behind: its memory goes back now
+        leader = min(float(np.median(laps[i].samples)) for i in order)
+        for i in order:
+            if float(np.median(laps[i].samples)) > drop * leader:
+                del ready[i]  # far behind: its memory goes back now
     seconds["time"] = time.perf_counter() - start
     for lap in laps:
         if lap.samples:
