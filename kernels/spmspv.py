@@ -301,7 +301,7 @@ def sum_runs(xp: Any, keys: Any, values: Any) -> tuple[Any, Any]:
     """(distinct keys ascending, the sum of each key's values) for unsorted ``keys`` (``xp``: NumPy or CuPy).
 
     A stable sort, then each run of equal keys summed: ``numpy.add.reduceat`` on
-    the CPU; on the GPU ``cupyx.scatter_add`` into the runs (``cupy.add.reduceat``
+    the CPU; on the GPU ``cupy.add.at`` into the runs (``cupy.add.reduceat``
     lost up to 1e-4 of float32 sums here).
     """
     if keys.shape[0] == 0:
@@ -313,12 +313,10 @@ def sum_runs(xp: Any, keys: Any, values: Any) -> tuple[Any, Any]:
     if xp is np:
         starts = np.flatnonzero(first)
         return keys[starts], np.add.reduceat(values, starts)
-    import cupyx
-
     run = xp.cumsum(first) - 1  # each value's run
     distinct = keys[first]
     sums = xp.zeros(distinct.shape[0], dtype=values.dtype)
-    cupyx.scatter_add(sums, run, values)
+    xp.add.at(sums, run, values)  # cupyx.scatter_add, which CuPy 14 deprecates
     return distinct, sums
 
 

@@ -126,6 +126,7 @@ def test_a_race_on_the_cpu_references_keeps_the_fastest_prepared_and_records_eve
     assert set(result.seconds) == {"prepare", "verify", "time"}
     table = result.table()
     assert table[0].startswith("*") and any("out (invalid_config" in line for line in table)
+    assert all(" ms" in line for line in table if "out (" not in line)  # each timed lap: its preparation
 
     store = Store(memory=True)
     store.add_matrix("f" * 32, name="A", rows=400, cols=300, nnz=A.nnz)
