@@ -83,12 +83,13 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--only", default="", help="comma-separated matrix names of bench/unseen.py")
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     args = ap.parse_args()
     backend = GpuBackend()
     env = environment(backend)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{env['date'][:10]}_{slug(env['device'])}_convergence.json"
+    path = out / f"{env['date'][:10]}_{slug(env['device'])}_convergence{'-' + args.label if args.label else ''}.json"
     rows: list[dict[str, Any]] = []
     for m in MATRICES:
         if args.only and m.name not in args.only.split(","):

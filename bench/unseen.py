@@ -287,6 +287,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
+    ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")
     args = ap.parse_args()
     chosen = [m for m in MATRICES if not args.only or m.name in args.only.split(",")]
@@ -301,7 +302,7 @@ def main() -> None:
     compile_s = time.perf_counter() - start
     print(f"{env['device']}: compile and first plan() {compile_s:.1f} s", flush=True)
     rows: list[dict[str, Any]] = []
-    stem = f"{env['date'][:10]}_{slug(env['device'])}_unseen"
+    stem = f"{env['date'][:10]}_{slug(env['device'])}_unseen{'-' + args.label if args.label else ''}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # every matrix generated before the first is measured: generators running beside plan() took CPU from

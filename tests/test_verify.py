@@ -40,6 +40,15 @@ def test_degenerate_matrices(name: str) -> None:
     assert ref.check(A @ ref.x)[0]
 
 
+def test_a_longest_row_the_caller_knows_sets_the_bound() -> None:
+    """plan() passes the features' npr_max: the same bound as the reference's own pass over the rows."""
+    A = CASES["huge_row"]()
+    longest = int(np.diff(A.indptr).max())
+    own = Reference.build(A, "float32")
+    assert (Reference.build(A, "float32", npr_max=longest).rtol, own.atol) == (own.rtol, own.atol)
+    assert Reference.build(A, "float32", npr_max=4 * longest).rtol > own.rtol
+
+
 def test_cpu_queued_timing_gives_each_product_a_sample() -> None:
     samples = CpuReferenceBackend().time_queued([lambda: None, lambda: sum(range(1000))], repeats=3)
     assert len(samples) == 2 and all(len(s) == 3 and min(s) >= 0 for s in samples)
@@ -58,6 +67,12 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
         x = dev.x.get()  # uniform in [-1, 1] (1 by rounding to float32), and the same for the same seed
         assert x.size == 0 or (x.min() >= -1.0 and x.max() <= 1.0 and (x.size < 64 or x.std() > 0.4))
         assert np.array_equal(Reference.build(cusp.csr_matrix(A.astype(dtype)), dtype).x.get(), x)
+        npr_max = int(np.diff(A.indptr).max(initial=0))
+        behind = Reference.build(cusp.csr_matrix(A.astype(dtype)), dtype, npr_max=npr_max, behind=True)
+        cupy.cuda.get_current_stream().synchronize()  # waits for the side stream: its event is queued here
+        assert (behind.rtol, behind.atol) == (dev.rtol, dev.atol)
+        for a, b in ((behind.x, dev.x), (behind.y, dev.y), (behind.scale, dev.scale)):
+            assert np.array_equal(a.get(), b.get())
         assert (dev.rtol, dev.atol) == (host.rtol, host.atol)
         x64 = dev.x.get().astype(np.float64)
         A64 = A.astype(dtype).astype(np.float64)  # the values the GPU holds

@@ -7,10 +7,12 @@ measured for the matrix on this GPU and dtype:
   those cheap to prepare (:data:`~tuner.execute.race.CHEAP_SPMVS`), or cuSPARSE without
   a selector for this GPU; the matrix's features are the only other cost;
 - ``"race"`` (the default): the selector's shortlist and cuSPARSE's two
-  algorithms prepared, checked and timed here (:mod:`tuner.execute.race`); the
-  fastest runs, already prepared, and every lap goes into the store (written
-  behind the caller's back, :mod:`db.write_behind`; a later ``plan()`` waits for
-  it), so the next ``plan()`` of the matrix answers from the store at once;
+  algorithms prepared, checked and timed here (:mod:`tuner.execute.race`; the
+  reference they are checked against is computed on the GPU while the host
+  ranks the configs); the fastest runs, already prepared, and every lap goes
+  into the store (written behind the caller's back, :mod:`db.write_behind`; a
+  later ``plan()`` waits for it), so the next ``plan()`` of the matrix answers
+  from the store at once;
 - ``"tune"``: the optuna search (:func:`tuner.search.loop.tune`) for ``trials``
   trials, seeded with the selector's first configs, then the tuned best.
 
@@ -99,6 +101,9 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     if choice is None:
         with steps("features"):
             features = extract_features(A_dev)
+        # a race's reference: on the GPU while the host ranks the configs
+        reference = Reference.build(A_dev, dtype, npr_max=int(features["npr_max"]), behind=True) \
+            if effort == "race" else None
         with steps("rank"):
             ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend)
         if effort == "tune":
@@ -112,7 +117,8 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         else:
             with steps("race"):
                 raced = race_matrix(A_dev, backend=backend, store=store, fp=fp, features=features,
-                                    race_size=race_size, ranking=ranking, basis=basis, record_behind=True)
+                                    race_size=race_size, ranking=ranking, basis=basis, reference=reference,
+                                    record_behind=True)
             choice = raced[0]
     with steps("prepare"):
         ex = Executor(A=A_dev, choice=choice, backend=backend, fingerprint=fp,
@@ -139,13 +145,15 @@ class _Steps:
 
 def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: dict[str, float] | None = None,
                 race_size: int = 4, ranking: list[Any] | None = None, basis: str | None = None,
-                record_behind: bool = False) -> tuple[Choice, RaceResult]:
+                reference: Reference | None = None, record_behind: bool = False) -> tuple[Choice, RaceResult]:
     """Race the selector's shortlist and cuSPARSE on ``A`` (where ``backend`` runs: the GPU, or the CPU
     references), store every lap with the matrix and the device, and say what won (cuSPARSE's default if
     every entrant failed). ``plan(effort="race")``, ``tuner recommend --race`` and the service's
     ``/recommend?race=true`` all race through here; ``ranking`` is computed from ``features`` when not given.
-    ``record_behind``: the laps are written by :mod:`db.write_behind` (``plan()``: they land while the
-    caller's products run; ``result.recorded`` is that write), else before this returns.
+    ``reference``: A's :class:`~tuner.measure.verify.Reference` where the caller started it (``plan()``: on
+    the GPU while the host ranked the configs), else built here. ``record_behind``: the laps are written by
+    :mod:`db.write_behind` (``plan()``: they land while the caller's products run; ``result.recorded`` is
+    that write), else before this returns. ``result.seconds["reference"]`` is the wait for the reference.
     """
     dtype = str(A.dtype)
     if features is None:
@@ -154,7 +162,8 @@ def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: di
         ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype, features=features,
                                       backend=backend if isinstance(backend, GpuBackend) else None)
     start = time.perf_counter()
-    reference = Reference.build(A, dtype)
+    if reference is None:
+        reference = Reference.build(A, dtype)
     backend.synchronize()
     reference_s = time.perf_counter() - start
     entrants = adapted(shortlist(ranking, size=race_size), cols=A.shape[1], itemsize=A.dtype.itemsize,

@@ -10,6 +10,7 @@ absolute, not relative. A missing or doubled entry is far above it in both dtype
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -33,26 +34,42 @@ class Reference:
     atol: float = 0.0
 
     @classmethod
-    def build(cls, A: Any, dtype: np.dtype | str, *, seed: int = 0) -> Reference:
+    def build(cls, A: Any, dtype: np.dtype | str, *, seed: int = 0, npr_max: int | None = None,
+              behind: bool = False) -> Reference:
+        """The reference of ``A`` (SciPy, or CuPy: on the GPU) for one x drawn from ``seed``.
+
+        ``npr_max``: A's longest row, where the caller knows it already (the features hold it): on the GPU
+        the reference then costs no wait. ``behind`` (GPU only): its products run on a stream of their own
+        while the host goes on (``plan()`` ranks the configs meanwhile); work queued afterwards on the
+        current stream waits for them, the host does not.
+        """
         dtype = np.dtype(dtype)
         if type(A).__module__.startswith("cupyx"):
             import cupy
 
-            x = cupy.empty(A.shape[1], dtype=dtype)
-            _uniform_kernel()(np.uint64(seed), x)  # a new cupy RandomState costs 0.5 ms: a race's 4 SpMVs
-            A64 = A.astype(cupy.float64)  # keeps A's known canonical form: no check before each product
-            x64 = x.astype(cupy.float64)
-            y = A64 @ x64
-            cupy.abs(A64.data, out=A64.data)
-            scale = A64 @ cupy.abs(x64)
-            npr_max = int(cupy.diff(A.indptr).max()) if A.shape[0] else 0
+            if behind:  # the side stream starts once what is queued before it (A itself, maybe) is done
+                _side_stream().wait_event(cupy.cuda.get_current_stream().record())
+            with _side_stream() if behind else contextlib.nullcontext():
+                x = cupy.empty(A.shape[1], dtype=dtype)
+                _uniform_kernel()(np.uint64(seed), x)  # a new cupy RandomState costs 0.5 ms: a race's 4 SpMVs
+                A64 = A.astype(cupy.float64)  # keeps A's known canonical form: no check before each product
+                x64 = x.astype(cupy.float64)
+                y = A64 @ x64
+                cupy.abs(A64.data, out=A64.data)
+                scale = A64 @ cupy.abs(x64)
+                if npr_max is None:
+                    npr_max = int(cupy.diff(A.indptr).max()) if A.shape[0] else 0
+                done = cupy.cuda.get_current_stream().record() if behind else None
+            if done is not None:
+                cupy.cuda.get_current_stream().wait_event(done)
         else:
             x = np.random.default_rng(seed).uniform(-1.0, 1.0, A.shape[1]).astype(dtype)
             A64 = A.astype(np.float64)
             x64 = x.astype(np.float64)
             y = np.asarray(A64 @ x64)
             scale = np.asarray(abs(A64) @ np.abs(x64))
-            npr_max = int(np.diff(A.indptr).max(initial=0))
+            if npr_max is None:
+                npr_max = int(np.diff(A.indptr).max(initial=0))
         rtol = float(np.finfo(dtype).eps) * (8.0 + 2.0 * np.sqrt(npr_max))
         atol = float(np.finfo(dtype).tiny) * 2.0 * max(npr_max, 1)
         return cls(x=x, y=y, scale=scale, rtol=rtol, atol=atol)
@@ -86,6 +103,14 @@ class Reference:
                 f"(relative error {max_rel:.3g} > bound {self.rtol:.3g})"
             )
         return True, max_rel, ""
+
+
+@functools.cache
+def _side_stream() -> Any:
+    """The stream a reference built ``behind`` the host runs on: one a process (its freed memory stays its own)."""
+    import cupy
+
+    return cupy.cuda.Stream(non_blocking=True)
 
 
 @functools.cache
