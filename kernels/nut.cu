@@ -171,6 +171,81 @@ nut_spmv(const int n_items,
     }
 }
 
+// The structure's passes over the entries on the GPU (kernels/nut.py, _tiles_on_gpu): what the NumPy lines of
+// build() compute in a dozen passes over nnz-long int64 arrays, fused into four kernels around CuPy's two
+// sorts and one scan. K is the (panel, column) key: int where n_panels * n fits, else long long.
+
+// Each entry's row inside its panel and its key panel * n + column (the row by a search of indptr, the
+// panel by one of panel_ptr: the last start at or before it).
+template <typename K>
+__global__ void nut_keys(const long long nnz, const long long m, const long long* __restrict__ indptr,
+                         const int* __restrict__ indices, const long long n_panels,
+                         const long long* __restrict__ panel_ptr, const long long n, int* __restrict__ local_row,
+                         K* __restrict__ key)
+{
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
+         e += (long long)gridDim.x * blockDim.x) {
+        long long lo = 0, hi = m - 1;  // the last row r with indptr[r] <= e
+        while (lo < hi) {
+            const long long mid = (lo + hi + 1) >> 1;
+            if (indptr[mid] <= e) lo = mid; else hi = mid - 1;
+        }
+        long long p = 0, q = n_panels - 1;  // the last panel starting at or before it
+        while (p < q) {
+            const long long mid = (p + q + 1) >> 1;
+            if (panel_ptr[mid] <= lo) p = mid; else q = mid - 1;
+        }
+        local_row[e] = (int)(lo - panel_ptr[p]);
+        key[e] = (K)(p * n + indices[e]);
+    }
+}
+
+// 1 where the keys sorted by ``order`` start a run of equal keys (a new active column of a panel), else 0.
+template <typename K>
+__global__ void nut_runs(const long long nnz, const long long* __restrict__ order, const K* __restrict__ key,
+                         int* __restrict__ starts)
+{
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
+         e += (long long)gridDim.x * blockDim.x)
+        starts[e] = (e == 0 || key[order[e]] != key[order[e - 1]]) ? 1 : 0;
+}
+
+// Each entry's active column (its run: runs[e] - 1, runs the inclusive sum of starts), and for each active
+// column its group (panel * slabs + its column's slab) and its column.
+template <typename K>
+__global__ void nut_actives(const long long nnz, const long long* __restrict__ order, const K* __restrict__ key,
+                            const int* __restrict__ starts, const int* __restrict__ runs, const long long n,
+                            const long long slabs, int* __restrict__ entry_uid, int* __restrict__ active_group,
+                            int* __restrict__ tile_cols)
+{
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long i = order[e];
+        const int u = runs[e] - 1;
+        entry_uid[i] = u;
+        if (starts[e]) {
+            const long long k = key[i];
+            const long long c = k % n;
+            active_group[u] = (int)((k / n) * slabs + c * slabs / n);
+            tile_cols[u] = (int)c;
+        }
+    }
+}
+
+// Each active column's tile and slot: its rank in its group, cut into tiles of cols_per_tile.
+__global__ void nut_slots(const long long n_active, const int* __restrict__ active_group,
+                          const long long* __restrict__ group_active_ptr, const long long* __restrict__ group_tile_ptr,
+                          const long long cols_per_tile, int* __restrict__ active_tile, int* __restrict__ active_slot)
+{
+    for (long long a = blockIdx.x * (long long)blockDim.x + threadIdx.x; a < n_active;
+         a += (long long)gridDim.x * blockDim.x) {
+        const int g = active_group[a];
+        const long long rank = a - group_active_ptr[g];
+        active_tile[a] = (int)(group_tile_ptr[g] + rank / cols_per_tile);
+        active_slot[a] = (int)(rank % cols_per_tile);
+    }
+}
+
 // The tile encoding, built on the GPU in one pass (kernels/nut.py's build does the same in NumPy for the
 // reference): entry e of the entries sorted by tile (CSR order inside a tile) is entry order[e] of the
 // CSR; it is q = e - tile_entry_ptr[t] of its tile t, item j = q % s of stretch q / s, stored at
@@ -179,14 +254,14 @@ nut_spmv(const int n_items,
 template <typename T>
 __global__ void nut_encode(const long long nnz,
                            const long long* __restrict__ order,
-                           const long long* __restrict__ tile_sorted,
+                           const int* __restrict__ tile_sorted,
                            const long long* __restrict__ tile_entry_ptr,
                            const long long* __restrict__ stretch,  // s per tile
                            const long long* __restrict__ width,    // w per tile
                            const long long* __restrict__ tile_ptr,
-                           const long long* __restrict__ local_row,
-                           const long long* __restrict__ entry_uid,
-                           const long long* __restrict__ active_slot,
+                           const int* __restrict__ local_row,
+                           const int* __restrict__ entry_uid,
+                           const int* __restrict__ active_slot,
                            const T* __restrict__ data,
                            int* __restrict__ enc_idx,
                            T* __restrict__ enc_val)

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -221,15 +222,21 @@ class Nut(Family):
         return np.bincount(rows, weights=products, minlength=prepared.shape[0])
 
 
-def _kernel_names(dtype: Any) -> tuple[str, str]:
-    """The product's kernel and the encoding's (see :func:`build`), one module per value type."""
-    return f"nut_spmv<{c_type(dtype)}>", f"nut_encode<{c_type(dtype)}>"
+_BUILD_KERNELS = (*(f"{k}<{t}>" for k in ("nut_keys", "nut_runs", "nut_actives") for t in ("int", "long long")),
+                  "nut_slots")
+"""The structure's kernels (:func:`_tiles_on_gpu`), the same for every value type."""
+
+
+def _kernel_names(dtype: Any) -> tuple[str, ...]:
+    """The product's kernel, the encoding's and the structure's (see :func:`build`), one module per value type."""
+    return f"nut_spmv<{c_type(dtype)}>", f"nut_encode<{c_type(dtype)}>", *_BUILD_KERNELS
 
 
 def _kernels(dtype: Any) -> dict[str, Any]:
-    spmv, encode = _kernel_names(dtype)
-    kernels = get_kernels(Nut.cu_file, (spmv, encode))
-    return {"spmv": kernels[spmv], "encode": kernels[encode]}
+    """Every kernel of :func:`_kernel_names`, the product's as ``spmv`` and the encoding's as ``encode``."""
+    spmv, encode, *build_kernels = names = _kernel_names(dtype)
+    kernels = get_kernels(Nut.cu_file, names)
+    return {"spmv": kernels[spmv], "encode": kernels[encode], **{k: kernels[k] for k in build_kernels}}
 
 
 def _device_attribute(name: str) -> int:
@@ -261,9 +268,10 @@ def build(
     """The NuT structure of a CSR matrix (nnz > 0, rows > 0) as ``xp`` arrays (``numpy`` or ``cupy``).
 
     Only functions that NumPy and CuPy share are used, with unique or stably
-    sorted keys, so both give identical arrays; on CuPy the last step, the
-    tiles' encoding, is one kernel (``nut_encode`` of nut.cu) that writes what
-    the NumPy lines beside it do (the GPU tests compare every array). Returns the :data:`STRUCTURE`
+    sorted keys, so both give identical arrays; on CuPy the passes over the
+    entries are kernels of nut.cu (:func:`_tiles_on_gpu`, and ``nut_encode`` for
+    the tiles' encoding) that write what the NumPy lines do (the GPU tests
+    compare every array). Returns the :data:`STRUCTURE`
     arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
     a block needs) and ``zero_all`` (clear all of y before the launch rather than
     ``zero_rows``). ``max_item_nnz`` caps a work item's nonzeros where its tiles
@@ -280,49 +288,25 @@ def build(
     i64 = xp.int64
     indptr = indptr.astype(i64)
 
-    # Panels: row starts, then each entry's panel and its row inside the panel.
+    # Panels: row starts, then the active columns and tiles of each (see _tiles).
     panel_ptr = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
     n_panels = int(panel_ptr.shape[0]) - 1
-    entry_row = _owner(xp, xp.diff(indptr))
     panel_nnz = xp.diff(indptr[panel_ptr])
-    entry_panel = _owner(xp, xp.diff(panel_ptr))[entry_row]  # a gather: a search over rows, not over nnz
-    local_row = entry_row - panel_ptr[entry_panel]
-
-    # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).
-    key = entry_panel * n + indices.astype(i64)
-    order = _stable_argsort(xp, _narrow(xp, key, n_panels * n))
-    key_sorted = key[order]
-    new = xp.ones(nnz, dtype=bool)
-    new[1:] = key_sorted[1:] != key_sorted[:-1]
-    uid_sorted = xp.cumsum(new, dtype=i64) - 1
-    entry_uid = xp.empty(nnz, dtype=i64)
-    entry_uid[order] = uid_sorted
-    active = key_sorted[new]
-    active_group = (active // n) * slabs + (active % n) * slabs // n
     n_groups = n_panels * slabs
-    group_active_ptr = xp.searchsorted(active_group, xp.arange(n_groups + 1, dtype=i64), side="left")
-
-    # Tiles: cols_per_tile active columns each, a group's last one possibly fewer.
-    tiles_per_group = (xp.diff(group_active_ptr) + cols_per_tile - 1) // cols_per_tile
-    group_tile_ptr = _exclusive_cumsum(xp, tiles_per_group)
-    n_tiles = int(group_tile_ptr[-1])
-    rank = xp.arange(active.shape[0], dtype=i64) - group_active_ptr[active_group]
-    active_tile = group_tile_ptr[active_group] + rank // cols_per_tile
-    active_slot = rank % cols_per_tile
-    tile_col_ptr = xp.searchsorted(active_tile, xp.arange(n_tiles + 1, dtype=i64), side="left")
-    tile_cols = (active % n).astype(xp.int32)
-
-    # Entries grouped by tile, in CSR order (row, column) inside each tile.
-    entry_tile = active_tile[entry_uid]
-    order = _stable_argsort(xp, _narrow(xp, entry_tile, n_tiles))
-    tile_sorted = entry_tile[order]
-    tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=i64), side="left")
+    if hasattr(xp, "RawModule"):  # CuPy: kernels of nut.cu, not a dozen passes over nnz-long temporaries
+        tiles = _tiles_on_gpu(xp, _kernels(data.dtype), indptr, indices, panel_ptr, n, slabs=slabs,
+                              cols_per_tile=cols_per_tile)
+    else:
+        tiles = _tiles(xp, indptr, indices, panel_ptr, n, slabs=slabs, cols_per_tile=cols_per_tile)
+    order, tile_sorted, n_tiles = tiles.order, tiles.tile_sorted, tiles.n_tiles
+    group_tile_ptr, tile_col_ptr = tiles.group_tile_ptr, tiles.tile_col_ptr
+    tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=tile_sorted.dtype), side="left")
     tile_nnz = xp.diff(tile_entry_ptr)
 
     # Work items: a group's tiles, cut where their running count of nonzeros passes a multiple of the cap.
     if max_item_nnz is None:
         max_item_nnz = item_cap(nnz, n_groups, num_sms)
-    tile_group = _owner(xp, tiles_per_group)
+    tile_group = _owner(xp, tiles.tiles_per_group)
     chunk = (tile_entry_ptr[:-1] - tile_entry_ptr[group_tile_ptr[tile_group]]) // max_item_nnz
     starts = xp.ones(n_tiles, dtype=bool)
     starts[1:] = (tile_group[1:] != tile_group[:-1]) | (chunk[1:] != chunk[:-1])
@@ -364,17 +348,17 @@ def build(
     enc_idx = xp.zeros(storage, dtype=xp.int32)
     enc_val = xp.zeros(storage, dtype=data.dtype)
     if hasattr(xp, "RawModule"):  # CuPy: one kernel, not a dozen passes over nnz-long temporaries
-        _encode_on_gpu(xp, order, tile_sorted, tile_entry_ptr, s, w, tile_ptr, local_row, entry_uid, active_slot,
-                       data, enc_idx, enc_val)
+        _encode_on_gpu(xp, order, tile_sorted, tile_entry_ptr, s, w, tile_ptr, tiles.local_row, tiles.entry_uid,
+                       tiles.active_slot, data, enc_idx, enc_val)
     else:
         q = xp.arange(nnz, dtype=i64) - tile_entry_ptr[tile_sorted]
         s_e, w_e = s[tile_sorted], w[tile_sorted]
         j = q % s_e
         pos = tile_ptr[tile_sorted] + j * w_e + q // s_e
-        row_sorted = local_row[order]
+        row_sorted = tiles.local_row[order]
         starts_row = j == 0
         starts_row[1:] |= row_sorted[1:] != row_sorted[:-1]
-        slot = active_slot[entry_uid[order]]
+        slot = tiles.active_slot[tiles.entry_uid[order]]
         word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
         enc_idx[pos] = word.astype(xp.int32)
         enc_val[pos] = data[order]
@@ -385,7 +369,7 @@ def build(
         "item_tile_ptr": item_tile_ptr.astype(xp.int32),
         "zero_rows": zero_rows,
         "tile_col_ptr": tile_col_ptr.astype(xp.int32),
-        "tile_cols": tile_cols,
+        "tile_cols": tiles.tile_cols,
         "tile_nnz": tile_nnz.astype(xp.int32),
         "tile_ptr": tile_ptr,
         "enc_idx": enc_idx,
@@ -396,16 +380,116 @@ def build(
     }
 
 
+@dataclass(frozen=True)
+class _Tiles:
+    """What :func:`build` needs of the entries, active columns and tiles (int64 from :func:`_tiles`, int32 from
+    :func:`_tiles_on_gpu` but where an argsort or a search gives int64): the same values either way."""
+
+    local_row: Any  # each entry's row inside its panel
+    entry_uid: Any  # each entry's active column (a number in (panel, column) order)
+    active_slot: Any  # each active column's slot in its tile
+    tile_cols: Any  # each active column's column (int32): the tiles' indirection arrays, one after the other
+    tile_col_ptr: Any  # where each tile's active columns start, then their count
+    tiles_per_group: Any
+    group_tile_ptr: Any  # where each group's tiles start, then the tile count
+    n_tiles: int
+    order: Any  # the entries by tile, CSR order inside a tile (stable)
+    tile_sorted: Any  # the tile of each entry in that order
+
+
+def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs: int, cols_per_tile: int) -> _Tiles:
+    """The entries' panels, the panels' active columns and their tiles, in NumPy (or any namespace of its
+    functions: the tests run it on a stand-in for CuPy)."""
+    i64 = xp.int64
+    nnz = int(indices.shape[0])
+    n_panels = int(panel_ptr.shape[0]) - 1
+    entry_row = _owner(xp, xp.diff(indptr))
+    entry_panel = _owner(xp, xp.diff(panel_ptr))[entry_row]  # a gather: a search over rows, not over nnz
+    local_row = entry_row - panel_ptr[entry_panel]
+
+    # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).
+    key = entry_panel * n + indices.astype(i64)
+    order = _stable_argsort(xp, _narrow(xp, key, n_panels * n))
+    key_sorted = key[order]
+    new = xp.ones(nnz, dtype=bool)
+    new[1:] = key_sorted[1:] != key_sorted[:-1]
+    uid_sorted = xp.cumsum(new, dtype=i64) - 1
+    entry_uid = xp.empty(nnz, dtype=i64)
+    entry_uid[order] = uid_sorted
+    active = key_sorted[new]
+    active_group = (active // n) * slabs + (active % n) * slabs // n
+    group_active_ptr = xp.searchsorted(active_group, xp.arange(n_panels * slabs + 1, dtype=i64), side="left")
+
+    # Tiles: cols_per_tile active columns each, a group's last one possibly fewer.
+    tiles_per_group = (xp.diff(group_active_ptr) + cols_per_tile - 1) // cols_per_tile
+    group_tile_ptr = _exclusive_cumsum(xp, tiles_per_group)
+    n_tiles = int(group_tile_ptr[-1])
+    rank = xp.arange(active.shape[0], dtype=i64) - group_active_ptr[active_group]
+    active_tile = group_tile_ptr[active_group] + rank // cols_per_tile
+    active_slot = rank % cols_per_tile
+    tile_col_ptr = xp.searchsorted(active_tile, xp.arange(n_tiles + 1, dtype=i64), side="left")
+
+    # Entries grouped by tile, in CSR order (row, column) inside each tile.
+    entry_tile = active_tile[entry_uid]
+    order = _stable_argsort(xp, _narrow(xp, entry_tile, n_tiles))
+    return _Tiles(local_row, entry_uid, active_slot, (active % n).astype(xp.int32), tile_col_ptr, tiles_per_group,
+                  group_tile_ptr, n_tiles, order, entry_tile[order])
+
+
+def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any, panel_ptr: Any, n: int, *,
+                  slabs: int, cols_per_tile: int) -> _Tiles:
+    """:func:`_tiles` on the GPU: its passes over the entries fused into nut.cu's ``nut_keys``, ``nut_runs``,
+    ``nut_actives`` and ``nut_slots`` around CuPy's two sorts and one scan, on int32 where values fit
+    (a third of the time, a third of the memory)."""
+    i32, i64 = cupy.int32, cupy.int64
+    nnz, m = int(indices.shape[0]), int(indptr.shape[0]) - 1
+    n_panels = int(panel_ptr.shape[0]) - 1
+    wide = n_panels * n > np.iinfo(np.int32).max
+    key_type, suffix = (i64, "long long") if wide else (i32, "int")
+    launch = _launch(nnz)
+    local_row = cupy.empty(nnz, dtype=i32)
+    key = cupy.empty(nnz, dtype=key_type)
+    kernels[f"nut_keys<{suffix}>"](*launch, (np.int64(nnz), np.int64(m), indptr, indices.astype(i32, copy=False),
+                                             np.int64(n_panels), panel_ptr, np.int64(n), local_row, key))
+    order = key.argsort()
+    starts = cupy.empty(nnz, dtype=i32)
+    kernels[f"nut_runs<{suffix}>"](*launch, (np.int64(nnz), order, key, starts))
+    runs = cupy.cumsum(starts, dtype=i32)
+    n_active = int(runs[-1])
+    entry_uid = cupy.empty(nnz, dtype=i32)
+    active_group = cupy.empty(n_active, dtype=i32)
+    tile_cols = cupy.empty(n_active, dtype=i32)
+    kernels[f"nut_actives<{suffix}>"](*launch, (np.int64(nnz), order, key, starts, runs, np.int64(n), np.int64(slabs),
+                                                entry_uid, active_group, tile_cols))
+    del key, starts, runs, order
+    group_active_ptr = cupy.searchsorted(active_group, cupy.arange(n_panels * slabs + 1, dtype=i32), side="left")
+    tiles_per_group = (cupy.diff(group_active_ptr) + cols_per_tile - 1) // cols_per_tile
+    group_tile_ptr = _exclusive_cumsum(cupy, tiles_per_group)
+    n_tiles = int(group_tile_ptr[-1])
+    active_tile = cupy.empty(n_active, dtype=i32)
+    active_slot = cupy.empty(n_active, dtype=i32)
+    kernels["nut_slots"](*_launch(n_active), (np.int64(n_active), active_group, group_active_ptr.astype(i64),
+                                              group_tile_ptr, np.int64(cols_per_tile), active_tile, active_slot))
+    tile_col_ptr = cupy.searchsorted(active_tile, cupy.arange(n_tiles + 1, dtype=i32), side="left")
+    entry_tile = active_tile[entry_uid]
+    order = entry_tile.argsort()
+    return _Tiles(local_row, entry_uid, active_slot, tile_cols, tile_col_ptr, tiles_per_group, group_tile_ptr,
+                  n_tiles, order, entry_tile[order])
+
+
+def _launch(n: int, block: int = 256) -> tuple[tuple[int], tuple[int]]:
+    """Grid and block of a grid-stride kernel over ``n`` items."""
+    return (int(min(max(1, -(-n // block)), 65535 * 8)),), (block,)
+
+
 def _encode_on_gpu(cupy: Any, order: Any, tile_sorted: Any, tile_entry_ptr: Any, s: Any, w: Any, tile_ptr: Any,
                    local_row: Any, entry_uid: Any, active_slot: Any, data: Any, enc_idx: Any, enc_val: Any) -> None:
     """``enc_idx`` and ``enc_val`` filled by ``nut_encode`` (nut.cu): the NumPy branch of :func:`build`, fused."""
     kernel = _kernels(data.dtype)["encode"]
     nnz = order.shape[0]
-    block = 256
-    blocks = int(min(max(1, -(-nnz // block)), 65535 * 8))
-    longs = (a.astype(cupy.int64, copy=False) for a in (order, tile_sorted, tile_entry_ptr, s, w, tile_ptr,
-                                                         local_row, entry_uid, active_slot))
-    kernel((blocks,), (block,), (np.int64(nnz), *longs, data, enc_idx, enc_val))
+    per_tile = (a.astype(cupy.int64, copy=False) for a in (tile_entry_ptr, s, w, tile_ptr))
+    kernel(*_launch(nnz), (np.int64(nnz), order, tile_sorted, *per_tile, local_row, entry_uid, active_slot, data,
+                           enc_idx, enc_val))
 
 
 def item_cap(nnz: int, groups: int, num_sms: int) -> int:

@@ -330,7 +330,9 @@ def test_space_and_paper_defaults():
     assert (max(nut.ROWS_PER_PANEL) + max(nut.COLS_PER_TILE)) * 8 <= 227 * 1024
     assert max(nut.ROWS_PER_PANEL) <= nut._MAX_ROWS and max(nut.COLS_PER_TILE) <= nut._MAX_SLOTS
     assert len(f.space.configs()) == 120 * (1 + 3 * 5)  # bands only with more than one slab
-    assert f.name_expressions("float32") == ("nut_spmv<float>", "nut_encode<float>")
+    assert f.name_expressions("float32")[:2] == ("nut_spmv<float>", "nut_encode<float>")
+    assert set(f.name_expressions("float32")[2:]) == {"nut_slots", *(f"{k}<{t}>" for k in ("nut_keys", "nut_runs",
+                                                      "nut_actives") for t in ("int", "long long"))}
     with pytest.raises(InvalidConfigError, match="allowed"):
         f.space.validate({"cols_per_tile": 3})
 
@@ -617,3 +619,25 @@ def test_gpu_out_is_reused_and_every_row_written():
     x = np.random.default_rng(0).uniform(-1, 1, A.shape[1])
     assert f.run(prepared, cupy.asarray(x), out) is out
     np.testing.assert_allclose(out.get(), A @ x, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slabs", [1, 4])
+def test_gpu_structure_where_the_sort_keys_need_64_bits(slabs: int) -> None:
+    """4096 panels of 256 rows by 2^20 columns: (panel, column) keys past int32 on the GPU's kernels too
+    (nut_keys<long long>); every array as NumPy builds it."""
+    import cupy
+
+    rng = np.random.default_rng(11)
+    m = n = 1 << 20
+    rows, cols = rng.integers(0, m, 3 * m), rng.integers(0, n, 3 * m)
+    A = as_csr(sp.csr_matrix((rng.uniform(0.1, 1.0, rows.size), (rows, cols)), shape=(m, n)))
+    params = {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128, "num_sms": 132, "slabs": slabs}
+    assert (m // 256) * n > np.iinfo(np.int32).max
+    want = build(A.indptr, A.indices, A.data, A.shape, **params)
+    got = build(cupy.asarray(A.indptr), cupy.asarray(A.indices), cupy.asarray(A.data), A.shape, **params, xp=cupy)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        value_got = got[key].get() if isinstance(got[key], cupy.ndarray) else got[key]
+        np.testing.assert_array_equal(value_got, value, err_msg=key)
+        assert np.asarray(value_got).dtype == np.asarray(value).dtype, key
