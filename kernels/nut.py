@@ -293,7 +293,8 @@ def build(
     n_panels = int(panel_ptr.shape[0]) - 1
     panel_nnz = xp.diff(indptr[panel_ptr])
     n_groups = n_panels * slabs
-    if hasattr(xp, "RawModule"):  # CuPy: kernels of nut.cu, not a dozen passes over nnz-long temporaries
+    on_gpu = hasattr(xp, "RawModule")  # CuPy: kernels of nut.cu, not a dozen passes over nnz-long temporaries
+    if on_gpu:
         tiles = _tiles_on_gpu(xp, _kernels(data.dtype), indptr, indices, panel_ptr, n, slabs=slabs,
                               cols_per_tile=cols_per_tile)
     else:
@@ -347,7 +348,7 @@ def build(
     storage = int(tile_ptr[-1])
     enc_idx = xp.zeros(storage, dtype=xp.int32)
     enc_val = xp.zeros(storage, dtype=data.dtype)
-    if hasattr(xp, "RawModule"):  # CuPy: one kernel, not a dozen passes over nnz-long temporaries
+    if on_gpu:
         _encode_on_gpu(xp, order, tile_sorted, tile_entry_ptr, s, w, tile_ptr, tiles.local_row, tiles.entry_uid,
                        tiles.active_slot, data, enc_idx, enc_val)
     else:

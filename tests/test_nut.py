@@ -228,7 +228,8 @@ def test_a_corrupt_encoding_is_caught_by_decode():
 
 def test_the_cupy_code_path_builds_the_same_arrays(monkeypatch, shared_dir):
     """``build`` with a stand-in for CuPy (NumPy functions, but not ``numpy`` itself) takes the
-    searchsorted expansion and the array-method argsort of the GPU path; it must agree."""
+    searchsorted expansion and the array-method argsort that CuPy takes; it must agree. (On the GPU the
+    passes over the entries are nut.cu's kernels instead: the GPU tests compare their arrays.)"""
     fake = types.SimpleNamespace(
         **{n: getattr(np, n) for n in ("int32", "int64", "asarray", "zeros", "ones", "empty", "arange", "bincount",
                                       "concatenate", "cumsum", "diff", "nonzero", "searchsorted", "where")}
