@@ -47,9 +47,10 @@ class Reference:
         if type(A).__module__.startswith("cupyx"):
             import cupy
 
-            if behind:  # the side stream starts once what is queued before it (A itself, maybe) is done
-                _side_stream().wait_event(cupy.cuda.get_current_stream().record())
-            with _side_stream() if behind else contextlib.nullcontext():
+            side = _side_stream(cupy.cuda.Device().id) if behind else None
+            if side is not None:  # it starts once what is queued before it (A itself, maybe) is done
+                side.wait_event(cupy.cuda.get_current_stream().record())
+            with side if side is not None else contextlib.nullcontext():
                 x = cupy.empty(A.shape[1], dtype=dtype)
                 _uniform_kernel()(np.uint64(seed), x)  # a new cupy RandomState costs 0.5 ms: a race's 4 SpMVs
                 A64 = A.astype(cupy.float64)  # keeps A's known canonical form: no check before each product
@@ -59,7 +60,7 @@ class Reference:
                 scale = A64 @ cupy.abs(x64)
                 if npr_max is None:
                     npr_max = int(cupy.diff(A.indptr).max()) if A.shape[0] else 0
-                done = cupy.cuda.get_current_stream().record() if behind else None
+                done = side.record() if side is not None else None
             if done is not None:
                 cupy.cuda.get_current_stream().wait_event(done)
         else:
@@ -106,8 +107,9 @@ class Reference:
 
 
 @functools.cache
-def _side_stream() -> Any:
-    """The stream a reference built ``behind`` the host runs on: one a process (its freed memory stays its own)."""
+def _side_stream(device: int) -> Any:
+    """The stream a reference built ``behind`` the host runs on: one a device and process (kept: the memory
+    freed on it stays its own), made while ``device`` is current."""
     import cupy
 
     return cupy.cuda.Stream(non_blocking=True)
