@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidConfigError, NoDeviceError
-from kernels._cuda import c_type, get_kernels, require_cupy
+from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
 
@@ -469,8 +469,9 @@ def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any,
     n_tiles = int(group_tile_ptr[-1])
     active_tile = cupy.empty(n_active, dtype=i32)
     active_slot = cupy.empty(n_active, dtype=i32)
-    kernels["nut_slots"](*_launch(n_active), (np.int64(n_active), active_group, group_active_ptr.astype(i64),
-                                              group_tile_ptr, np.int64(cols_per_tile), active_tile, active_slot))
+    group_active_ptr = group_active_ptr.astype(i64, copy=False)  # int64 already: the kernel reads long long
+    kernels["nut_slots"](*_launch(n_active), (np.int64(n_active), active_group, group_active_ptr, group_tile_ptr,
+                                              np.int64(cols_per_tile), active_tile, active_slot))
     tile_col_ptr = cupy.searchsorted(active_tile, cupy.arange(n_tiles + 1, dtype=i32), side="left")
     entry_tile = active_tile[entry_uid]
     order = entry_tile.argsort()
@@ -480,7 +481,7 @@ def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any,
 
 def _launch(n: int, block: int = 256) -> tuple[tuple[int], tuple[int]]:
     """Grid and block of a grid-stride kernel over ``n`` items."""
-    return (int(min(max(1, -(-n // block)), 65535 * 8)),), (block,)
+    return (min(grid(n, block), 65535 * 8),), (block,)
 
 
 def _encode_on_gpu(cupy: Any, order: Any, tile_sorted: Any, tile_entry_ptr: Any, s: Any, w: Any, tile_ptr: Any,

@@ -10,8 +10,8 @@ and the GPU (what the selector's corpus could not teach it: NuT's slabs to
 the L2 where x is larger than a corpus matrix's).
 :func:`race` prepares each entrant on the matrix, checks one product against
 the float64 reference (on the GPU, :class:`~tuner.measure.verify.Reference`),
-then times the survivors in rounds, dropping those far behind after the first
-(successive halving), and hands back the winner already prepared: plan()
+then times the survivors in rounds, dropping those far behind after each
+(successive halving) until one is left, and hands back the winner already prepared: plan()
 runs it without preparing it again. A config that fails (wrong y, out of
 memory, a launch error) leaves the race with its reason, and the race goes on.
 
