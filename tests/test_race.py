@@ -231,3 +231,33 @@ def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
     assert adapted(fitted, cols=8_000_000, itemsize=8, l2_bytes=l2) == fitted  # raced already: not twice
     others = shortlist(None, size=3)  # a family without an adaptation: as it was
     assert adapted(others, cols=8_000_000, itemsize=8, l2_bytes=l2) == others
+    # x of 192 MB: 4 slabs at most (past them y's passes cost more than the x they keep in L2)
+    assert adapted(entrants, cols=24_000_000, itemsize=8, l2_bytes=l2)[1].params["slabs"] == 4
+
+
+def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_behind_cusparse() -> None:
+    """The selector ranks NuT's slab configs behind cuSPARSE on a structure it never saw: with x of 64 MB the
+    best-ranked NuT config of 4 slabs races all the same (before cuSPARSE), and only then."""
+    slab4 = {"slabs": 4, "threads": 512}
+    ranking = [ranked("csr_vector", {"threads_per_row": 4}, 1.0, 0.8),
+               ranked("cusparse", {"algorithm": "csr_alg1"}, 1.1, 4.0),
+               ranked("nut", {"slabs": 2}, 1.2, 150.0),
+               ranked("nut", slab4, 1.3, 150.0),
+               ranked("nut", {"slabs": 4, "threads": 1024}, 1.4, 150.0),
+               *KNOWN]
+    entrants = shortlist(ranking, size=2)
+    assert "nut" not in [e.kernel for e in entrants]
+    l2 = 50 << 20
+    raced = adapted(entrants, ranking, cols=8_000_000, itemsize=8, l2_bytes=l2)
+    nut = [e for e in raced if e.kernel == "nut"]
+    assert len(nut) == 1 and nut[0].params == get_family("nut").space.validate(slab4, family="nut")
+    assert nut[0].expected_s == 1.3 and raced[raced.index(nut[0]) + 1:] == entrants[-len(BASELINE_ENTRANTS):]
+    assert adapted(entrants, ranking, cols=2_000_000, itemsize=8, l2_bytes=l2) == entrants  # x fits
+    assert adapted(entrants, ranking, cols=8_000_000, itemsize=8, l2_bytes=0) == entrants  # L2 unknown
+    assert adapted(raced, ranking, cols=8_000_000, itemsize=8, l2_bytes=l2) == raced  # fitted already: not twice
+    # in float32 (x of 32 MB) two slabs fit: the best-ranked of those
+    assert [e.params["slabs"] for e in adapted(entrants, ranking, cols=8_000_000, itemsize=4, l2_bytes=l2)
+            if e.kernel == "nut"] == [2]
+    # none ranked fits: nothing added (the first's own fitted variant is the other way in)
+    unfit = [r for r in ranking if not (r.kernel == "nut" and r.params["slabs"] == 4)]
+    assert adapted(entrants, unfit, cols=8_000_000, itemsize=8, l2_bytes=l2) == entrants

@@ -5,9 +5,10 @@ guess about a matrix it has not seen; the race turns it into a measurement.
 :func:`shortlist` takes the first configs of the ranking (a few families,
 within a preparation budget) and always adds cuSPARSE's two CSR algorithms,
 so the winner is never slower than cuSPARSE as measured in the same race;
-:func:`adapted` adds the first's config as its family fits it to the matrix
-and the GPU (what the selector's corpus could not teach it: NuT's slabs to
-the L2 where x is larger than a corpus matrix's).
+:func:`adapted` adds configs as their family fits them to the matrix and the
+GPU (what the selector's corpus could not teach it: NuT's slabs to the L2
+where x is larger than a corpus matrix's): the first's, and the best-ranked
+fitted config of a family none of whose entrants fits.
 :func:`race` prepares each entrant on the matrix, checks one product against
 the float64 reference (on the GPU, :class:`~tuner.measure.verify.Reference`),
 then times the survivors in rounds, dropping those far behind after each
@@ -175,16 +176,37 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
     return picked
 
 
-def adapted(entrants: Sequence[Entrant], *, cols: int, itemsize: int, l2_bytes: int) -> list[Entrant]:
-    """``entrants`` with, second, the first's config as its family fits it to this matrix and GPU
-    (:func:`kernels.with_adapted`: NuT's slabs to the L2), where that is another config not raced already.
-    The first's only: such a variant costs what the first costs to prepare."""
+def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None = None, *, cols: int,
+            itemsize: int, l2_bytes: int) -> list[Entrant]:
+    """``entrants`` with configs fitted to this matrix and GPU (:meth:`kernels.Family.adapt`: NuT's slabs to
+    the L2), what the selector's corpus could not teach it:
+
+    - second, the first's config as its family fits it (:func:`kernels.with_adapted`), where that is another
+      config not raced already. The first's only: such a variant costs what the first costs to prepare.
+    - before cuSPARSE, for each family of ``ranking`` whose default does not fit this matrix (NuT where x
+      outgrows its share of the L2) and none of whose entrants fits it, the best-ranked config that does: on
+      a matrix like that, the one family that keeps the gathers of x out of DRAM races even where the
+      selector, never having seen such an x, ranks it behind cuSPARSE.
+    """
     configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
                            l2_bytes=l2_bytes)
-    if len(configs) == len(entrants):
-        return list(entrants)
-    first = entrants[0]
-    return [first, Entrant(first.kernel, configs[1][1], prepare_spmvs=first.prepare_spmvs), *entrants[1:]]
+    out = list(entrants)
+    if len(configs) > len(entrants):
+        first = entrants[0]
+        out.insert(1, Entrant(first.kernel, configs[1][1], prepare_spmvs=first.prepare_spmvs))
+
+    def fits(kernel: str, params: dict[str, Any]) -> bool:
+        return get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes) is None
+
+    for kernel in dict.fromkeys(r.kernel for r in ranking or ()):
+        if fits(kernel, get_family(kernel).space.defaults()) or any(
+                e.kernel == kernel and fits(kernel, e.params) for e in out):
+            continue
+        best = next((r for r in ranking or () if r.kernel == kernel and fits(kernel, r.params)), None)
+        if best is not None:
+            at = next((i for i, e in enumerate(out) if e.kernel == BASELINE), len(out))
+            out.insert(at, Entrant(best.kernel, dict(best.params), best.expected_s, best.prepare_spmvs))
+    return out
 
 
 def _cost(r: RankedConfig) -> float:
