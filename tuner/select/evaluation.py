@@ -197,10 +197,9 @@ def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelect
         selector = make().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype, device=table.device,
                             prepare_times=[table.prepare[i] for i in train])
         keys = selector.config_keys()
-        prepare = selector.prepare_seconds(table.X[test])
-        for i, expected, seconds in zip(test, selector.expected_times(table.X[test]), prepare, strict=True):
-            out[i] = Ranking([keys[j] for j in np.argsort(expected, kind="stable")],
-                             dict(zip(keys, (seconds / expected).tolist(), strict=True)))
+        spmvs = dict(zip(keys, selector.prepare_spmvs_.tolist(), strict=True))
+        for i, expected in zip(test, selector.expected_times(table.X[test]), strict=True):
+            out[i] = Ranking([keys[j] for j in np.argsort(expected, kind="stable")], spmvs)
     return out  # type: ignore[return-value]
 
 

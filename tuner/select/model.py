@@ -19,8 +19,7 @@ well under 1.5 MB gzipped and ranks a matrix in about a millisecond.
 
 ``plan()`` races the first few configs of :meth:`KernelSelector.rank` beside
 cuSPARSE; each :class:`RankedConfig` carries its expected time, what preparing
-it is expected to cost in SpMVs (a per-config model of the preparation times
-measured on the training matrices: :data:`PREPARE_TERMS`) and the share of the
+it costs in SpMVs (measured on the training matrices) and the share of the
 forest's trees that rank it first (a confidence).
 
 Selectors are stored in the ``models`` table (:func:`save_model`,
@@ -55,7 +54,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sklearn
-from scipy.optimize import nnls
 from sklearn.base import BaseEstimator
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.exceptions import NotFittedError
@@ -74,7 +72,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COUNT_FEATURES",
     "DERIVED_FEATURES",
-    "PREPARE_TERMS",
+    "LARGE_NNZ",
     "MISSING_PENALTY",
     "DeviceSpec",
     "KernelSelector",
@@ -99,12 +97,8 @@ _log = logging.getLogger(__name__)
 MISSING_PENALTY = math.log(2.0)
 """A config not measured on a training matrix is taken as that matrix's slowest candidate times 2."""
 
-PREPARE_TERMS = ("nnz", "rows")
-"""What a config's preparation grows with, beside a constant: seconds ``c0 + c1 * nnz + c2 * rows``, the
-coefficients fitted per config (>= 0, least relative error) to the training preparations. A preparation is
-mostly launches and host steps on a small matrix and mostly passes over the entries on a large one: on the
-H100 corpus (381 matrices) this model is off by a median factor of 1.3 on the matrices of 5 M nonzeros and
-more, where one ratio to the SpMV time per config (a median over the large matrices) was off by 2.9."""
+LARGE_NNZ = 1_000_000
+"""Preparation costs are estimated on matrices at least this large, where launch overheads do not dominate."""
 
 _L2_BY_NAME = (("H200", 60 * 2**20), ("H100", 50 * 2**20))
 """L2 bytes by device name, for device records that do not carry ``l2_bytes``."""
@@ -215,12 +209,6 @@ def bytes_time(features: Any, *, dtype: np.dtype | str, device: DeviceSpec,
     return compulsory_bytes(rows, cols, nnz, dtype) / (device.bandwidth_gbs * 1e9)
 
 
-def _prepare_terms(rows: np.ndarray, feature_names: Sequence[str]) -> np.ndarray:
-    """The columns a preparation's seconds are linear in: 1, then :data:`PREPARE_TERMS` of each row."""
-    names = list(feature_names)
-    return np.column_stack([np.ones(len(rows)), *(rows[:, names.index(t)] for t in PREPARE_TERMS)])
-
-
 @dataclass(frozen=True)
 class RankedConfig:
     """One config of a matrix's ranking."""
@@ -228,7 +216,7 @@ class RankedConfig:
     kernel: str
     params: dict[str, Any]
     expected_s: float  # expected time of one SpMV on the device asked for
-    prepare_spmvs: float  # expected prepare time / expected SpMV time, on this matrix (NaN: never measured)
+    prepare_spmvs: float  # median prepare time / SpMV time on the training matrices (NaN: never measured)
     votes: float  # share of the forest's trees that rank this config first
 
 
@@ -313,33 +301,28 @@ class KernelSelector(BaseEstimator):
         forest = ExtraTreesRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
                                      random_state=self.random_state, n_jobs=-1).fit(design, targets)
         self.forest_ = CompactForest.from_sklearn(forest, design, targets)  # the estimator itself is dropped
-        self.prepare_cost_ = self._prepare_cost(_prepare_terms(X, names),
-                                                [p for p, u in zip(prepare_times, used, strict=True) if u], keys)
+        self.prepare_spmvs_ = self._prepare_spmvs(X[:, names.index("nnz")], T,
+                                                  [p for p, u in zip(prepare_times, used, strict=True) if u], keys)
         return self
 
     @staticmethod
-    def _prepare_cost(terms: np.ndarray, prepare: Sequence[Mapping[str, float]], keys: Sequence[str]) -> np.ndarray:
-        """Per config (rows), the coefficients of :data:`PREPARE_TERMS` (columns: the constant first): the
-        non-negative least squares of the relative error over the rows where it was prepared; NaN where never."""
-        out = np.full((len(keys), terms.shape[1]), np.nan)
-        for j, key in enumerate(keys):
-            P = np.array([row.get(key, np.nan) for row in prepare], dtype=np.float64)
-            known = np.isfinite(P) & (P > 0)
-            if known.any():
-                out[j] = nnls(terms[known] / P[known, None], np.ones(int(known.sum())))[0]
+    def _prepare_spmvs(nnz: np.ndarray, T: np.ndarray, prepare: Sequence[Mapping[str, float]],
+                       keys: Sequence[str]) -> np.ndarray:
+        """Per config: the median of prepare_s / time_s on the large training rows, else on all rows."""
+        P = np.array([[row.get(k, np.nan) for k in keys] for row in prepare], dtype=np.float64).reshape(T.shape)
+        ratio = P / T
+        out = np.full(len(keys), np.nan)
+        for j in range(len(keys)):
+            known = np.isfinite(ratio[:, j])
+            large = known & (nnz >= LARGE_NNZ)
+            pick = large if large.any() else known
+            if pick.any():
+                out[j] = float(np.median(ratio[pick, j]))
         return out
 
-    def prepare_seconds(self, X: Any) -> np.ndarray:
-        """Expected preparation seconds of every config in :attr:`configs_` (columns) for each row of X (arrays,
-        or feature mappings); NaN for a config never prepared in training."""
-        check_is_fitted(self)
-        rows = np.atleast_2d(_as_rows(X, list(self.feature_names_in_))).astype(np.float64)
-        return _prepare_terms(rows, list(self.feature_names_in_)) @ self.prepare_cost_.T
-
     def __sklearn_is_fitted__(self) -> bool:
-        """Fitted by this version of the class (a pickle of an earlier selector, without the preparation
-        model, is not)."""
-        return all(hasattr(self, a) for a in ("forest_", "configs_", "device_", "prepare_cost_"))
+        """Fitted by this version of the class (a pickle of the classifier-based selector before it is not)."""
+        return all(hasattr(self, a) for a in ("forest_", "configs_", "device_", "prepare_spmvs_"))
 
     def _expected(self, X: Any, device: DeviceSpec | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Validated feature rows, the expected seconds of every config (columns) for them on ``device``
@@ -373,9 +356,8 @@ class KernelSelector(BaseEstimator):
         rows, expected, votes = self._expected(features, device)
         if len(rows) != 1:
             raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
-        spmvs = self.prepare_seconds(rows)[0] / expected[0]
         return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), float(expected[0, j]),
-                             float(spmvs[j]), float(votes[0, j]))
+                             float(self.prepare_spmvs_[j]), float(votes[0, j]))
                 for j in np.argsort(expected[0], kind="stable")]
 
     def predict_details(self, X: Any, *, device: DeviceSpec | None = None) -> list[Prediction]:
