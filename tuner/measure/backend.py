@@ -8,6 +8,7 @@ record carries the device kind ``cpu-reference`` to say so).
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 from abc import ABC, abstractmethod
@@ -125,22 +126,7 @@ class GpuBackend(Backend):
 
     def __init__(self) -> None:
         self.cp = require_cupy()
-        dev = self.cp.cuda.Device()
-        props = self.cp.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"].decode()
-        cc = f"{props['major']}{props['minor']}"
-        self.info = DeviceInfo(
-            id=f"{name} (sm_{cc})",
-            name=name,
-            kind="gpu",
-            compute_capability=cc,
-            sms=int(props["multiProcessorCount"]),
-            memory_bytes=int(props["totalGlobalMem"]),
-            driver=str(self.cp.cuda.runtime.driverGetVersion()),
-            l2_bytes=int(props.get("l2CacheSize", 0)),
-        )
-        self._flush: Any = None
-        self._spinner: Any = None
+        self.info = _device_info(self.cp.cuda.Device().id)
 
     def matrix(self, A: Any) -> Any:
         import cupyx.scipy.sparse as cusp
@@ -193,33 +179,35 @@ class GpuBackend(Backend):
                 break
         return Timing.from_samples(np.asarray(samples))
 
-    def _flush_l2(self, i: int) -> None:
-        if self._flush is None:  # twice the L2 size, so nothing of the matrix stays cached
-            self._flush = self.cp.empty(max(2 * self.info.l2_bytes, 64 << 20), dtype=self.cp.uint8)
+    def _flush_l2(self, i: int, *, spin: bool = True) -> None:
+        flush = _flush_buffer(self.cp.cuda.Device().id, self.info.l2_bytes)
         # The driver's memset: 35 us for 100 MB on an H100 (a fill() writes a byte a thread: 470 us). Then a
         # spin, so that the host has queued the product before the GPU gets to it, even on a busy host (on the
-        # memset alone, one race timed a 95 us product at 120 us, where host time falls in the sample).
-        self.cp.cuda.runtime.memsetAsync(self._flush.data.ptr, i & 0xFF, self._flush.nbytes,
-                                         self.cp.cuda.get_current_stream().ptr)
-        self._spin(i)
+        # memset alone, one race timed a 95 us product at 120 us, where host time falls in the sample);
+        # ``spin=False`` where the GPU is still busy with work queued before (the product waits behind it).
+        self.cp.cuda.runtime.memsetAsync(flush.data.ptr, i & 0xFF, flush.nbytes, self.cp.cuda.get_current_stream().ptr)
+        if spin:
+            self._spin(i)
 
     def _spin(self, i: int, cycles: int = SPIN_CYCLES) -> None:
-        if self._spinner is None:
-            self._spinner = self.cp.RawKernel(_SPIN, "spin_cycles")
-        self._spinner((1,), (1,), (np.int64(cycles),))
+        _spin_kernel()((1,), (1,), (np.int64(cycles),))
 
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
                     flush_l2: bool = False) -> list[list[float]]:
-        """CUDA events around every product, all recorded before one wait at the end."""
+        """CUDA events around every product, all recorded before one wait at the end. The spins that keep the
+        host's launches out of a product's time run only where the GPU has caught up with the host (the last
+        product's end event has passed): behind a queue the product waits anyway. In a race of fast products
+        (100 us) they were a third of the GPU's time."""
         cp = self.cp
         marks = []
+        end = None
         for i, fn in enumerate(fns):
-            if not flush_l2:  # a flush fills the queue before every product
+            if not flush_l2 and (end is None or end.done):  # a flush fills the queue before every product
                 self._spin(i, cycles=SPIN_CYCLES * repeats // 2)
             events = []
             for r in range(repeats):
                 if flush_l2:
-                    self._flush_l2(r)
+                    self._flush_l2(r, spin=end is None or end.done)
                 start, end = cp.cuda.Event(), cp.cuda.Event()
                 start.record()
                 fn()
@@ -240,6 +228,38 @@ class GpuBackend(Backend):
             self._bandwidths[device] = 2 * n / t.median_s / 1e9
             del src, dst
         return self._bandwidths[device]
+
+
+@functools.cache
+def _device_info(ordinal: int) -> DeviceInfo:
+    """What the backend records of device ``ordinal``, read once a process (the properties take 0.8 ms on an
+    H200, and every plan() makes a backend)."""
+    cp = require_cupy()
+    props = cp.cuda.runtime.getDeviceProperties(ordinal)
+    name = props["name"].decode()
+    cc = f"{props['major']}{props['minor']}"
+    return DeviceInfo(
+        id=f"{name} (sm_{cc})",
+        name=name,
+        kind="gpu",
+        compute_capability=cc,
+        sms=int(props["multiProcessorCount"]),
+        memory_bytes=int(props["totalGlobalMem"]),
+        driver=str(cp.cuda.runtime.driverGetVersion()),
+        l2_bytes=int(props.get("l2CacheSize", 0)),
+    )
+
+
+@functools.cache
+def _flush_buffer(ordinal: int, l2_bytes: int) -> Any:
+    """The buffer an L2 flush writes on device ``ordinal``: twice the L2, so nothing of the matrix stays
+    cached; one a process (every backend writes garbage into it, whatever the stream)."""
+    return require_cupy().empty(max(2 * l2_bytes, 64 << 20), dtype=require_cupy().uint8)
+
+
+@functools.cache
+def _spin_kernel() -> Any:
+    return require_cupy().RawKernel(_SPIN, "spin_cycles")
 
 
 class CpuReferenceBackend(Backend):
