@@ -1,6 +1,11 @@
 // csr_vector: a group of TPR consecutive threads per row (baseline).
-// Lane l of a group sums the row's nonzeros l, l+TPR, l+2*TPR, ...; the group
+// Lane l of a group sums the row's nonzeros l, l+TPR, l+2*TPR, ... in that order; the group
 // then reduces its TPR partial sums with warp shuffles (a halving tree).
+// A lane loads a batch of its entries, 32 bytes of values (4 doubles, 8 floats), before it gathers their x
+// and adds them up: several loads in flight a thread on short rows. On the H100, against one entry at a time:
+// a random geometric graph (15 a row) 1.18x -> 1.27x cuSPARSE in float64 (4 a row), 1.11x -> 1.20x in float32;
+// batches of 4 floats gave 1.15x, of 8 doubles 1.26x. (Not with the streaming hint: a row's lanes come back to
+// the lines of its values and columns batch after batch, and evict-first loads made every config slower.)
 // Instantiated per value type and group size: csr_vector<double, 8>.
 
 template <typename T, int TPR>
@@ -15,11 +20,27 @@ __global__ void csr_vector(const int m,
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long row = tid / TPR;
     const int lane = threadIdx.x & (TPR - 1);
+    constexpr int BATCH = 32 / sizeof(T);
     T sum = 0;
     if (row < m) {
-        const int end = indptr[row + 1];
-        for (int j = indptr[row] + lane; j < end; j += TPR) {
-            sum += data[j] * __ldg(&x[indices[j]]);
+        const int start = indptr[row];
+        const int n = indptr[row + 1] - start;
+        // Batches of this lane's entries (the last one cut at the row's end): every load of a batch is issued
+        // before the first gather of x, and the sum goes on in the entries' order. Offsets in the row, so
+        // that no index runs past the last nonzero (int32 up to 2^31 - 1).
+        for (int q = lane; q < n; q += BATCH * TPR) {
+            int c[BATCH];
+            T v[BATCH];
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                const int k = q + u * TPR;
+                c[u] = k < n ? indices[start + k] : 0;
+                v[u] = k < n ? data[start + k] : T(0);
+            }
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                if (q + u * TPR < n) sum += v[u] * __ldg(&x[c[u]]);
+            }
         }
     }
     // Every thread of the warp takes part in the shuffles (blockDim is a multiple of 32).

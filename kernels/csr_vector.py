@@ -1,4 +1,4 @@
-"""``csr_vector``: a group of ``threads_per_row`` threads per row (a baseline).
+"""``csr_vector``: a group of ``threads_per_row`` threads per row (a baseline, its loads batched).
 
 Lane l of a row's group sums the entries l, l+T, l+2T, ... of the row, then the
 group reduces its T partial sums with a halving tree of warp shuffles. Suits
