@@ -112,16 +112,18 @@ def test_gpu_queued_timing_brackets_each_product() -> None:
 
 @pytest.mark.gpu
 def test_gpu_queued_cold_timing_of_short_products_keeps_host_time_out() -> None:
-    """The spin before a product runs only where the GPU has caught up with the host: a product of ~10 us,
-    queued cold 20 times, times as it does alone with a spin before every product (host time never in it)."""
+    """The spin before a product runs only where the GPU has caught up with the host: a product of ~20 us
+    (one elementwise kernel: a launch of a few us), queued cold 20 times, times as it does alone with a spin
+    before every product. (Not a CuPy reduction: its launch outlasts the spin, and the lone timing counts
+    it, where the queue hides it.)"""
     import cupy
 
     from tuner.measure.backend import GpuBackend
 
     backend = GpuBackend()
-    a = cupy.ones(1 << 22, dtype=cupy.float32)
-    out = cupy.empty((), dtype=cupy.float32)
-    fn = lambda: cupy.sum(a, out=out)  # noqa: E731
+    a = cupy.ones(1 << 23, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+    fn = lambda: cupy.multiply(a, 1.5, out=b)  # noqa: E731
     fn()
     alone = backend.time(fn, repeats=20, flush_l2=True).median_s
     queued = np.median(backend.time_queued([fn, fn], repeats=10, flush_l2=True))
