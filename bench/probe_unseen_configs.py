@@ -1,0 +1,143 @@
+"""The probes behind the 2026-11-25 changes to the race and to csr_vector, on the matrices of bench/unseen.py.
+
+A: NuT's configs (rows per panel x columns per tile x threads x slabs) beside cuSPARSE's two algorithms,
+   merge_path and csr_vector, cold, each with its preparation time: which configs beat cuSPARSE where the
+   race had none of them (bursts), and how many slabs win where x outgrows the L2 (kernels/nut.py
+   FIT_SLABS). Result: bench/results/2026-11-25_NVIDIA-H100-80GB-HBM3-sm-90_probe_unseen_nut.json (0079c85).
+B: csr_vector against the kernel before 9449a8d (one entry in flight a lane), same configs, same run, and
+   the same y. Result: ..._probe_unseen_csr_vector.txt (9449a8d; the batch sizes of 2, 4 and 8 entries
+   it quotes ran on an intermediate version of the kernel with the batch as a macro).
+C: merge_path's configs (items a thread x block size x loads): whether a default other than the race's
+   beats cuSPARSE. Result: ..._probe_unseen_merge_path.json (982828d).
+
+    git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
+    python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A, B or C; MATRICES: a,b,...
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from unseen import MATRICES  # noqa: E402
+
+from kernels import get_family  # noqa: E402
+from kernels._cuda import c_type, grid  # noqa: E402
+from tuner.measure.backend import GpuBackend  # noqa: E402
+
+BASE = [("cusparse", {"algorithm": "csr_alg1"}), ("cusparse", {"algorithm": "csr_alg2"})]
+CONFIGS = {
+    "A": BASE
+    + [("nut", {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": s, "bands": 1})
+       for r, c, t, s in itertools.product((2048, 8192), (4096, 16384), (512, 1024), (1, 2, 4, 8))]
+    + [("merge_path", {"loads": lo, "items_per_thread": i, "block_size": bs})
+       for lo, i, bs in (("block", 6, 64), ("thread", 2, 256), ("block", 4, 128))]
+    + [("csr_vector", {"threads_per_row": t, "block_size": 256}) for t in (2, 4, 8, 32)],
+    "C": BASE
+    + [("merge_path", {"loads": "block", "items_per_thread": i, "block_size": bs})
+       for i, bs in itertools.product((4, 5, 6, 7, 9, 12, 16), (64, 128, 256))]
+    + [("merge_path", {"loads": "thread", "items_per_thread": i, "block_size": bs})
+       for i, bs in itertools.product((2, 3, 4), (128, 256))],
+}
+TPR = (2, 4, 8, 16, 32)
+
+
+def sweep(backend: GpuBackend, cp: Any, A: Any, x: Any, configs: list[tuple[str, dict[str, Any]]]) -> list[dict]:
+    """Prepare (timed), then time cold, every config; the rows with cuSPARSE's best beside."""
+    out = cp.empty(A.shape[0], A.dtype)
+    rows = []
+    for kernel, params in configs:
+        try:
+            backend.synchronize()
+            start = time.perf_counter()
+            fn = _runner(kernel, A, params, x, out)
+            backend.synchronize()
+            prepare_s = time.perf_counter() - start
+            t = backend.time(fn, repeats=6, max_duration=0.3, flush_l2=True)
+        except Exception as exc:  # a config that fails here is reported and left out
+            print(f"  {kernel} {params} failed: {type(exc).__name__}: {str(exc)[:100]}")
+            continue
+        rows.append({"kernel": kernel, "params": params, "time_s": t.median_s, "prepare_s": prepare_s})
+    base = min(r["time_s"] for r in rows if r["kernel"] == "cusparse")
+    return [{**r, "cusparse_best_s": base} for r in rows]
+
+
+def _runner(kernel: str, A: Any, params: dict[str, Any], x: Any, out: Any) -> Any:
+    """The config prepared on A, as a product to time."""
+    family = get_family(kernel)
+    prepared = family.prepare(A, dict(params))
+    return lambda: family.run(prepared, x, out)
+
+
+def csr_vector_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
+    """csr_vector and the kernel before it, every group size, cold, round-robin three times; same y."""
+    dtype = A.dtype
+    names = [f"csr_vector<{c_type(dtype)}, {t}>" for t in TPR]
+    prev = cp.RawModule(code=(REPO / ".gpu/csr_vector_prev.cu").read_text(), options=("-std=c++17",),
+                        name_expressions=names)
+    out = cp.empty(A.shape[0], dtype)
+    m = A.shape[0]
+    fns = {a: _runner("cusparse", A, {"algorithm": a}, x, out) for a in ("csr_alg1", "csr_alg2")}
+    for t, name in zip(TPR, names, strict=True):
+        fns[f"new {t}"] = _runner("csr_vector", A, {"threads_per_row": t, "block_size": 256}, x, out)
+        k = prev.get_function(name)
+        fns[f"prev {t}"] = lambda k=k, t=t: k((grid(m * t, 256),), (256,), (np.int32(m), A.indptr, A.indices, A.data,
+                                                                            x, out))
+        fns[f"new {t}"]()
+        y = out.copy()
+        fns[f"prev {t}"]()
+        assert bool(cp.array_equal(out, y)), f"csr_vector tpr {t}: y differs from the previous kernel's"
+    samples: dict[str, list[float]] = {}
+    for _ in range(3):
+        for key, fn in fns.items():
+            samples.setdefault(key, []).append(backend.time(fn, repeats=8, max_duration=0.3, flush_l2=True).median_s)
+    t = {k: float(np.median(v)) for k, v in samples.items()}
+    base = min(t["csr_alg1"], t["csr_alg2"])
+    return [f"   threads_per_row {tpr:2d}: before {base / t[f'prev {tpr}']:.3f}x  now {base / t[f'new {tpr}']:.3f}x"
+            for tpr in TPR] + [f"   (cuSPARSE best {base * 1e6:.1f} us)"]
+
+
+def main() -> None:
+    part, names, out_path = sys.argv[1], sys.argv[2].split(","), Path(sys.argv[3])
+    import cupy as cp
+    import cupyx.scipy.sparse as cusp
+
+    backend = GpuBackend()
+    chosen = {m.name: m for m in MATRICES}
+    rows: list[dict] = []
+    lines: list[str] = []
+    for name in names:
+        H = chosen[name].make(1.0)
+        for dtype in ("float64", "float32"):
+            A = cusp.csr_matrix(H.astype(dtype))
+            x = cp.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
+            head = f"== {name} {dtype} nnz={A.nnz}"
+            if part == "B":
+                lines += [head, *csr_vector_ab(backend, cp, A, x)]
+            else:
+                found = sweep(backend, cp, A, x, CONFIGS[part])
+                rows += [{"matrix": name, "dtype": dtype, "nnz": A.nnz, **r} for r in found]
+                best = sorted(found, key=lambda r: r["time_s"])[:6]
+                lines += [head] + [f"   {r['cusparse_best_s'] / r['time_s']:.3f}x prepared in "
+                                   f"{r['prepare_s'] * 1e3:.1f} ms {r['kernel']} {r['params']}" for r in best]
+            print("\n".join(lines[-7:]), flush=True)
+            del A, x
+            cp.get_default_memory_pool().free_all_blocks()
+    if part == "B":
+        out_path.write_text(f"{backend.info.id}\n" + "\n".join(lines) + "\n")
+    else:
+        out_path.write_text(json.dumps({"device": backend.info.id, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
