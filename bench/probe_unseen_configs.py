@@ -3,12 +3,13 @@
 A: NuT's configs (rows per panel x columns per tile x threads x slabs) beside cuSPARSE's two algorithms,
    merge_path and csr_vector, cold, each with its preparation time: which configs beat cuSPARSE where the
    race had none of them (bursts), and how many slabs win where x outgrows the L2 (kernels/nut.py
-   FIT_SLABS). Result: bench/results/2026-11-25_NVIDIA-H100-80GB-HBM3-sm-90_probe_unseen_nut.json (0079c85).
+   FIT_SLABS). Result: bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_unseen_nut.json.
 B: csr_vector against the kernel before 9449a8d (one entry in flight a lane), same configs, same run, and
-   the same y. Result: ..._probe_unseen_csr_vector.txt (9449a8d; the batch sizes of 2, 4 and 8 entries
-   it quotes ran on an intermediate version of the kernel with the batch as a macro).
+   the same y (checked). Result: ..._probe_unseen_csr_vector.txt. (The batches of 2 and 8 entries that
+   kernels/csr_vector.cu quotes ran on an intermediate version of the kernel, the batch a macro.)
 C: merge_path's configs (items a thread x block size x loads): whether a default other than the race's
-   beats cuSPARSE. Result: ..._probe_unseen_merge_path.json (982828d).
+   beats cuSPARSE. Result: ..._probe_unseen_merge_path.json.
+All three ran at 530f5cb on an H100.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
     python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A, B or C; MATRICES: a,b,...

@@ -3,9 +3,10 @@
 // then reduces its TPR partial sums with warp shuffles (a halving tree).
 // A lane loads a batch of its entries, 32 bytes of values (4 doubles, 8 floats), before it gathers their x
 // and adds them up: several loads in flight a thread on short rows. On the H100, against one entry at a time:
-// a random geometric graph (15 a row) 1.18x -> 1.27x cuSPARSE in float64 (4 a row), 1.11x -> 1.20x in float32;
-// batches of 4 floats gave 1.15x, of 8 doubles 1.26x. (Not with the streaming hint: a row's lanes come back to
-// the lines of its values and columns batch after batch, and evict-first loads made every config slower.)
+// a random geometric graph (15 a row) 1.19x -> 1.24x cuSPARSE in float64 (4 threads a row), 1.10x -> 1.24x in
+// float32 (2 a row) (bench/probe_unseen_configs.py B); batches of 4 floats gave 1.15x, of 8 doubles 1.26x.
+// (Not with the streaming hint: a row's lanes come back to the lines of its values and columns batch after
+// batch, and evict-first loads made every config slower.)
 // Instantiated per value type and group size: csr_vector<double, 8>.
 
 template <typename T, int TPR>

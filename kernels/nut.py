@@ -95,7 +95,8 @@ SLABS = (1, 2, 4, 8)
 FIT_SLABS = 4
 """The most slabs :meth:`Nut.adapt` gives (the space goes on to 8): past 4 the passes over y cost more than
 the gathers of x they keep in L2 (bursts of the unseen benchmark, x of 96 and 192 MB, on the H100: 4 slabs
-1.81x and 1.19x cuSPARSE cold in float32 and float64, 8 slabs 1.50x and 1.14x, each at its best of 8 configs)."""
+1.83x and 1.19x cuSPARSE cold in float32 and float64, 8 slabs 1.50x and 1.15x, each at its best of 8 configs;
+bench/probe_unseen_configs.py A, bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_unseen_nut.json)."""
 BANDS = (1, 2, 4, 8, 16)
 DEFAULT_SMS = 132
 """SMs assumed when no GPU is visible (H100 SXM and H200)."""
