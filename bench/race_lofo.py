@@ -1,0 +1,87 @@
+"""The race's pick out of distribution: leaving each structure family of a corpus out (issue #18).
+
+For each family of a committed corpus (`bench/results/corpus/`), a selector is fitted on the others; on each
+left-out matrix the race's entrants are built exactly as ``plan()`` builds them (:func:`shortlist`, then
+:func:`adapted` with the ranking: the first's config fitted to the L2, and the fitted NuT config where x
+outgrows it), and the race's pick is the fastest entrant the corpus measured on that matrix, cuSPARSE unless
+it is 3 % faster (as the race's margin). Score: tuned best / pick, geometric mean and 5th percentile, over
+all matrices and over those of 1 M nonzeros and more. Entrants the corpus never measured on the matrix (the
+merge_path default, which the corpus's portfolio predates, and fitted configs outside it) cannot win here:
+the figures are a lower bound of what the race picks. CPU only.
+
+    python bench/race_lofo.py --corpus bench/results/corpus/2026-11-24_NVIDIA-H100-80GB-HBM3-sm-90_corpus.jsonl.gz \\
+        --l2-mb 50 --out bench/results/2026-11-26_race_lofo_H100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kernels import config_key, config_of  # noqa: E402
+from tuner.execute.race import MARGIN, adapted, shortlist  # noqa: E402
+from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
+from tuner.select.evaluation import _folds, corpus_table  # noqa: E402
+from tuner.select.model import KernelSelector, RankedConfig  # noqa: E402
+
+ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
+
+
+def picks(corpus: str, dtype: str, l2_bytes: int) -> dict[str, list[tuple[float, float]]]:
+    """Per strategy ('shortlist' alone, 'race' as plan() builds it): (tuned best / pick, nnz) per matrix."""
+    table = corpus_table(corpus, dtype=dtype)
+    nnz, cols = FEATURE_NAMES.index("nnz"), FEATURE_NAMES.index("cols")
+    out: dict[str, list[tuple[float, float]]] = {"shortlist": [], "race": []}
+    for test in _folds(table, "lofo"):
+        train = np.setdiff1d(np.arange(len(table)), test)
+        selector = KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
+                                        device=table.device, prepare_times=[table.prepare[i] for i in train])
+        keys = selector.config_keys()
+        for i, expected in zip(test, selector.expected_times(table.X[test]), strict=True):
+            times = table.times[i]
+            if not any(a in times for a in ALGORITHMS):
+                continue
+            ranking = [RankedConfig(*config_of(keys[j]), float(expected[j]), float(selector.prepare_spmvs_[j]), 0.0)
+                       for j in np.argsort(expected, kind="stable")]
+            short = shortlist(ranking)
+            raced = adapted(short, ranking, cols=int(table.X[i, cols]), itemsize=np.dtype(dtype).itemsize,
+                            l2_bytes=l2_bytes)
+            for name, entrants in (("shortlist", short), ("race", raced)):
+                laps = {k: times[k] for k in (config_key(e.kernel, e.params) for e in entrants) if k in times}
+                base = min(times[a] for a in ALGORITHMS if a in times)
+                pick = min(laps.values(), default=base)
+                out[name].append((min(times.values()) / (pick if pick < (1 - MARGIN) * base else base),
+                                  float(table.X[i, nnz])))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", required=True)
+    ap.add_argument("--l2-mb", type=int, required=True, help="the L2 of the corpus's GPU, MiB (H100 50, H200 60)")
+    ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rows = []
+    for dtype in args.dtype:
+        for name, scores in picks(args.corpus, dtype, args.l2_mb << 20).items():
+            a = np.array(scores)
+            large = a[a[:, 1] >= 1e6, 0]
+            row = {"dtype": dtype, "strategy": name, "matrices": len(a),
+                   "geomean": float(np.exp(np.log(a[:, 0]).mean())), "worst5": float(np.percentile(a[:, 0], 5)),
+                   "large_matrices": len(large), "large_geomean": float(np.exp(np.log(large).mean()))}
+            rows.append(row)
+            print(f"{dtype} {name:9s}: pick / tuned best {row['geomean']:.3f} (worst 5 % {row['worst5']:.3f}); "
+                  f"on the {len(large)} of 1 M nonzeros and more {row['large_geomean']:.3f}", flush=True)
+    Path(args.out).write_text(json.dumps({"corpus": args.corpus, "l2_mb": args.l2_mb, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
