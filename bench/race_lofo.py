@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from kernels import config_key, config_of  # noqa: E402
 from tuner.execute.race import MARGIN, adapted, shortlist  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
-from tuner.select.evaluation import _folds, corpus_table  # noqa: E402
+from tuner.select.evaluation import corpus_table, cv_folds  # noqa: E402
 from tuner.select.model import KernelSelector, RankedConfig  # noqa: E402
 
 ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
@@ -39,7 +39,7 @@ def picks(corpus: str, dtype: str, l2_bytes: int) -> dict[str, list[tuple[float,
     table = corpus_table(corpus, dtype=dtype)
     nnz, cols = FEATURE_NAMES.index("nnz"), FEATURE_NAMES.index("cols")
     out: dict[str, list[tuple[float, float]]] = {"shortlist": [], "race": []}
-    for test in _folds(table, "lofo"):
+    for test in cv_folds(table, "lofo"):
         train = np.setdiff1d(np.arange(len(table)), test)
         selector = KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
                                         device=table.device, prepare_times=[table.prepare[i] for i in train])

@@ -50,6 +50,7 @@ __all__ = [
     "RankingTable",
     "StrategyScore",
     "corpus_table",
+    "cv_folds",
     "evaluate_selector",
     "out_of_fold",
     "ranking_table",
@@ -175,8 +176,8 @@ class Ranking:
     prepare_spmvs: dict[str, float]
 
 
-def _folds(table: RankingTable, cv: str, n_splits: int = 5) -> list[np.ndarray]:
-    """Test rows of each fold (``n_splits`` folds for kfold)."""
+def cv_folds(table: RankingTable, cv: str, n_splits: int = 5) -> list[np.ndarray]:
+    """Test rows of each fold (``n_splits`` folds for kfold; one family each for lofo)."""
     if cv == "lofo":
         if len(set(table.families)) < 2:
             raise InvalidConfigError(f"leaving a family out needs 2 families or more; all are {table.families[0]!r}")
@@ -192,7 +193,7 @@ def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelect
                 folds: int = 5) -> list[Ranking]:
     """Each row's ranking by a selector (``make()``) fitted on the other folds of ``cv`` (:data:`CV_KINDS`)."""
     out: list[Ranking | None] = [None] * len(table)
-    for test in _folds(table, cv, folds):
+    for test in cv_folds(table, cv, folds):
         train = np.setdiff1d(np.arange(len(table)), test)
         selector = make().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype, device=table.device,
                             prepare_times=[table.prepare[i] for i in train])
@@ -308,5 +309,5 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
     per_family = [FamilyScore(fam, int((families == fam).sum()),
                               {name: _geomean(f[families == fam]) for name, f in fractions.items()})
                   for fam in sorted(set(table.families))]
-    return Evaluation(table.device.id, table.dtype, cv, len(table), len(_folds(table, cv, folds)),
+    return Evaluation(table.device.id, table.dtype, cv, len(table), len(cv_folds(table, cv, folds)),
                             [score(n, f) for n, f in fractions.items()], per_family)
