@@ -127,6 +127,8 @@ def test_a_race_on_the_cpu_references_keeps_the_fastest_prepared_and_records_eve
     table = result.table()
     assert table[0].startswith("*") and any("out (invalid_config" in line for line in table)
     assert all(" ms" in line for line in table if "out (" not in line)  # each timed lap: its preparation
+    assert all(f", {len(lap.samples)} products)" in line for lap, line in  # and its products' range
+               zip(sorted(result.laps, key=lambda lap: lap.time_s), table, strict=True) if lap.result.ok)
 
     store = Store(memory=True)
     store.add_matrix("f" * 32, name="A", rows=400, cols=300, nnz=A.nnz)

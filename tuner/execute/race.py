@@ -112,16 +112,19 @@ class RaceResult:
         return min(times) if times else None
 
     def table(self) -> list[str]:
-        """One line per lap, fastest first, for ``explain()`` and the CLI: its time, what the selector expected
-        and how long its preparation took."""
+        """One line per lap, fastest first, for ``explain()`` and the CLI: its time (the median of its products,
+        and their range where it timed several: one slow product shows there), what the selector expected and
+        how long its preparation took."""
         lines = []
         for lap in sorted(self.laps, key=lambda lap: lap.time_s):
             e = lap.entrant
             expected = f", expected {e.expected_s * 1e6:.1f} us" if e.expected_s else ""
             if lap.result.ok:
                 mark = "*" if lap is self.winner else " "
+                low, high = min(lap.samples, default=0.0) * 1e6, max(lap.samples, default=0.0) * 1e6
+                spread = f" ({low:.1f}-{high:.1f} us, {len(lap.samples)} products)" if len(lap.samples) > 1 else ""
                 prepared = f", prepared in {lap.result.prepare_s * 1e3:.1f} ms" if lap.result.prepare_s else ""
-                lines.append(f"{mark} {e.kernel} {e.params}: {lap.time_s * 1e6:.1f} us{expected}{prepared}")
+                lines.append(f"{mark} {e.kernel} {e.params}: {lap.time_s * 1e6:.1f} us{spread}{expected}{prepared}")
             else:
                 lines.append(f"  {e.kernel} {e.params}: out ({lap.result.error_kind}: {lap.result.error}){expected}")
         return lines
