@@ -9,10 +9,12 @@ B: csr_vector against the kernel before 9449a8d (one entry in flight a lane), sa
    kernels/csr_vector.cu quotes ran on an intermediate version of the kernel, the batch a macro.)
 C: merge_path's configs (items a thread x block size x loads): whether a default other than the race's
    beats cuSPARSE. Result: ..._probe_unseen_merge_path.json.
-All three ran at 530f5cb on an H100.
+A, B and C ran at 530f5cb on an H100.
+D: NuT's rows per panel, 2048 to 16384, with one slab and with the slabs Nut.adapt fits to this GPU's L2
+   (x columns per tile x threads): how many rows a panel should hold on a large matrix.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
-    python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A, B or C; MATRICES: a,b,...
+    python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A to D; MATRICES: a,b,...
 """
 
 from __future__ import annotations
@@ -51,6 +53,17 @@ CONFIGS = {
        for i, bs in itertools.product((2, 3, 4), (128, 256))],
 }
 TPR = (2, 4, 8, 16, 32)
+
+
+def rows_per_panel_configs(A: Any, l2_bytes: int) -> list[tuple[str, dict[str, Any]]]:
+    """D's configs on A: cuSPARSE, then NuT at every rows per panel, one slab and the fitted slabs."""
+    nut = get_family("nut")
+    configs = list(BASE)
+    for r, c, t in itertools.product((2048, 4096, 8192, 16384), (4096, 16384), (512, 1024)):
+        one = {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1}
+        fitted = nut.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=l2_bytes)
+        configs += [("nut", p) for p in (one, fitted) if p is not None]
+    return configs
 
 
 def sweep(backend: GpuBackend, cp: Any, A: Any, x: Any, configs: list[tuple[str, dict[str, Any]]]) -> list[dict]:
@@ -126,7 +139,8 @@ def main() -> None:
             if part == "B":
                 lines += [head, *csr_vector_ab(backend, cp, A, x)]
             else:
-                found = sweep(backend, cp, A, x, CONFIGS[part])
+                configs = rows_per_panel_configs(A, backend.info.l2_bytes) if part == "D" else CONFIGS[part]
+                found = sweep(backend, cp, A, x, configs)
                 rows += [{"matrix": name, "dtype": dtype, "nnz": A.nnz, **r} for r in found]
                 best = sorted(found, key=lambda r: r["time_s"])[:6]
                 lines += [head] + [f"   {r['cusparse_best_s'] / r['time_s']:.3f}x prepared in "

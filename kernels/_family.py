@@ -55,6 +55,9 @@ class Family(ABC):
     summary: ClassVar[str]
     source: ClassVar[str]
     cu_file: ClassVar[str | None] = None
+    adapt_first: ClassVar[str | None] = None
+    """The parameter :meth:`adapt` fits first (NuT: its slabs, to the L2): of the configs a selector ranks,
+    those with it right already are the ones to fit further (:func:`tuner.execute.race.adapted`)."""
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""

@@ -97,6 +97,14 @@ FIT_SLABS = 4
 the gathers of x they keep in L2 (bursts of the unseen benchmark, x of 96 and 192 MB, on the H100: 4 slabs
 1.83x and 1.19x cuSPARSE cold in float32 and float64, 8 slabs 1.50x and 1.15x, each at its best of 8 configs;
 bench/probe_unseen_configs.py A, bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_unseen_nut.json)."""
+FIT_PANEL_BYTES = 32 * 1024
+"""The least shared y of a panel :meth:`Nut.adapt` gives a config it cuts into slabs: 8192 rows in float32,
+4096 in float64. Slabs split a panel's entries into one work item a slab, and a panel of the corpus's
+2048 rows then gives a block few entries (bursts of the unseen benchmark: under one a thread). On the H200,
+4 slabs, 4096 columns a tile, 512 threads (bench/probe_unseen_configs.py D,
+bench/results/2026-11-26_NVIDIA-H200-sm-90_probe_unseen_rows_per_panel.json), rows a panel 2048 / 4096 / 8192:
+bursts float32 1.22x / 1.41x / 1.57x cuSPARSE, float64 1.06x / 1.08x / 1.06x; communities-large float32
+(2 slabs) 1.47x / 1.55x / 1.52x, float64 1.31x / 1.27x / 1.20x (with 1024 threads 1.08x / 1.25x / 1.28x)."""
 BANDS = (1, 2, 4, 8, 16)
 DEFAULT_SMS = 132
 """SMs assumed when no GPU is visible (H100 SXM and H200)."""
@@ -162,16 +170,24 @@ class Nut(Family):
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         return _kernel_names(dtype)
 
+    adapt_first = "slabs"
+
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
         """As many slabs as it takes for one slab of x to fill at most a third of the L2 (the rest holds the
-        band of y and the tiles streaming through), at most :data:`FIT_SLABS`. On the 8 M-column graph of the
-        unseen benchmark the search found 4 slabs in float64 (x: 64 MB) and 2 in float32 against the H100's
-        50 MB of L2, where the selector's one slab lost to cuSPARSE in float64."""
+        band of y and the tiles streaming through), at most :data:`FIT_SLABS`; with more than one slab, panels
+        of at least :data:`FIT_PANEL_BYTES` of y. On the 8 M-column graph of the unseen benchmark the search
+        found 4 slabs in float64 (x: 64 MB) and 2 in float32 against the H100's 50 MB of L2, where the
+        selector's one slab lost to cuSPARSE in float64."""
         if l2_bytes <= 0:
             return None
         slabs = next((s for s in SLABS if s == FIT_SLABS or cols * itemsize <= s * l2_bytes / 3), FIT_SLABS)
         config = self.space.validate(params, family=self.name)
-        return None if config["slabs"] == slabs else self.space.validate({**config, "slabs": slabs}, family=self.name)
+        fitted = {**config, "slabs": slabs}
+        if slabs > 1:
+            rows = min(max(config["rows_per_panel"], FIT_PANEL_BYTES // itemsize), ROWS_PER_PANEL[-1])
+            fitted["rows_per_panel"] = next(r for r in ROWS_PER_PANEL if r >= rows)
+        fitted = self.space.validate(fitted, family=self.name)
+        return None if fitted == config else fitted
 
     def memory_ratio(self, prepared: Prepared) -> float:
         """Bytes of the NuT structure over the bytes of the CSR arrays (indptr + indices + data)."""

@@ -54,6 +54,22 @@ def test_tune_on_cpu_reference_then_resume_and_show(tmp_path, matrix):
     assert by_name.exit_code == 0 and m["fingerprint"] in by_name.output
 
 
+def test_tune_measures_the_selectors_first_configs_first(tmp_path, matrix, monkeypatch):
+    """With a selector for the device, `tuner tune` starts where plan(effort="tune") does: its first configs."""
+    import tuner.execute.choice
+    from tuner.select.model import RankedConfig
+
+    first = ("csr_vector", {"threads_per_row": 8, "block_size": 128})
+    monkeypatch.setattr(tuner.execute.choice, "rank_configs",
+                        lambda *a, **k: ([RankedConfig(*first, 1e-5, 1.0, 1.0)], "a test selector"))
+    db = tmp_path / "s.db"
+    result = invoke("tune", matrix, "--device", "cpu-reference", "--db", db, "--trials", "2")
+    assert result.exit_code == 0, result.output
+    assert "the search starts with the first configs of a test selector (1)" in result.output
+    (m,) = Store(db).matrices()
+    assert [(t["kernel"], t["params"]) for t in Store(db).trials(m["fingerprint"])][:1] == [first]
+
+
 def test_errors_are_one_clear_line_and_exit_1(tmp_path, matrix):
     bad = tmp_path / "bad.mtx"
     bad.write_text("%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1.0\n2 x 2.0\n")

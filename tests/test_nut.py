@@ -319,6 +319,21 @@ def test_the_kernel_walk_simulated_thread_by_thread():
 
 
 # -- the space --------------------------------------------------------------------------
+def test_adapt_fits_the_slabs_to_the_l2_and_then_the_panels_to_the_slabs():
+    """x in a third of the L2 a slab (at most 4); cut into slabs, panels of at least 32 KB of y, never fewer
+    rows than asked; a config that fits already: None."""
+    f, l2 = Nut(), 50 << 20
+    small = {"rows_per_panel": 2048, "cols_per_tile": 4096, "threads": 512}
+    assert f.adapt(small, cols=2_000_000, itemsize=8, l2_bytes=l2) is None  # x of 16 MB: one slab, as asked
+    wide = f.adapt(small, cols=8_000_000, itemsize=8, l2_bytes=l2)
+    assert (wide["slabs"], wide["rows_per_panel"], wide["cols_per_tile"], wide["threads"]) == (4, 4096, 4096, 512)
+    assert f.adapt(small, cols=8_000_000, itemsize=4, l2_bytes=l2)["rows_per_panel"] == 8192
+    assert f.adapt({**small, "rows_per_panel": 8192}, cols=8_000_000, itemsize=8, l2_bytes=l2)["rows_per_panel"] == 8192
+    assert f.adapt(wide, cols=8_000_000, itemsize=8, l2_bytes=l2) is None
+    assert f.adapt(small, cols=80_000_000, itemsize=8, l2_bytes=l2)["slabs"] == nut.FIT_SLABS
+    assert f.adapt(small, cols=8_000_000, itemsize=8, l2_bytes=0) is None  # L2 unknown
+
+
 def test_space_and_paper_defaults():
     f = Nut()
     assert paper_defaults("float64") == (2048, 4096) and paper_defaults("float32") == (4096, 8192)

@@ -226,8 +226,11 @@ def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
     fitted = adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=l2)
     assert [(e.kernel, e.params.get("slabs")) for e in fitted[:2]] == [("nut", 1), ("nut", 4)]
     assert fitted[1].params["cols_per_tile"] == 4096 and fitted[1].prepare_spmvs == 150.0
+    # cut into slabs, panels of 32 KB of y: 4096 rows in float64, 8192 in float32 (2048 before)
+    assert [e.params["rows_per_panel"] for e in fitted[:2]] == [2048, 4096]
     assert fitted[2:] == entrants[1:]
-    assert adapted(entrants, cols=8_000_000, itemsize=4, l2_bytes=l2)[1].params["slabs"] == 2
+    single = adapted(entrants, cols=8_000_000, itemsize=4, l2_bytes=l2)[1].params
+    assert (single["slabs"], single["rows_per_panel"]) == (2, 8192)
     assert adapted(entrants, cols=2_000_000, itemsize=8, l2_bytes=l2) == entrants  # x fits: one slab
     assert adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=0) == entrants  # L2 unknown (the CPU)
     assert adapted(fitted, cols=8_000_000, itemsize=8, l2_bytes=l2) == fitted  # raced already: not twice
@@ -239,7 +242,8 @@ def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
 
 def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_behind_cusparse() -> None:
     """The selector ranks NuT's slab configs behind cuSPARSE on a structure it never saw: with x of 64 MB the
-    best-ranked NuT config of 4 slabs races all the same (before cuSPARSE), and only then."""
+    best-ranked NuT config of 4 slabs races all the same (before cuSPARSE), its panels fitted to the slabs,
+    and only then."""
     slab4 = {"slabs": 4, "threads": 512}
     ranking = [ranked("csr_vector", {"threads_per_row": 4}, 1.0, 0.8),
                ranked("cusparse", {"algorithm": "csr_alg1"}, 1.1, 4.0),
@@ -252,14 +256,15 @@ def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_
     l2 = 50 << 20
     raced = adapted(entrants, ranking, cols=8_000_000, itemsize=8, l2_bytes=l2)
     nut = [e for e in raced if e.kernel == "nut"]
-    assert len(nut) == 1 and nut[0].params == get_family("nut").space.validate(slab4, family="nut")
+    fitted = get_family("nut").space.validate({**slab4, "rows_per_panel": 4096}, family="nut")
+    assert len(nut) == 1 and nut[0].params == fitted
     assert nut[0].expected_s == 1.3 and raced[raced.index(nut[0]) + 1:] == entrants[-len(BASELINE_ENTRANTS):]
     assert adapted(entrants, ranking, cols=2_000_000, itemsize=8, l2_bytes=l2) == entrants  # x fits
     assert adapted(entrants, ranking, cols=8_000_000, itemsize=8, l2_bytes=0) == entrants  # L2 unknown
     assert adapted(raced, ranking, cols=8_000_000, itemsize=8, l2_bytes=l2) == raced  # fitted already: not twice
-    # in float32 (x of 32 MB) two slabs fit: the best-ranked of those
-    assert [e.params["slabs"] for e in adapted(entrants, ranking, cols=8_000_000, itemsize=4, l2_bytes=l2)
-            if e.kernel == "nut"] == [2]
+    # in float32 (x of 32 MB) two slabs fit: the best-ranked of those, with panels of 8192 rows
+    assert [(e.params["slabs"], e.params["rows_per_panel"]) for e in adapted(entrants, ranking, cols=8_000_000,
+            itemsize=4, l2_bytes=l2) if e.kernel == "nut"] == [(2, 8192)]
     # none ranked fits: nothing added (the first's own fitted variant is the other way in)
     unfit = [r for r in ranking if not (r.kernel == "nut" and r.params["slabs"] == 4)]
     assert adapted(entrants, unfit, cols=8_000_000, itemsize=8, l2_bytes=l2) == entrants

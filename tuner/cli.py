@@ -100,12 +100,17 @@ def tune(
     device: Annotated[str, typer.Option(help="gpu, or cpu-reference (CPU references; not GPU figures)")] = "gpu",
     seed: Annotated[int, typer.Option(help="seed of the sampler and of the test vector")] = 0,
 ) -> None:
-    """Tune SpMV kernels for MATRIX on this device; results go to the store (run again to continue)."""
+    """Tune SpMV kernels for MATRIX on this device; results go to the store (run again to continue). The
+    search starts with what the store knows of this matrix and of the nearest tuned ones, then the
+    selector's first configs with those it fits to the matrix (as plan(effort="tune") does)."""
     import optuna
 
     from db.store import Store
+    from tuner.execute.choice import rank_configs
+    from tuner.execute.race import search_seeds
+    from tuner.matrix.features import extract_features
     from tuner.matrix.io import matrix_name
-    from tuner.measure.backend import get_backend
+    from tuner.measure.backend import GpuBackend, get_backend
     from tuner.search.loop import tune as run_tune
     from tuner.search.storage import default_storage, open_storage
 
@@ -118,6 +123,12 @@ def tune(
     label = "" if backend.info.kind == "gpu" else " [yellow](CPU references: not GPU figures)[/]"
     console.print(f"tuning {matrix_name(matrix)} ({A.shape[0]} x {A.shape[1]}, {A.nnz} nnz, {dtype}) "
                   f"on {backend.info.id}{label}")
+    gpu = backend if isinstance(backend, GpuBackend) else None
+    ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype,
+                                  features=extract_features(backend.matrix(A)), backend=gpu)
+    seeds = search_seeds(ranking, size=4, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
+    if seeds:
+        console.print(f"the search starts with the first configs of {basis} ({len(seeds)})")
     failures = 0
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
@@ -131,7 +142,8 @@ def tune(
 
         result = run_tune(A, backend=backend, store=store, storage=study_storage, name=matrix_name(matrix),
                           dtype=dtype, trials=trials, timeout=timeout,
-                          kernels=kernels.split(",") if kernels else None, seed=seed, on_trial=on_trial)
+                          kernels=kernels.split(",") if kernels else None, seed=seed, on_trial=on_trial,
+                          enqueue=seeds)
     _print_summary(result)
 
 

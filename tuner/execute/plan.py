@@ -15,8 +15,8 @@ measured for the matrix on this GPU and dtype:
   from the store at once;
 - ``"tune"``: the optuna search (:func:`tuner.search.loop.tune`) for ``trials``
   trials, seeded with the selector's first configs (and, where x outgrows the
-  L2, the fitted config a race adds: :func:`~tuner.execute.race.adapted`), then
-  the tuned best.
+  L2, the fitted config a race adds: :func:`~tuner.execute.race.search_seeds`),
+  then the tuned best.
 
 What is measured always wins over what is predicted: a tuned or raced best
 in the store is used whatever the effort. The matrix stays where it is: a
@@ -39,7 +39,7 @@ from db.store import Store
 from kernels._cuda import gpu_available
 from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
 from tuner.execute.executor import Executor
-from tuner.execute.race import CHEAP_SPMVS, Entrant, RaceResult, adapted, race, record_race, shortlist
+from tuner.execute.race import CHEAP_SPMVS, RaceResult, adapted, race, record_race, search_seeds, shortlist
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
 from tuner.matrix.io import as_csr, as_device_csr
@@ -110,14 +110,10 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend)
         if effort == "tune":
             with steps("tune"):
-                # the search starts with the selector's first configs and, where x outgrows the L2, the
-                # fitted config a race would add (tuner.execute.race.adapted)
-                first = [Entrant(r.kernel, r.params) for r in (ranking or [])[:race_size]]
-                seeds = adapted(first, ranking, cols=A_dev.shape[1], itemsize=A_dev.dtype.itemsize,
-                                l2_bytes=backend.info.l2_bytes)
+                seeds = search_seeds(ranking, size=race_size, cols=A_dev.shape[1], itemsize=A_dev.dtype.itemsize,
+                                     l2_bytes=backend.info.l2_bytes)
                 choice = _tuned(A_dev, store=store, backend=backend, dtype=dtype, fp=fp,
-                                trials=DEFAULT_TRIALS if trials is None else trials,
-                                seeds=[(e.kernel, e.params) for e in seeds])
+                                trials=DEFAULT_TRIALS if trials is None else trials, seeds=seeds)
         elif effort == "predict":
             choice = (ranked_choice(ranking, basis, nnz=A_dev.nnz, prepare_budget=CHEAP_SPMVS) if ranking
                       else default_choice())

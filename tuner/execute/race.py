@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from tuner.select.model import RankedConfig
 
 __all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "STUDY", "Entrant", "Lap", "RaceResult", "adapted",
-           "race", "record_race", "shortlist"]
+           "race", "record_race", "search_seeds", "shortlist"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -182,14 +182,15 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
 def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None = None, *, cols: int,
             itemsize: int, l2_bytes: int) -> list[Entrant]:
     """``entrants`` with configs fitted to this matrix and GPU (:meth:`kernels.Family.adapt`: NuT's slabs to
-    the L2), what the selector's corpus could not teach it:
+    the L2, and its panels to the slabs), what the selector's corpus could not teach it:
 
     - second, the first's config as its family fits it (:func:`kernels.with_adapted`), where that is another
       config not raced already. The first's only: such a variant costs what the first costs to prepare.
     - before cuSPARSE, for each family of ``ranking`` whose default does not fit this matrix (NuT where x
-      outgrows its share of the L2) and none of whose entrants fits it, the best-ranked config that does: on
-      a matrix like that, the one family that keeps the gathers of x out of DRAM races even where the
-      selector, never having seen such an x, ranks it behind cuSPARSE.
+      outgrows its share of the L2) and none of whose entrants fits it, the best-ranked config that has
+      right what the family fits first (:attr:`kernels.Family.adapt_first`: NuT's slabs), fitted further
+      (NuT's panels): on a matrix like that, the one family that keeps the gathers of x out of DRAM races
+      even where the selector, never having seen such an x, ranks it behind cuSPARSE.
     """
     configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
                            l2_bytes=l2_bytes)
@@ -198,18 +199,35 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
         first = entrants[0]
         out.insert(1, Entrant(first.kernel, configs[1][1], prepare_spmvs=first.prepare_spmvs))
 
-    def fits(kernel: str, params: dict[str, Any]) -> bool:
-        return get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes) is None
+    def fitted(kernel: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        return get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
+
+    def leads(kernel: str, params: dict[str, Any]) -> bool:
+        """Whether ``params`` have right what their family fits first (all it fits, where it names nothing)."""
+        family, fit = get_family(kernel), fitted(kernel, params)
+        first = family.adapt_first
+        return fit is None or (first is not None
+                               and fit[first] == family.space.validate(params, family=kernel)[first])
 
     for kernel in dict.fromkeys(r.kernel for r in ranking or ()):
-        if fits(kernel, get_family(kernel).space.defaults()) or any(
-                e.kernel == kernel and fits(kernel, e.params) for e in out):
+        if fitted(kernel, get_family(kernel).space.defaults()) is None or any(
+                e.kernel == kernel and fitted(kernel, e.params) is None for e in out):
             continue
-        best = next((r for r in ranking or () if r.kernel == kernel and fits(kernel, r.params)), None)
+        best = next((r for r in ranking or () if r.kernel == kernel and leads(kernel, r.params)), None)
         if best is not None:
             at = next((i for i, e in enumerate(out) if e.kernel == BASELINE), len(out))
-            out.insert(at, Entrant(best.kernel, dict(best.params), best.expected_s, best.prepare_spmvs))
+            params = fitted(kernel, best.params) or dict(best.params)
+            out.insert(at, Entrant(best.kernel, params, best.expected_s, best.prepare_spmvs))
     return out
+
+
+def search_seeds(ranking: Sequence[RankedConfig] | None, *, size: int, cols: int, itemsize: int,
+                 l2_bytes: int) -> list[tuple[str, dict[str, Any]]]:
+    """What a search on an unmeasured matrix measures first (``plan(effort="tune")``, ``tuner tune``): the
+    selector's first ``size`` configs with the configs fitted to the matrix that a race adds (:func:`adapted`);
+    nothing without a selector."""
+    first = [Entrant(r.kernel, dict(r.params)) for r in (ranking or [])[:size]]
+    return [(e.kernel, e.params) for e in adapted(first, ranking, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)]
 
 
 def _cost(r: RankedConfig) -> float:
