@@ -175,11 +175,12 @@ nut_spmv(const int n_items,
 // build() compute in a dozen passes over nnz-long int64 arrays, fused into four kernels around CuPy's two
 // sorts and one scan. K is the (panel, column) key: int where n_panels * n fits, else long long.
 
-// Each entry's row inside its panel and its key panel * n + column. A block takes blockDim consecutive
-// entries at a time: two of its threads find the rows of the first and the last by a search of all of
-// indptr, and every thread then searches only the rows between them (a few, in cache) for its own, where
-// a search of all of indptr from every entry took a tenth of NuT's preparation. The panel: the last start
-// at or before the row, by a search of panel_ptr.
+// Each entry's row inside its panel and its key panel * n + column. A block takes per_thread * blockDim
+// consecutive entries at a time: two of its threads find the rows of the first and the last by a search of all of
+// indptr (a chain of dependent loads the rest of the block waits for, so the span is long), and every
+// thread then searches only the rows between them (a few, in cache) for each of its entries. (A search of
+// all of indptr from every entry took a tenth of NuT's preparation.) The panel: the last start at or
+// before the row, by a search of panel_ptr.
 __device__ __forceinline__ long long nut_last_le(const long long* __restrict__ a, long long lo, long long hi,
                                                  const long long v)
 {  // the last i in [lo, hi] with a[i] <= v (a ascending, a[lo] <= v)
@@ -193,23 +194,22 @@ __device__ __forceinline__ long long nut_last_le(const long long* __restrict__ a
 template <typename K>
 __global__ void nut_keys(const long long nnz, const long long m, const long long* __restrict__ indptr,
                          const int* __restrict__ indices, const long long n_panels,
-                         const long long* __restrict__ panel_ptr, const long long n, int* __restrict__ local_row,
-                         K* __restrict__ key)
+                         const long long* __restrict__ panel_ptr, const long long n, const long long per_thread,
+                         int* __restrict__ local_row, K* __restrict__ key)
 {
-    __shared__ long long rows[2];  // the rows of the block's first and last entry
-    for (long long base = blockIdx.x * (long long)blockDim.x; base < nnz;
-         base += (long long)gridDim.x * blockDim.x) {  // the same for every thread of the block
-        const long long last = min(base + (long long)blockDim.x, nnz) - 1;
+    __shared__ long long rows[2];  // the rows of the span's first and last entry
+    const long long span = blockDim.x * per_thread;
+    for (long long base = blockIdx.x * span; base < nnz; base += gridDim.x * span) {  // the same for the block
+        const long long last = min(base + span, nnz) - 1;
         if (threadIdx.x < 2) rows[threadIdx.x] = nut_last_le(indptr, 0, m - 1, threadIdx.x ? last : base);
         __syncthreads();
-        const long long e = base + threadIdx.x;
-        if (e <= last) {
+        for (long long e = base + threadIdx.x; e <= last; e += blockDim.x) {
             const long long r = nut_last_le(indptr, rows[0], rows[1], e);
             const long long p = nut_last_le(panel_ptr, 0, n_panels - 1, r);
             local_row[e] = (int)(r - panel_ptr[p]);
             key[e] = (K)(p * n + indices[e]);
         }
-        __syncthreads();  // rows[] is read before the next entries' rows are written
+        __syncthreads();  // rows[] is read before the next span's rows are written
     }
 }
 

@@ -125,6 +125,8 @@ STRUCTURE = (
 """The arrays of the NuT structure in ``prepared.extra`` (self-contained: the CSR is not needed)."""
 
 _SLOT_BITS = 16
+_KEYS_PER_THREAD = 8
+"""Entries a thread of ``nut_keys`` takes at a time: its block searches all of indptr once for each span."""
 _MAX_ROWS = 1 << (31 - _SLOT_BITS)
 _MAX_SLOTS = 1 << _SLOT_BITS
 
@@ -471,8 +473,9 @@ def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any,
     launch = _launch(nnz)
     local_row = cupy.empty(nnz, dtype=i32)
     key = cupy.empty(nnz, dtype=key_type)
-    kernels[f"nut_keys<{suffix}>"](*launch, (np.int64(nnz), np.int64(m), indptr, indices.astype(i32, copy=False),
-                                             np.int64(n_panels), panel_ptr, np.int64(n), local_row, key))
+    kernels[f"nut_keys<{suffix}>"](*_launch(-(-nnz // _KEYS_PER_THREAD)), (
+        np.int64(nnz), np.int64(m), indptr, indices.astype(i32, copy=False), np.int64(n_panels), panel_ptr,
+        np.int64(n), np.int64(_KEYS_PER_THREAD), local_row, key))
     order = key.argsort()
     starts = cupy.empty(nnz, dtype=i32)
     kernels[f"nut_runs<{suffix}>"](*launch, (np.int64(nnz), order, key, starts))
@@ -536,10 +539,10 @@ def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int)
     Balanced when ``rows``-row panels would number fewer than ``small``; every
     panel is then cut again into pieces of at most ``rows`` rows.
     """
-    ends = [xp.asarray([m], dtype=xp.int64)]
-    if -(-m // rows) < small:
-        targets = xp.arange(1, small, dtype=xp.int64) * nnz // small
-        ends.insert(0, xp.searchsorted(indptr, targets, side="left"))
+    if -(-m // rows) >= small:  # uniform: built on the host, without a pass over indptr or a read-back
+        return xp.asarray(np.append(np.arange(0, m, rows, dtype=np.int64), np.int64(m)))
+    targets = xp.arange(1, small, dtype=xp.int64) * nnz // small
+    ends = [xp.searchsorted(indptr, targets, side="left"), xp.asarray([m], dtype=xp.int64)]
     bounds = xp.concatenate([xp.zeros(1, dtype=xp.int64), *ends])
     keep = xp.ones(bounds.shape[0], dtype=bool)
     keep[1:] = bounds[1:] != bounds[:-1]
