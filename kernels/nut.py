@@ -311,11 +311,9 @@ def build(
     i64 = xp.int64
     indptr = indptr.astype(i64)
 
-    # Panels: row starts, then the active columns and tiles of each (see _tiles).
-    panel_ptr = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
-    n_panels = int(panel_ptr.shape[0]) - 1
-    panel_nnz = xp.diff(indptr[panel_ptr])
-    n_groups = n_panels * slabs
+    # Panels: row starts (on the host), then the active columns and tiles of each (see _tiles).
+    panel_ptr_host = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
+    panel_ptr = xp.asarray(panel_ptr_host)
     on_gpu = hasattr(xp, "RawModule")  # CuPy: kernels of nut.cu, not a dozen passes over nnz-long temporaries
     if on_gpu:
         tiles = _tiles_on_gpu(xp, _kernels(data.dtype), indptr, indices, panel_ptr, n, slabs=slabs,
@@ -323,52 +321,16 @@ def build(
     else:
         tiles = _tiles(xp, indptr, indices, panel_ptr, n, slabs=slabs, cols_per_tile=cols_per_tile)
     order, tile_sorted, n_tiles = tiles.order, tiles.tile_sorted, tiles.n_tiles
-    group_tile_ptr, tile_col_ptr = tiles.group_tile_ptr, tiles.tile_col_ptr
     tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=tile_sorted.dtype), side="left")
-    tile_nnz = xp.diff(tile_entry_ptr)
-
-    # Work items: a group's tiles, cut where their running count of nonzeros passes a multiple of the cap.
     if max_item_nnz is None:
-        max_item_nnz = item_cap(nnz, n_groups, num_sms)
-    tile_group = _owner(xp, tiles.tiles_per_group)
-    chunk = (tile_entry_ptr[:-1] - tile_entry_ptr[group_tile_ptr[tile_group]]) // max_item_nnz
-    starts = xp.ones(n_tiles, dtype=bool)
-    starts[1:] = (tile_group[1:] != tile_group[:-1]) | (chunk[1:] != chunk[:-1])
-    first_tile = xp.nonzero(starts)[0]
-    item_group = tile_group[first_tile]
-    # A panel without a tile gets an item of none, which stores its zeros; it goes before the item that
-    # starts at the same tile, so the items stay in tile order.
-    empty = xp.nonzero(panel_nnz == 0)[0]
-    holds_tiles = xp.arange(first_tile.shape[0] + empty.shape[0]) < first_tile.shape[0]
-    first_tile = xp.concatenate([first_tile, group_tile_ptr[empty * slabs]])
-    item_group = xp.concatenate([item_group, empty * slabs])
-    by_tile = _stable_argsort(xp, first_tile * 2 + holds_tiles)
-    item_tile_ptr = xp.concatenate([first_tile[by_tile], xp.asarray([n_tiles], dtype=i64)])
-    item_group = item_group[by_tile]
-    item_panel = item_group // slabs
-    # item_panel ascends (items are in tile order): counted by a search, where CuPy's bincount builds a CUB
-    # histogram for each new size on a machine's first use (seconds)
-    items_of_panel = xp.diff(xp.searchsorted(item_panel, xp.arange(n_panels + 1, dtype=i64), side="left"))
-    alone = items_of_panel[item_panel] == 1
-    item_nnz = xp.diff(tile_entry_ptr[item_tile_ptr])
+        max_item_nnz = item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms)
+    items = _work_items(_host(tile_entry_ptr), _host(tiles.tiles_per_group), _host(tiles.group_tile_ptr),
+                        panel_ptr_host, m=m, nnz=nnz, slabs=slabs, bands=bands, threads=threads,
+                        max_item_nnz=max_item_nnz)
 
-    # The order the blocks take the items in: band by band, slab by slab, the most nonzeros first.
-    band_ptr = _band_starts(np.asarray(panel_ptr.tolist()), m, bands)
-    band_of_panel = xp.searchsorted(xp.asarray(band_ptr, dtype=i64), xp.arange(n_panels, dtype=i64), side="right") - 1
-    launch = band_of_panel[item_panel] * slabs + item_group % slabs
-    item_order = _stable_argsort(xp, launch * (nnz + 1) + (nnz - item_nnz)).astype(xp.int32)
-
-    # Rows no item stores: those of panels with several items, which add to them.
-    cleared = xp.nonzero(items_of_panel > 1)[0]
-    sizes = xp.diff(panel_ptr)[cleared]
-    zero_all = 2 * int(sizes.sum()) >= m
-    zero_rows = (xp.zeros(0, dtype=i64) if zero_all else _ranges(xp, panel_ptr[cleared], sizes)).astype(xp.int32)
-
-    # Stretches: s entries per thread, w threads; entry (k, j) at tile_ptr + j*w + k.
-    s = (tile_nnz + threads - 1) // threads
-    w = (tile_nnz + s - 1) // s
-    tile_ptr = _exclusive_cumsum(xp, s * w)
-    storage = int(tile_ptr[-1])
+    # The tiles' encoding: stretches of s entries a thread, w threads; entry (k, j) at tile_ptr + j*w + k.
+    s, w, tile_ptr = (xp.asarray(items.pop(k)) for k in ("s", "w", "tile_ptr"))
+    storage = int(items.pop("storage"))
     enc_idx = xp.zeros(storage, dtype=xp.int32)
     enc_val = xp.zeros(storage, dtype=data.dtype)
     if on_gpu:
@@ -386,21 +348,74 @@ def build(
         word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
         enc_idx[pos] = word.astype(xp.int32)
         enc_val[pos] = data[order]
+    zero_all = items.pop("zero_all")
     return {
         "panel_ptr": panel_ptr.astype(xp.int32),
-        "item_order": item_order,
-        "item_panel": xp.where(alone, item_panel, ~item_panel).astype(xp.int32),
-        "item_tile_ptr": item_tile_ptr.astype(xp.int32),
-        "zero_rows": zero_rows,
-        "tile_col_ptr": tile_col_ptr.astype(xp.int32),
+        **{k: xp.asarray(v) for k, v in items.items()},
+        "tile_col_ptr": tiles.tile_col_ptr.astype(xp.int32),
         "tile_cols": tiles.tile_cols,
-        "tile_nnz": tile_nnz.astype(xp.int32),
         "tile_ptr": tile_ptr,
         "enc_idx": enc_idx,
         "enc_val": enc_val,
-        "max_panel_rows": int(xp.diff(panel_ptr).max()),
-        "max_tile_cols": int(xp.diff(tile_col_ptr).max()),
+        "max_panel_rows": int(np.diff(panel_ptr_host).max()),
+        "max_tile_cols": int(xp.diff(tiles.tile_col_ptr).max()),
         "zero_all": zero_all,
+    }
+
+
+def _work_items(tile_entry_ptr: np.ndarray, tiles_per_group: np.ndarray, group_tile_ptr: np.ndarray,
+                panel_ptr: np.ndarray, *, m: int, nnz: int, slabs: int, bands: int, threads: int,
+                max_item_nnz: int) -> dict[str, Any]:
+    """The work items (``item_order``, ``item_panel``, ``item_tile_ptr``), the rows to clear (``zero_rows``,
+    ``zero_all``), ``tile_nnz`` and the tiles' stretches (``s``, ``w``, ``tile_ptr``, ``storage``), in NumPy:
+    arrays of panels, tiles and items (thousands, not nonzeros), which on the GPU cost a launch or a
+    read-back each for next to no work."""
+    n_tiles, n_panels = tile_entry_ptr.shape[0] - 1, panel_ptr.shape[0] - 1
+    tile_nnz = np.diff(tile_entry_ptr)
+
+    # Work items: a group's tiles, cut where their running count of nonzeros passes a multiple of the cap.
+    tile_group = _owner(np, tiles_per_group)
+    chunk = (tile_entry_ptr[:-1] - tile_entry_ptr[group_tile_ptr[tile_group]]) // max_item_nnz
+    starts = np.ones(n_tiles, dtype=bool)
+    starts[1:] = (tile_group[1:] != tile_group[:-1]) | (chunk[1:] != chunk[:-1])
+    first_tile = np.nonzero(starts)[0]
+    item_group = tile_group[first_tile]
+    # A panel without a tile (without entries) gets an item of none, which stores its zeros; it goes before
+    # the item that starts at the same tile, so the items stay in tile order.
+    empty = np.nonzero(group_tile_ptr[:-1:slabs] == group_tile_ptr[slabs::slabs])[0]
+    holds_tiles = np.arange(first_tile.shape[0] + empty.shape[0]) < first_tile.shape[0]
+    first_tile = np.concatenate([first_tile, group_tile_ptr[empty * slabs]])
+    item_group = np.concatenate([item_group, empty * slabs])
+    by_tile = np.argsort(first_tile * 2 + holds_tiles, kind="stable")
+    item_tile_ptr = np.append(first_tile[by_tile], n_tiles)
+    item_group = item_group[by_tile]
+    item_panel = item_group // slabs
+    items_of_panel = np.bincount(item_panel, minlength=n_panels)
+    alone = items_of_panel[item_panel] == 1
+    item_nnz = np.diff(tile_entry_ptr[item_tile_ptr])
+
+    # The order the blocks take the items in: band by band, slab by slab, the most nonzeros first.
+    band_of_panel = np.searchsorted(_band_starts(panel_ptr, m, bands), np.arange(n_panels), side="right") - 1
+    launch = band_of_panel[item_panel] * slabs + item_group % slabs
+    item_order = np.argsort(launch * (nnz + 1) + (nnz - item_nnz), kind="stable")
+
+    # Rows no item stores: those of panels with several items, which add to them.
+    cleared = np.nonzero(items_of_panel > 1)[0]
+    sizes = np.diff(panel_ptr)[cleared]
+    zero_all = 2 * int(sizes.sum()) >= m
+    zero_rows = np.zeros(0, dtype=np.int64) if zero_all else _ranges(np, panel_ptr[cleared], sizes)
+
+    s = (tile_nnz + threads - 1) // threads
+    w = (tile_nnz + s - 1) // s
+    tile_ptr = _exclusive_cumsum(np, s * w)
+    return {
+        "item_order": item_order.astype(np.int32),
+        "item_panel": np.where(alone, item_panel, ~item_panel).astype(np.int32),
+        "item_tile_ptr": item_tile_ptr.astype(np.int32),
+        "zero_rows": zero_rows.astype(np.int32),
+        "tile_nnz": tile_nnz.astype(np.int32),
+        "zero_all": zero_all,
+        "s": s, "w": w, "tile_ptr": tile_ptr, "storage": int(tile_ptr[-1]),
     }
 
 
@@ -533,22 +548,24 @@ def _band_starts(panel_ptr: np.ndarray, m: int, bands: int) -> list[int]:
     return sorted({*starts.tolist(), n_panels})
 
 
-def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int) -> Any:
-    """Row starts of the panels (int64, ends with m): uniform, or ``small`` panels balanced by nonzeros.
+def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int) -> np.ndarray:
+    """Row starts of the panels (NumPy int64, ends with m): uniform, or ``small`` panels balanced by nonzeros.
 
     Balanced when ``rows``-row panels would number fewer than ``small``; every
-    panel is then cut again into pieces of at most ``rows`` rows.
+    panel is then cut again into pieces of at most ``rows`` rows. ``indptr`` (an ``xp`` array) is
+    searched only then.
     """
-    if -(-m // rows) >= small:  # uniform: built on the host, without a pass over indptr or a read-back
-        return xp.asarray(np.append(np.arange(0, m, rows, dtype=np.int64), np.int64(m)))
-    targets = xp.arange(1, small, dtype=xp.int64) * nnz // small
-    ends = [xp.searchsorted(indptr, targets, side="left"), xp.asarray([m], dtype=xp.int64)]
-    bounds = xp.concatenate([xp.zeros(1, dtype=xp.int64), *ends])
-    keep = xp.ones(bounds.shape[0], dtype=bool)
-    keep[1:] = bounds[1:] != bounds[:-1]
-    bounds = bounds[keep]  # nondecreasing, so this leaves distinct, increasing starts
-    pieces = (xp.diff(bounds) + rows - 1) // rows
-    return xp.concatenate([_ranges(xp, bounds[:-1], pieces, rows), bounds[-1:]])
+    if -(-m // rows) >= small:
+        return np.append(np.arange(0, m, rows, dtype=np.int64), np.int64(m))
+    ends = _host(xp.searchsorted(indptr, xp.arange(1, small, dtype=xp.int64) * nnz // small, side="left"))
+    bounds = np.unique(np.concatenate([[0], ends, [m]]).astype(np.int64))  # distinct, increasing starts
+    pieces = (np.diff(bounds) + rows - 1) // rows
+    return np.append(_ranges(np, bounds[:-1], pieces, rows), bounds[-1])
+
+
+def _host(a: Any) -> np.ndarray:
+    """A NumPy or CuPy array as a NumPy one."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 def _ranges(xp: Any, starts: Any, counts: Any, step: int = 1) -> Any:
