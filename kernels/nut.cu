@@ -176,11 +176,11 @@ nut_spmv(const int n_items,
 // sorts and one scan. K is the (panel, column) key: int where n_panels * n fits, else long long.
 
 // Each entry's row inside its panel and its key panel * n + column. A block takes per_thread * blockDim
-// consecutive entries at a time: two of its threads find the rows of the first and the last by a search of all of
-// indptr (a chain of dependent loads the rest of the block waits for, so the span is long), and every
-// thread then searches only the rows between them (a few, in cache) for each of its entries. (A search of
-// all of indptr from every entry took a tenth of NuT's preparation.) The panel: the last start at or
-// before the row, by a search of panel_ptr.
+// consecutive entries at a time: two of its threads find the rows of the first and the last by a search
+// of all of indptr (a chain of dependent loads the rest of the block waits for, so the span is long), and
+// every thread then searches only the rows between them (a few, in cache) for each of its entries. (A
+// search of all of indptr from every entry took a tenth of NuT's preparation.) The panel: the last start
+// at or before the row, by a search of panel_ptr.
 __device__ __forceinline__ long long nut_last_le(const long long* __restrict__ a, long long lo, long long hi,
                                                  const long long v)
 {  // the last i in [lo, hi] with a[i] <= v (a ascending, a[lo] <= v)

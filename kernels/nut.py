@@ -146,6 +146,7 @@ class Nut(Family):
     summary = "non-uniform 2-D tiles: row panels x equal counts of active columns, x and y in shared memory"
     source = "Hong et al., 2018 (Hy-SpMSpV: non-uniform tiling)"
     cu_file = "nut.cu"
+    adapt_first = "slabs"
     space = Space(
         (
             Param("rows_per_panel", ROWS_PER_PANEL, 2048, "rows of a panel at most (its y lives in shared memory)"),
@@ -171,8 +172,6 @@ class Nut(Family):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         return _kernel_names(dtype)
-
-    adapt_first = "slabs"
 
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
         """As many slabs as it takes for one slab of x to fill at most a third of the L2 (the rest holds the
@@ -294,7 +293,8 @@ def build(
     sorted keys, so both give identical arrays; on CuPy the passes over the
     entries are kernels of nut.cu (:func:`_tiles_on_gpu`, and ``nut_encode`` for
     the tiles' encoding) that write what the NumPy lines do (the GPU tests
-    compare every array). Returns the :data:`STRUCTURE`
+    compare every array), and what is counted in panels, tiles and work items
+    (:func:`_panel_starts`, :func:`_work_items`) is NumPy on the host either way. Returns the :data:`STRUCTURE`
     arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
     a block needs) and ``zero_all`` (clear all of y before the launch rather than
     ``zero_rows``). ``max_item_nnz`` caps a work item's nonzeros where its tiles
@@ -329,8 +329,8 @@ def build(
                         max_item_nnz=max_item_nnz)
 
     # The tiles' encoding: stretches of s entries a thread, w threads; entry (k, j) at tile_ptr + j*w + k.
-    s, w, tile_ptr = (xp.asarray(items.pop(k)) for k in ("s", "w", "tile_ptr"))
-    storage = int(items.pop("storage"))
+    s, w, tile_ptr = (xp.asarray(a) for a in items.stretches)
+    storage = int(items.stretches[2][-1])
     enc_idx = xp.zeros(storage, dtype=xp.int32)
     enc_val = xp.zeros(storage, dtype=data.dtype)
     if on_gpu:
@@ -348,10 +348,9 @@ def build(
         word = xp.where(starts_row, ~((row_sorted << _SLOT_BITS) | slot), slot)
         enc_idx[pos] = word.astype(xp.int32)
         enc_val[pos] = data[order]
-    zero_all = items.pop("zero_all")
     return {
         "panel_ptr": panel_ptr.astype(xp.int32),
-        **{k: xp.asarray(v) for k, v in items.items()},
+        **{k: xp.asarray(v) for k, v in items.arrays.items()},
         "tile_col_ptr": tiles.tile_col_ptr.astype(xp.int32),
         "tile_cols": tiles.tile_cols,
         "tile_ptr": tile_ptr,
@@ -359,17 +358,25 @@ def build(
         "enc_val": enc_val,
         "max_panel_rows": int(np.diff(panel_ptr_host).max()),
         "max_tile_cols": int(xp.diff(tiles.tile_col_ptr).max()),
-        "zero_all": zero_all,
+        "zero_all": items.zero_all,
     }
+
+
+@dataclass(frozen=True)
+class _Items:
+    """What :func:`_work_items` gives :func:`build` (NumPy arrays)."""
+
+    arrays: dict[str, np.ndarray]  # item_order, item_panel, item_tile_ptr, zero_rows, tile_nnz (int32)
+    stretches: tuple[np.ndarray, np.ndarray, np.ndarray]  # s, w and tile_ptr of each tile (int64)
+    zero_all: bool
 
 
 def _work_items(tile_entry_ptr: np.ndarray, tiles_per_group: np.ndarray, group_tile_ptr: np.ndarray,
                 panel_ptr: np.ndarray, *, m: int, nnz: int, slabs: int, bands: int, threads: int,
-                max_item_nnz: int) -> dict[str, Any]:
-    """The work items (``item_order``, ``item_panel``, ``item_tile_ptr``), the rows to clear (``zero_rows``,
-    ``zero_all``), ``tile_nnz`` and the tiles' stretches (``s``, ``w``, ``tile_ptr``, ``storage``), in NumPy:
-    arrays of panels, tiles and items (thousands, not nonzeros), which on the GPU cost a launch or a
-    read-back each for next to no work."""
+                max_item_nnz: int) -> _Items:
+    """The work items, their order, the rows to clear and the tiles' stretches, in NumPy: arrays of panels,
+    tiles and items (thousands, not nonzeros), which on the GPU cost a launch or a read-back each for next to
+    no work."""
     n_tiles, n_panels = tile_entry_ptr.shape[0] - 1, panel_ptr.shape[0] - 1
     tile_nnz = np.diff(tile_entry_ptr)
 
@@ -407,16 +414,14 @@ def _work_items(tile_entry_ptr: np.ndarray, tiles_per_group: np.ndarray, group_t
 
     s = (tile_nnz + threads - 1) // threads
     w = (tile_nnz + s - 1) // s
-    tile_ptr = _exclusive_cumsum(np, s * w)
-    return {
+    arrays = {
         "item_order": item_order.astype(np.int32),
         "item_panel": np.where(alone, item_panel, ~item_panel).astype(np.int32),
         "item_tile_ptr": item_tile_ptr.astype(np.int32),
         "zero_rows": zero_rows.astype(np.int32),
         "tile_nnz": tile_nnz.astype(np.int32),
-        "zero_all": zero_all,
-        "s": s, "w": w, "tile_ptr": tile_ptr, "storage": int(tile_ptr[-1]),
     }
+    return _Items(arrays, (s, w, _exclusive_cumsum(np, s * w)), zero_all)
 
 
 @dataclass(frozen=True)
