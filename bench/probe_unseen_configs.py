@@ -12,6 +12,8 @@ C: merge_path's configs (items a thread x block size x loads): whether a default
 A, B and C ran at 530f5cb on an H100.
 D: NuT's rows per panel, 2048 to 16384, with one slab and with the slabs Nut.adapt fits to this GPU's L2
    (x columns per tile x threads): how many rows a panel should hold on a large matrix.
+E: rcm (reverse Cuthill-McKee, then csr_vector) against csr_vector with the same groups: what renumbering
+   gains where the numbering scatters the columns (perm27), and what it costs to prepare.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
     python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A to D; MATRICES: a,b,...
@@ -51,6 +53,7 @@ CONFIGS = {
        for i, bs in itertools.product((4, 5, 6, 7, 9, 12, 16), (64, 128, 256))]
     + [("merge_path", {"loads": "thread", "items_per_thread": i, "block_size": bs})
        for i, bs in itertools.product((2, 3, 4), (128, 256))],
+    "E": BASE + [(k, {"threads_per_row": t, "block_size": 256}) for k in ("csr_vector", "rcm") for t in (2, 4, 8, 16)],
 }
 TPR = (2, 4, 8, 16, 32)
 

@@ -2,7 +2,7 @@
 
 >>> from kernels import REGISTRY, get_family
 >>> sorted(REGISTRY)
-['csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'merge_path', 'nut', 'specsum', 'suraa']
+['csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'merge_path', 'nut', 'rcm', 'specsum', 'suraa']
 >>> get_family("csr_vector").space.defaults()
 {'threads_per_row': 8, 'block_size': 256}
 """
@@ -22,11 +22,12 @@ from kernels.cusparse import CuSparse
 from kernels.ipcsr import Ipcsr
 from kernels.merge_path import MergePath
 from kernels.nut import Nut
+from kernels.rcm import Rcm
 from kernels.specsum import SpecSum
 from kernels.suraa import Suraa
 
 REGISTRY: dict[str, Family] = {
-    f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), MergePath(), Nut(), SpecSum(), Suraa())
+    f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), MergePath(), Nut(), Rcm(), SpecSum(), Suraa())
 }
 """Every family by name. The tuner, the service and the docs read this and nothing else."""
 

@@ -95,6 +95,10 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     assert [e.kernel for e in entrants] == ["nut", "csr_vector", "merge_path", "cusparse", "cusparse"]
     assert entrants[2].params == get_family("merge_path").space.defaults() and entrants[2].expected_s is None
     assert "merge_path" not in [e.kernel for e in shortlist(RANKING, size=2)]
+    # one whose preparation takes seconds (rcm: an ordering on the host) is not raced unranked
+    unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm")]
+    assert [e.kernel for e in shortlist(unranked, size=2)] == ["nut", "csr_vector", "merge_path", "cusparse",
+                                                              "cusparse"]
 
 
 def test_without_a_ranking_the_default_entrants_race() -> None:

@@ -143,7 +143,8 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
     cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their preparation within
     ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs); then,
     beyond ``size``, the default of every family the selector ranks no config of (one added to the
-    registry after it was trained: it cannot be ranked, so it is measured). cuSPARSE's configs in the
+    registry after it was trained: it cannot be ranked, so it is measured), unless its preparation takes
+    seconds (:attr:`kernels.Family.races_unranked`). cuSPARSE's configs in the
     ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
     """
@@ -171,7 +172,7 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         known = {r.kernel for r in ranking}
         picked += [Entrant(k, family.space.defaults()) for k, family in REGISTRY.items()
-                   if k != BASELINE and k not in known]
+                   if k != BASELINE and k not in known and family.races_unranked]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
     for kernel, params in BASELINE_ENTRANTS:
         r = expected.get((kernel, _key(params)))
