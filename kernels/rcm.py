@@ -49,9 +49,6 @@ class Rcm(Family):
     races_unranked = False
     space = _INNER.space
 
-    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return _INNER.name_expressions(dtype)
-
     # -- GPU path ---------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
