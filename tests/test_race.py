@@ -269,6 +269,6 @@ def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_
     # in float32 (x of 32 MB) two slabs fit: the best-ranked of those, with panels of 8192 rows
     assert [(e.params["slabs"], e.params["rows_per_panel"]) for e in adapted(entrants, ranking, cols=8_000_000,
             itemsize=4, l2_bytes=l2) if e.kernel == "nut"] == [(2, 8192)]
-    # none ranked fits: nothing added (the first's own fitted variant is the other way in)
+    # none ranked has the fitted slabs: nothing added (the first's own fitted variant is the other way in)
     unfit = [r for r in ranking if not (r.kernel == "nut" and r.params["slabs"] == 4)]
     assert adapted(entrants, unfit, cols=8_000_000, itemsize=8, l2_bytes=l2) == entrants
