@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 from db.store import Store
 from kernels import REGISTRY, get_family
+from tuner.execute.choice import stored_choice
 from tuner.execute.race import (
     BASELINE_ENTRANTS,
     DEFAULT_ENTRANTS,
@@ -169,6 +170,16 @@ def test_a_tie_with_cusparse_goes_to_cusparse(A, vector_s: float, winner: str) -
     ref = Reference.build(A, "float64")
     result = race(backend, A, entrants, ref, ref.x, rounds=1)
     assert result.winner.entrant.kernel == winner and result.prepared.family == winner
+    # read back from the store, the race's answer again (the store's best is the fastest lap)
+    store = Store(memory=True)
+    store.add_matrix("f" * 32, name="A", rows=A.shape[0], cols=A.shape[1], nnz=A.nnz)
+    store.add_device(backend.info.record(None))
+    record_race(store, result, fingerprint="f" * 32, device=backend.info.id, dtype="float64", shape=A.shape,
+                nnz=A.nnz)
+    assert store.best("f" * 32, device=backend.info.id, dtype="float64")["kernel"] == "csr_vector"
+    again = stored_choice(store, "f" * 32, device=backend.info.id, dtype="float64")
+    assert (again.kernel, again.source, again.cusparse_time_s) == (winner, "raced", 1.0)
+    assert again.params == result.winner.entrant.params
 
 
 @pytest.mark.parametrize(("vector_s", "rounds", "samples", "winner"),
