@@ -12,7 +12,7 @@ C: merge_path's configs (items a thread x block size x loads): whether a default
 A, B and C ran at 530f5cb on an H100.
 D: NuT's rows per panel, 2048 to 16384, with one slab and with the slabs Nut.adapt fits to this GPU's L2
    (x columns per tile x threads): how many rows a panel should hold on a large matrix. The space stops at
-   8192 rows: the 16384-row configs ran (7d3d737's run, on an H200) with kernels/nut.py's ROWS_PER_PANEL
+   8192 rows: the 16384-row configs ran (the H200 run committed in 7d3d737) with kernels/nut.py's ROWS_PER_PANEL
    widened by hand, and fail as invalid configs without it. Result: ..._probe_unseen_rows_per_panel.json.
 E: rcm (reverse Cuthill-McKee, then csr_vector) against csr_vector with the same groups: what renumbering
    gains where the numbering scatters the columns (perm27), and what it costs to prepare.
