@@ -82,3 +82,8 @@ def get_kernels(
 def grid(n_threads: int, block: int) -> int:
     """Blocks needed for ``n_threads`` threads (at least one, so a launch is always valid)."""
     return max(1, -(-n_threads // block))
+
+
+def to_numpy(a: Any) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array (a read-back for CuPy: it waits for the GPU)."""
+    return np.asarray(a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a)

@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidConfigError, NoDeviceError
-from kernels._cuda import c_type, get_kernels, grid, require_cupy
+from kernels._cuda import c_type, get_kernels, grid, require_cupy, to_numpy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
 
@@ -324,7 +324,7 @@ def build(
     tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=tile_sorted.dtype), side="left")
     if max_item_nnz is None:
         max_item_nnz = item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms)
-    items = _work_items(_host(tile_entry_ptr), _host(tiles.tiles_per_group), _host(tiles.group_tile_ptr),
+    items = _work_items(to_numpy(tile_entry_ptr), to_numpy(tiles.tiles_per_group), to_numpy(tiles.group_tile_ptr),
                         panel_ptr_host, m=m, nnz=nnz, slabs=slabs, bands=bands, threads=threads,
                         max_item_nnz=max_item_nnz)
 
@@ -562,15 +562,10 @@ def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int)
     """
     if -(-m // rows) >= small:
         return np.append(np.arange(0, m, rows, dtype=np.int64), np.int64(m))
-    ends = _host(xp.searchsorted(indptr, xp.arange(1, small, dtype=xp.int64) * nnz // small, side="left"))
+    ends = to_numpy(xp.searchsorted(indptr, xp.arange(1, small, dtype=xp.int64) * nnz // small, side="left"))
     bounds = np.unique(np.concatenate([[0], ends, [m]]).astype(np.int64))  # distinct, increasing starts
     pieces = (np.diff(bounds) + rows - 1) // rows
     return np.append(_ranges(np, bounds[:-1], pieces, rows), bounds[-1])
-
-
-def _host(a: Any) -> np.ndarray:
-    """A NumPy or CuPy array as a NumPy one."""
-    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 def _ranges(xp: Any, starts: Any, counts: Any, step: int = 1) -> Any:

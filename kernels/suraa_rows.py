@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels._cuda import to_numpy
 from kernels.suraa_segments import _argsort_stable
 
 __all__ = ["ROW_KEYS", "RowDecomposition", "decompose_rows", "row_threads"]
@@ -37,11 +38,6 @@ LONG_ENTRIES = 16
 """A long row gets the fewest power-of-2 threads (at least 32) with at most this many nonzeros each."""
 ROW_KEYS = ("perm", "bin_bounds", "bin_threads", "bin_blocks", "bins", "group_bounds")
 """The keys of ``prepared.extra`` that hold this grouping's decomposition, equal on the GPU and reference paths."""
-
-
-def _host(a: Any) -> np.ndarray:
-    """A NumPy copy of a NumPy or CuPy array."""
-    return np.asarray(a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a)
 
 
 def _row_classes(xp: Any, npr: Any, *, threshold: int, g3_entries: int) -> tuple[Any, Any]:
@@ -132,9 +128,9 @@ def decompose_rows(
     key = xp.where(long_, first.astype(xp.int64) - npr * (n_cols + 1), 5 - lg)
     perm = _argsort_stable(xp, key)
     code = (long_.astype(xp.int64) * 64 + lg)[perm]  # never increases along the sorted order
-    starts = _host(xp.flatnonzero(xp.diff(code)) + 1).astype(np.int64)
+    starts = to_numpy(xp.flatnonzero(xp.diff(code)) + 1).astype(np.int64)
     bin_bounds = np.concatenate(([0], starts, [m])).astype(np.int64)
-    codes = _host(code[xp.asarray(bin_bounds[:-1])]).astype(np.int64)
+    codes = to_numpy(code[xp.asarray(bin_bounds[:-1])]).astype(np.int64)
     if np.any(np.diff(codes) >= 0):  # impossible: the key sorts the codes in descending order
         raise AssertionError(f"bins out of order: {codes.tolist()}")
     bin_threads = np.left_shift(1, codes % 64).astype(np.int32)
@@ -144,7 +140,7 @@ def decompose_rows(
     n_long = int(bin_bounds[np.count_nonzero(codes >= 64)])
     long_npr = npr[perm[:n_long]]
     n_above = int(xp.searchsorted(-long_npr, xp.asarray([-threshold], dtype=xp.int64))[0])
-    lead = _host(code[: min(n_above, budget // 32 + 1)]).astype(np.int64)  # each t >= 32
+    lead = to_numpy(code[: min(n_above, budget // 32 + 1)]).astype(np.int64)  # each t >= 32
     lead_threads = np.left_shift(1, lead - 64)
     g1_end = int(np.count_nonzero(np.cumsum(lead_threads) <= budget))  # cumsum increases: a prefix
     group_bounds = np.array([0, g1_end, n_long, m], dtype=np.int64)
