@@ -55,12 +55,14 @@ class Family(ABC):
     summary: ClassVar[str]
     source: ClassVar[str]
     cu_file: ClassVar[str | None] = None
-    races_unranked: ClassVar[bool] = True
-    """Whether a race at plan time measures the family's default where the selector ranks none of its configs
-    (one added after the selector was trained); False where its preparation takes seconds."""
     adapt_first: ClassVar[str | None] = None
     """The parameter :meth:`adapt` fits first (NuT: its slabs, to the L2): of the configs a selector ranks,
     those with it right already are the ones to fit further (:func:`tuner.execute.race.adapted`)."""
+
+    def races_unranked(self, features: Mapping[str, float] | None) -> bool:
+        """Whether a race at plan time measures the family's default where the selector ranks none of its
+        configs (one added after the selector was trained), on a matrix of these features (None: unknown)."""
+        return True
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""

@@ -2,21 +2,31 @@
 
 A matrix whose structure is local but whose numbering is not (a mesh, a graph numbered at random) has each
 row's columns spread over all of x: every gather of x fetches a sector of its own, from L2 where x fits,
-else from DRAM, and no kernel that keeps the numbering avoids it. Reverse Cuthill-McKee (Cuthill & McKee,
-1969; George, 1971) numbers the vertices of a graph breadth first from a peripheral one, the fewest
-neighbours first, and reverses that order, so that neighbours get near numbers: the renumbered matrix
-``B = A[rows][:, cols]`` has a narrow band and its gathers of x come back to the same lines.
+else from DRAM, and no kernel that keeps the numbering avoids it. Cuthill-McKee (Cuthill & McKee, 1969)
+numbers the vertices of a graph breadth first, each level in the order of the numbers that reach it, so
+that neighbours get near numbers; reversed (George, 1971), the renumbered matrix ``B = A[rows][:, cols]``
+has a narrow band and its gathers of x come back to the same lines.
 
-- A square matrix gets one order for its rows and its columns, of the graph of A + Aᵀ (the diagonal stays
-  the diagonal).
-- Another gets one order of its bipartite graph (rows on one side, columns on the other), split into an
-  order of the rows and one of the columns.
+- The graph: a square matrix's rows are its vertices and its columns their neighbours (one order for rows
+  and columns: the diagonal stays the diagonal); another matrix's bipartite graph (rows on one side,
+  columns on the other), whose order splits into an order of the rows and one of the columns.
+- The order (:func:`orders`), one level at a time, the same steps on the GPU (a warp a vertex of the level,
+  ``rcm.cu``: ``rcm_expand``) and in NumPy (the reference): a vertex of the next level takes the lowest
+  number of the level's vertices that reach it, and the level is numbered by that, then by vertex. A search
+  starts at the vertex of fewest neighbours (then the lowest); where it ends before every vertex is
+  numbered (another component), the next starts from the next such vertices, twice as many each time, so
+  that a matrix of many components takes a few dozen searches, not one each; each start's share of the
+  order stays together (a component two of whose vertices start the same search is cut in two). Vertices
+  no search reaches (no entries, in no one's row) come last.
+- A large graph with no narrow order (a small-world graph: a random or power-law one, where some level holds
+  a quarter of the vertices) makes the preparation fail (:class:`~common.errors.InvalidConfigError`) as soon
+  as that level appears: renumbering it would not bring gathers together.
 
 A product is then a gather of x into the new order, csr_vector on B (``threads_per_row``, ``block_size``:
 its parameters, declared there) and a scatter of y back to the old rows: a few percent more bytes than the
-product itself. The preparation (the order, by SciPy on the host, and B) takes of the order of a second on
-tens of millions of nonzeros: worth it for a matrix multiplied thousands of times (``tuner tune``,
-``plan(effort="tune")``), not in a race at plan time (:attr:`races_unranked` is False).
+product itself. The preparation takes one kernel and a sort a level: tens of milliseconds for the ~120
+levels of a 27-point stencil of 46 M nonzeros. A race at plan time enters it unranked where A is square,
+its rows regular and its gathers of x scattered (:meth:`Rcm.races_unranked`).
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tuner.matrix.io import as_csr
@@ -29,41 +39,74 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.csgraph import reverse_cuthill_mckee
 
-from kernels._cuda import require_cupy
+from common.errors import InvalidConfigError
+from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels.csr_vector import CsrVector
 
 _INNER = CsrVector()
+
+SCATTERED_CF = 1.5
+"""A race enters rcm unranked where fewer than this many of a row's entries, on average, fall in one window
+of 128 columns (the feature ``cf_128``): nearly every gather of x on a line of its own."""
+
+REGULAR_CV = 1.0
+"""... and where the rows' lengths vary less than this (``npr_cv``): csr_vector, the kernel on B, suits
+regular rows; a heavy-tailed graph is also a small-world one."""
+
+WIDE_LEVEL = 0.25
+"""A level holding more than this share of the vertices (and :data:`SEED_SPREAD` times its search's
+starting vertices) shows a graph with no narrow order, on a graph of at least :data:`LARGE_GRAPH` vertices
+(a smaller one is ordered in milliseconds whatever its structure)."""
+
+SEED_SPREAD = 64
+LARGE_GRAPH = 1 << 16
 
 
 class Rcm(Family):
     name = "rcm"
     summary = "rows and columns renumbered by reverse Cuthill-McKee, then csr_vector on the renumbered matrix"
     source = "Cuthill & McKee, 1969; George, 1971 (reverse Cuthill-McKee); csr_vector on the result"
-    races_unranked = False
+    cu_file = "rcm.cu"
     space = _INNER.space
+
+    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
+        return "rcm_expand", f"rcm_renumber<{c_type(dtype)}>"
+
+    def races_unranked(self, features: Mapping[str, float] | None) -> bool:
+        """Where A is square with regular rows whose gathers of x are scattered: a mesh or a graph numbered
+        at random, the matrices renumbering is for (elsewhere it fails fast or loses)."""
+        return (features is not None and features["rows"] == features["cols"]
+                and features["cf_128"] < SCATTERED_CF and features["npr_cv"] < REGULAR_CV)
 
     # -- GPU path ---------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
         import cupyx.scipy.sparse as cusp
 
-        A = prepared.A
-        host = sp.csr_matrix((A.data.get(), A.indices.get(), A.indptr.get()), shape=prepared.shape)
-        rows, cols = orders(host)
-        B = cusp.csr_matrix(renumbered(host, rows, cols))
+        A, (m, n) = prepared.A, prepared.shape
+        kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
+        rows, cols = orders(A, cupy, _gpu_expand(kernels["rcm_expand"]))
+        lengths = cupy.diff(A.indptr)[rows]
+        indptr = cupy.zeros(m + 1, dtype=np.int32)
+        cupy.cumsum(lengths, out=indptr[1:])
+        new_col = _inverse(cols, cupy)
+        indices, data = cupy.empty_like(A.indices), cupy.empty_like(A.data)
+        kernels[f"rcm_renumber<{c_type(prepared.dtype)}>"](
+            (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data, new_col,
+                                           indices, data))
+        B = cusp.csr_matrix((data, indices, indptr), shape=(m, n))
         ex = prepared.extra
         ex["inner"] = _INNER.prepare(B, prepared.params)
-        ex.update(indptr=B.indptr, indices=B.indices, data=B.data,  # counted in extra_bytes: B is a copy of A
-                  rows=cupy.asarray(rows), cols=cupy.asarray(cols),
-                  x_renumbered=cupy.empty(prepared.shape[1], dtype=prepared.dtype),
-                  y_renumbered=cupy.empty(prepared.shape[0], dtype=prepared.dtype))
+        ex.update(indptr=indptr, indices=indices, data=data,  # counted in extra_bytes: B is a copy of A
+                  rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype),
+                  y_renumbered=cupy.empty(m, dtype=prepared.dtype))
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         cupy = require_cupy()
@@ -85,22 +128,125 @@ class Rcm(Family):
         return y
 
 
-def orders(A: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, cols): the old number of each new row and of each new column (int32), by reverse
-    Cuthill-McKee on the pattern of A + Aᵀ where A is square, else on its bipartite graph."""
+Expand = Callable[[Any, Any, Any, Any], tuple[Any, Any]]
+"""One level: (graph's indptr, its indices, the level's vertices, the numbers so far) -> (the next level's
+vertices, each one's lowest number among the level's vertices that reach it), in any order."""
+
+
+def orders(A: Any, xp: Any = np, expand: Expand | None = None) -> tuple[Any, Any]:
+    """(rows, cols): the old number of each new row and of each new column (int32), by reverse Cuthill-McKee
+    on A's graph (see the module's docstring); ``xp``: NumPy for a SciPy A (the reference), CuPy for a
+    cupyx A with the GPU's ``expand``. Raises InvalidConfigError where the graph has no narrow order."""
     m, n = A.shape
-    pattern = sp.csr_matrix((np.ones(A.nnz, dtype=np.int32), A.indices, A.indptr), shape=A.shape)
     if m == n:
-        order = reverse_cuthill_mckee(pattern, symmetric_mode=False).astype(np.int32)
+        indptr, indices = A.indptr.astype(np.int64), A.indices
+    else:
+        T = A.T.tocsr()
+        indptr = xp.concatenate([A.indptr.astype(np.int64), T.indptr[1:].astype(np.int64) + A.nnz])
+        indices = xp.concatenate([A.indices + np.int32(m), T.indices.astype(np.int32)])
+    order = xp.ascontiguousarray(_cuthill_mckee(indptr, indices, xp, expand or _cpu_expand)[::-1])
+    if m == n:
         return order, order
-    graph = sp.bmat([[None, pattern], [pattern.T, None]], format="csr")
-    order = reverse_cuthill_mckee(graph, symmetric_mode=True).astype(np.int32)
     return order[order < m], order[order >= m] - np.int32(m)
 
 
 def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> sp.csr_matrix:
-    """``A[rows][:, cols]`` in canonical CSR (int32 indices, columns sorted in each row)."""
-    B = A[rows][:, cols].tocsr()
-    B.sort_indices()
-    B.indptr, B.indices = B.indptr.astype(np.int32, copy=False), B.indices.astype(np.int32, copy=False)
-    return B
+    """``A[rows][:, cols]`` as ``rcm_renumber`` builds it: each row's entries in A's order (so not sorted by
+    their new columns), int32 indices."""
+    lengths = np.diff(A.indptr)[rows]
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    pos = np.repeat(A.indptr[rows].astype(np.int64) - indptr[:-1], lengths) + np.arange(indptr[-1])
+    return sp.csr_matrix((A.data[pos], _inverse(cols, np)[A.indices[pos]], indptr), shape=A.shape)
+
+
+def _inverse(order: Any, xp: Any) -> Any:
+    """new[old]: the new number of each old one."""
+    new = xp.empty(order.size, dtype=np.int32)
+    new[order] = xp.arange(order.size, dtype=np.int32)
+    return new
+
+
+def _cuthill_mckee(indptr: Any, indices: Any, xp: Any, expand: Expand) -> Any:
+    """The Cuthill-McKee order of the graph (its vertices in the order numbered), level by level; a search
+    started from several vertices at once keeps each one's share together (ordered by where it started,
+    then by number), as if each had had a search of its own."""
+    size = indptr.size - 1
+    degree = xp.diff(indptr)
+    number = xp.full(size, -1, dtype=np.int32)
+    order = xp.empty(size, dtype=np.int32)
+    root = xp.empty(size, dtype=np.int32)  # by number: the number of the search's start it came from
+    linked = xp.flatnonzero(degree > 0)
+    starts, _ = _by_key(degree[linked], linked, xp)  # fewest neighbours first, then the lowest vertex
+    numbered = taken = 0
+    seeds_wanted = 1
+
+    def assign(vertices: Any, roots: Any | None = None) -> int:
+        span = slice(numbered, numbered + vertices.size)
+        order[span] = vertices
+        number[vertices] = xp.arange(span.start, span.stop, dtype=np.int32)
+        root[span] = number[vertices] if roots is None else roots
+        return span.stop
+
+    while taken < starts.size:
+        free = xp.flatnonzero(number[starts[taken:]] < 0)[:seeds_wanted]
+        if free.size == 0:
+            break
+        level = starts[taken + free]
+        taken += int(free[-1]) + 1
+        seeds, seeds_wanted = int(level.size), 2 * seeds_wanted
+        numbered = assign(level)
+        while True:
+            level, parent = expand(indptr, indices, level, number)
+            if level.size == 0:
+                break
+            if size >= LARGE_GRAPH and level.size > max(WIDE_LEVEL * size, SEED_SPREAD * seeds):
+                raise InvalidConfigError(
+                    f"rcm: no narrow order for this matrix: a breadth-first level holds {level.size} of its "
+                    f"{size} vertices (a small-world graph); renumbering would not bring its gathers together")
+            level, parent = _by_key(parent, level, xp)
+            numbered = assign(level, root[parent])
+    assign(xp.flatnonzero(number < 0).astype(np.int32))
+    by_search, _ = _by_key(root, xp.arange(size, dtype=np.int32), xp)
+    return order[by_search]
+
+
+def _by_key(key: Any, vertices: Any, xp: Any) -> tuple[Any, Any]:
+    """``vertices`` (int32) sorted by ``key`` (non-negative int32), then by vertex, and their keys: one sort
+    of 64-bit words."""
+    words = xp.sort((key.astype(np.int64) << 32) | vertices.astype(np.int64))
+    return (words & 0xFFFFFFFF).astype(np.int32), (words >> 32).astype(np.int32)
+
+
+def _cpu_expand(indptr: np.ndarray, indices: np.ndarray, level: np.ndarray, number: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The reference of ``rcm_expand``: every (vertex of the level, neighbour) pair, vectorized."""
+    first, lengths = indptr[level], indptr[level + 1] - indptr[level]
+    pos = np.repeat(first - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+    child, parent = indices[pos], np.repeat(number[level], lengths)
+    keep = number[child] < 0
+    child, parent = child[keep], parent[keep]
+    by_child = np.lexsort((parent, child))
+    child, parent = child[by_child], parent[by_child]
+    first_of_child = np.concatenate([[True], child[1:] != child[:-1]]) if child.size else np.zeros(0, bool)
+    return child[first_of_child], parent[first_of_child]
+
+
+def _gpu_expand(kernel: Any) -> Expand:
+    """``rcm_expand`` with its work arrays (made at the first level, kept for the others)."""
+    cupy = require_cupy()
+    work: dict[str, Any] = {}
+
+    def expand(indptr: Any, indices: Any, level: Any, number: Any) -> tuple[Any, Any]:
+        if not work:
+            size = number.size
+            work.update(parent=cupy.full(size, np.iinfo(np.int32).max, dtype=np.int32),
+                        claimed=cupy.zeros(size, dtype=np.int32), next=cupy.empty(size, dtype=np.int32),
+                        count=cupy.zeros(1, dtype=np.int32))
+        work["count"].fill(0)
+        kernel((grid(32 * level.size, 256),), (256,),
+               (np.int32(level.size), level, indptr, indices, number, work["parent"], work["claimed"],
+                work["next"], work["count"]))
+        child = work["next"][:int(work["count"].get()[0])]
+        return child, work["parent"][child]
+
+    return expand

@@ -96,10 +96,16 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     assert [e.kernel for e in entrants] == ["nut", "csr_vector", "merge_path", "cusparse", "cusparse"]
     assert entrants[2].params == get_family("merge_path").space.defaults() and entrants[2].expected_s is None
     assert "merge_path" not in [e.kernel for e in shortlist(RANKING, size=2)]
-    # one whose preparation takes seconds (rcm: an ordering on the host) is not raced unranked
+    # a family that races only on some matrices (rcm: square, regular rows, scattered gathers of x) races
+    # where their features say so, and not without features
     unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm")]
     assert [e.kernel for e in shortlist(unranked, size=2)] == ["nut", "csr_vector", "merge_path", "cusparse",
                                                               "cusparse"]
+    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1}
+    assert [e.kernel for e in shortlist(unranked, size=2, features=scattered)] == [
+        "nut", "csr_vector", "merge_path", "rcm", "cusparse", "cusparse"]
+    local = {**scattered, "cf_128": 6.0}
+    assert "rcm" not in [e.kernel for e in shortlist(unranked, size=2, features=local)]
 
 
 def test_without_a_ranking_the_default_entrants_race() -> None:

@@ -1,38 +1,66 @@
 """rcm: the orders are permutations, they give a renumbered matrix of narrow band where the numbering was
-random, and a product through them is A·x (the conformance suite, tests/test_kernels.py, runs every config
-on every case on the CPU and the GPU)."""
+random, a graph with no narrow order fails fast, the GPU orders as the reference does, and a race enters it
+only where renumbering can pay (the conformance suite, tests/test_kernels.py, runs every config on every
+case on the CPU and the GPU)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
-from kernels.rcm import Rcm, orders, renumbered
+from common.errors import InvalidConfigError
+from kernels.rcm import LARGE_GRAPH, Rcm, orders, renumbered
+from tests.kernel_cases import CASES, load_shared, shared_cases
+from tuner.matrix.features import extract_features
 from tuner.matrix.io import as_csr
 
 
-def _bandwidth(A: sp.csr_matrix) -> int:
+def _distances(A: sp.csr_matrix) -> np.ndarray:
     coo = A.tocoo()
-    return int(np.abs(coo.row.astype(np.int64) - coo.col).max())
+    return np.abs(coo.row.astype(np.int64) - coo.col)
 
 
-def _shuffled_grid(side: int, seed: int) -> sp.csr_matrix:
-    """A 2-D 5-point Laplacian with its vertices numbered at random: local structure, scattered columns."""
+def _shuffled(A: sp.spmatrix, seed: int) -> sp.csr_matrix:
+    """A with its rows and columns under one random permutation: the same structure, scattered columns."""
+    p = np.random.default_rng(seed).permutation(A.shape[0])
+    return as_csr(sp.csr_matrix(A)[p][:, p])
+
+
+def _grid(side: int) -> sp.csr_matrix:
+    """The 2-D 5-point Laplacian."""
     one = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(side, side))
-    grid = sp.kronsum(one, one, format="csr")
-    p = np.random.default_rng(seed).permutation(side * side)
-    return as_csr(grid[p][:, p])
+    return sp.kronsum(one, one, format="csr")
+
+
+def _random_graph(n: int, degree: int, seed: int) -> sp.csr_matrix:
+    rng = np.random.default_rng(seed)
+    rows, cols = rng.integers(0, n, n * degree), rng.integers(0, n, n * degree)
+    return as_csr(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n)))
 
 
 def test_a_randomly_numbered_grid_gets_back_a_narrow_band():
-    A = _shuffled_grid(40, seed=1)
+    A = _shuffled(_grid(40), seed=1)
     rows, cols = orders(A)
     assert np.array_equal(rows, cols)  # square: one order, the diagonal stays the diagonal
-    assert np.array_equal(np.sort(rows), np.arange(A.shape[0]))
+    assert np.array_equal(np.sort(rows), np.arange(A.shape[0])) and rows.dtype == np.int32
     B = renumbered(A, rows, cols)
-    assert _bandwidth(A) > 1000 and _bandwidth(B) <= 2 * 40  # a front of about one grid line
-    assert B.has_canonical_format and B.indices.dtype == np.int32
+    assert _distances(A).max() > 1000 and _distances(B).max() <= 40 + 1  # a front of about one grid line
+    assert B.indices.dtype == np.int32
     np.testing.assert_array_equal(B.diagonal(), A.diagonal()[rows])
+
+
+def test_the_renumbered_matrix_keeps_each_rows_entries_in_a_s_order():
+    """What rcm_renumber writes: row i of B is row rows[i] of A, its columns renumbered, not re-sorted."""
+    A = _shuffled(_grid(6), seed=7)
+    rows, cols = orders(A)
+    B = renumbered(A, rows, cols)
+    new = np.empty_like(cols)
+    new[cols] = np.arange(cols.size)
+    for i in (0, 5, 17, 35):
+        got, was = slice(B.indptr[i], B.indptr[i + 1]), slice(A.indptr[rows[i]], A.indptr[rows[i] + 1])
+        np.testing.assert_array_equal(B.indices[got], new[A.indices[was]])
+        np.testing.assert_array_equal(B.data[got], A.data[was])
 
 
 def test_a_rectangular_matrix_gets_a_row_order_and_a_column_order():
@@ -43,11 +71,94 @@ def test_a_rectangular_matrix_gets_a_row_order_and_a_column_order():
     np.testing.assert_allclose(renumbered(A, rows, cols) @ x[cols], (A @ x)[rows], rtol=1e-12, atol=1e-12)
 
 
+def test_many_components_are_ordered_each_in_one_piece():
+    """60 shuffled dense blocks: the searches restart from 1, 2, 4, ... vertices at once, and each start's
+    share of the order stays together: most entries land within their block of 5 (a block two of whose
+    vertices start the same search is cut in two)."""
+    A = _shuffled(sp.block_diag([np.ones((5, 5))] * 60, format="csr"), seed=4)
+    rows, cols = orders(A)
+    assert np.array_equal(np.sort(rows), np.arange(300))
+    d = _distances(renumbered(A, rows, cols))
+    assert _distances(A).mean() > 50 and np.mean(d < 5) > 0.85
+
+
+def test_vertices_no_search_reaches_come_last():
+    """Empty rows that are no row's column: rows 3 and 7 of a matrix whose other rows link to each other."""
+    A = sp.lil_matrix((10, 10))
+    for i in (0, 1, 2, 4, 5, 6, 8, 9):
+        A[i, i] = 1.0
+        A[i, (i + 1) % 10 if (i + 1) % 10 not in (3, 7) else (i + 2) % 10] = 1.0
+    rows, _ = orders(as_csr(A))
+    assert sorted(rows[:2]) == [3, 7]  # last in Cuthill-McKee: first once reversed
+
+
+def test_a_small_world_graph_fails_fast_with_the_reason():
+    A = _random_graph(LARGE_GRAPH + 4000, 8, seed=5)
+    with pytest.raises(InvalidConfigError, match="no narrow order.*small-world"):
+        orders(A)
+    with pytest.raises(InvalidConfigError, match="no narrow order"):
+        Rcm().prepare_reference(A)
+    small = _random_graph(5000, 8, seed=5)  # below LARGE_GRAPH it is ordered anyway
+    assert np.array_equal(np.sort(orders(small)[0]), np.arange(5000))
+
+
 def test_the_reference_goes_through_the_renumbered_matrix_and_back():
     """y = A·x from B·x[cols] scattered to rows; the inner csr_vector sees B, not A."""
-    A = _shuffled_grid(20, seed=4)
+    A = _shuffled(_grid(20), seed=4)
     f = Rcm()
     p = f.prepare_reference(A, {"threads_per_row": 4, "block_size": 128})
-    assert _bandwidth(p.extra["inner"].A) < _bandwidth(A)
+    assert _distances(p.extra["inner"].A).max() < _distances(A).max()
     x = np.random.default_rng(5).standard_normal(A.shape[1])
     np.testing.assert_allclose(f.run_reference(p, x), A @ x, rtol=1e-12, atol=1e-12)
+
+
+def test_a_race_enters_it_only_on_square_regular_scattered_matrices():
+    f = Rcm()
+    assert f.races_unranked(extract_features(_shuffled(_grid(60), seed=6)))
+    assert not f.races_unranked(extract_features(_grid(60)))  # numbered well already
+    assert not f.races_unranked(extract_features(as_csr(sp.random(400, 300, density=0.01, random_state=1))))
+    heavy = extract_features(_shuffled(sp.csr_matrix(sp.random(3000, 3000, density=0.002, random_state=2)
+                                                     + sp.csr_matrix(([1.0] * 3000, ([5] * 3000, range(3000))),
+                                                                     shape=(3000, 3000))), seed=3))
+    assert heavy["npr_cv"] > 1 and not f.races_unranked(heavy)  # a heavy row: not csr_vector's
+    assert not f.races_unranked(None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["shuffled_grid", "blocks", "rectangular_tall", "rectangular_wide", "empty_rows",
+                                  "huge_row", *shared_cases()])
+def test_gpu_orders_as_the_reference_does(name):
+    """The GPU's levels (rcm_expand, a sort a level) give exactly the reference's order, and its B is the
+    reference's B, on the cases and every shared matrix; a small-world graph fails there too."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from kernels._cuda import get_kernels
+    from kernels.rcm import _gpu_expand
+
+    if name == "shuffled_grid":
+        A = _shuffled(_grid(300), seed=8)
+    elif name == "blocks":
+        A = _shuffled(sp.block_diag([np.ones((3, 3))] * 3000, format="csr"), seed=9)
+    else:
+        A = CASES[name]() if name in CASES else load_shared(name)
+    f = Rcm()
+    expand = _gpu_expand(get_kernels(f.cu_file, f.name_expressions(np.float64))["rcm_expand"])
+    A_dev = cusp.csr_matrix(A)
+    rows, cols = orders(A_dev, cupy, expand)
+    want_rows, want_cols = orders(A)
+    np.testing.assert_array_equal(rows.get(), want_rows)
+    np.testing.assert_array_equal(cols.get(), want_cols)
+    if A.nnz:
+        B = f.prepare(A_dev).extra["inner"].A
+        want = renumbered(A, want_rows, want_cols)
+        for got, expected in ((B.indptr, want.indptr), (B.indices, want.indices), (B.data, want.data)):
+            np.testing.assert_array_equal(got.get(), expected)
+
+
+@pytest.mark.gpu
+def test_gpu_a_small_world_graph_fails_fast():
+    import cupyx.scipy.sparse as cusp
+
+    with pytest.raises(InvalidConfigError, match="no narrow order"):
+        Rcm().prepare(cusp.csr_matrix(_random_graph(LARGE_GRAPH + 4000, 8, seed=5)))

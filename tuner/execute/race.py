@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -130,9 +130,9 @@ class RaceResult:
         return lines
 
 
-def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_family: int = 2,
-              prepare_budget: float = 60.0, slack: float = 1.5, cheap: float = CHEAP_SPMVS,
-              margin: float = MARGIN) -> list[Entrant]:
+def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, float] | None = None,
+              size: int = 4, per_family: int = 2, prepare_budget: float = 60.0, slack: float = 1.5,
+              cheap: float = CHEAP_SPMVS, margin: float = MARGIN) -> list[Entrant]:
     """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (fastest expected
     first), then cuSPARSE's two algorithms.
 
@@ -143,8 +143,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
     cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their preparation within
     ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs); then,
     beyond ``size``, the default of every family the selector ranks no config of (one added to the
-    registry after it was trained: it cannot be ranked, so it is measured), unless its preparation takes
-    seconds (:attr:`kernels.Family.races_unranked`). cuSPARSE's configs in the
+    registry after it was trained: it cannot be ranked, so it is measured), where its family races on a
+    matrix of these ``features`` (:meth:`kernels.Family.races_unranked`: rcm only where renumbering can
+    pay). cuSPARSE's configs in the
     ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
     """
@@ -172,7 +173,7 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, size: int = 4, per_fami
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         known = {r.kernel for r in ranking}
         picked += [Entrant(k, family.space.defaults()) for k, family in REGISTRY.items()
-                   if k != BASELINE and k not in known and family.races_unranked]
+                   if k != BASELINE and k not in known and family.races_unranked(features)]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
     for kernel, params in BASELINE_ENTRANTS:
         r = expected.get((kernel, _key(params)))
