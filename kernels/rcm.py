@@ -11,8 +11,9 @@ has a narrow band and its gathers of x come back to the same lines.
   and columns: the diagonal stays the diagonal); another matrix's bipartite graph (rows on one side,
   columns on the other), whose order splits into an order of the rows and one of the columns.
 - The order (:func:`orders`), one level at a time, the same steps on the GPU (a warp a vertex of the level,
-  ``rcm.cu``: ``rcm_expand``) and in NumPy (the reference): a vertex of the next level takes the lowest
-  number of the level's vertices that reach it, and the level is numbered by that, then by vertex. A search
+  ``rcm.cu``: three kernels and a scan, no sort) and in NumPy (the reference): a vertex of the next level
+  takes the lowest number of the level's vertices that reach it, and the level is numbered by that, then
+  by vertex. A search
   starts at the vertex of fewest neighbours (then the lowest); where it ends before every vertex is
   numbered (another component), the next starts from the next such vertices, twice as many each time, so
   that a matrix of many components takes a few dozen searches, not one each; each start's share of the
@@ -24,7 +25,7 @@ has a narrow band and its gathers of x come back to the same lines.
 
 A product is then a gather of x into the new order, csr_vector on B (``threads_per_row``, ``block_size``:
 its parameters, declared there) and a scatter of y back to the old rows: a few percent more bytes than the
-product itself. The preparation takes one kernel and a sort a level: tens of milliseconds for the ~120
+product itself. The preparation takes a few launches and one read-back a level: milliseconds for the ~120
 levels of a 27-point stencil of 46 M nonzeros. A race at plan time enters it unranked where A is square,
 its rows regular and its gathers of x scattered (:meth:`Rcm.races_unranked`).
 
@@ -77,7 +78,7 @@ class Rcm(Family):
     space = _INNER.space
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return "rcm_expand", f"rcm_renumber<{c_type(dtype)}>"
+        return "rcm_reach", "rcm_count", "rcm_write", f"rcm_renumber<{c_type(dtype)}>"
 
     def races_unranked(self, features: Mapping[str, float] | None) -> bool:
         """Where A is square with regular rows whose gathers of x are scattered: a mesh or a graph numbered
@@ -92,7 +93,7 @@ class Rcm(Family):
 
         A, (m, n) = prepared.A, prepared.shape
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        rows, cols = orders(A, cupy, _gpu_expand(kernels["rcm_expand"]))
+        rows, cols = orders(A, cupy, _gpu_expand(kernels))
         lengths = cupy.diff(A.indptr)[rows]
         indptr = cupy.zeros(m + 1, dtype=np.int32)
         cupy.cumsum(lengths, out=indptr[1:])
@@ -129,8 +130,9 @@ class Rcm(Family):
 
 
 Expand = Callable[[Any, Any, Any, Any], tuple[Any, Any]]
-"""One level: (graph's indptr, its indices, the level's vertices, the numbers so far) -> (the next level's
-vertices, each one's lowest number among the level's vertices that reach it), in any order."""
+"""One level: (graph's indptr, its indices, the level's vertices in the order numbered, the numbers so far)
+-> (the next level's vertices, each one's parent: the lowest number among the level's vertices that reach
+it), in Cuthill-McKee's order: by parent, then by vertex."""
 
 
 def orders(A: Any, xp: Any = np, expand: Expand | None = None) -> tuple[Any, Any]:
@@ -203,7 +205,6 @@ def _cuthill_mckee(indptr: Any, indices: Any, xp: Any, expand: Expand) -> Any:
                 raise InvalidConfigError(
                     f"rcm: no narrow order for this matrix: a breadth-first level holds {level.size} of its "
                     f"{size} vertices (a small-world graph); renumbering would not bring its gathers together")
-            level, parent = _by_key(parent, level, xp)
             numbered = assign(level, root[parent])
     assign(xp.flatnonzero(number < 0).astype(np.int32))
     by_search, _ = _by_key(root, xp.arange(size, dtype=np.int32), xp)
@@ -219,7 +220,8 @@ def _by_key(key: Any, vertices: Any, xp: Any) -> tuple[Any, Any]:
 
 def _cpu_expand(indptr: np.ndarray, indices: np.ndarray, level: np.ndarray, number: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """The reference of ``rcm_expand``: every (vertex of the level, neighbour) pair, vectorized."""
+    """The reference of a level on the GPU (:func:`_gpu_expand`): every (vertex of the level, neighbour) pair,
+    vectorized, then a sort."""
     first, lengths = indptr[level], indptr[level + 1] - indptr[level]
     pos = np.repeat(first - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
     child, parent = indices[pos], np.repeat(number[level], lengths)
@@ -228,11 +230,13 @@ def _cpu_expand(indptr: np.ndarray, indices: np.ndarray, level: np.ndarray, numb
     by_child = np.lexsort((parent, child))
     child, parent = child[by_child], parent[by_child]
     first_of_child = np.concatenate([[True], child[1:] != child[:-1]]) if child.size else np.zeros(0, bool)
-    return child[first_of_child], parent[first_of_child]
+    return _by_key(parent[first_of_child], child[first_of_child], np)
 
 
-def _gpu_expand(kernel: Any) -> Expand:
-    """``rcm_expand`` with its work arrays (made at the first level, kept for the others)."""
+def _gpu_expand(kernels: Mapping[str, Any]) -> Expand:
+    """``rcm_reach``, ``rcm_count``, a scan and ``rcm_write`` (rcm.cu), with their work arrays (made at the
+    first level, kept for the others; the next level goes to the other of two buffers, as the level it is
+    made from may be in one): the next level in order without a sort."""
     cupy = require_cupy()
     work: dict[str, Any] = {}
 
@@ -240,13 +244,18 @@ def _gpu_expand(kernel: Any) -> Expand:
         if not work:
             size = number.size
             work.update(parent=cupy.full(size, np.iinfo(np.int32).max, dtype=np.int32),
-                        claimed=cupy.zeros(size, dtype=np.int32), next=cupy.empty(size, dtype=np.int32),
-                        count=cupy.zeros(1, dtype=np.int32))
-        work["count"].fill(0)
-        kernel((grid(32 * level.size, 256),), (256,),
-               (np.int32(level.size), level, indptr, indices, number, work["parent"], work["claimed"],
-                work["next"], work["count"]))
-        child = work["next"][:int(work["count"].get()[0])]
-        return child, work["parent"][child]
+                        children=cupy.empty(size, dtype=np.int32), ends=cupy.empty(size, dtype=np.int32),
+                        buffers=[cupy.empty((2, size), dtype=np.int32) for _ in range(2)])
+        work["buffers"].reverse()
+        out = work["buffers"][0]
+        launch = ((grid(32 * level.size, 256),), (256,))
+        args = (np.int32(level.size), level, indptr, indices, number)
+        children, ends = work["children"][:level.size], work["ends"][:level.size]
+        kernels["rcm_reach"](*launch, (*args, work["parent"]))
+        kernels["rcm_count"](*launch, (*args, work["parent"], children))
+        cupy.cumsum(children, out=ends)
+        size = int(ends[-1].get())
+        kernels["rcm_write"](*launch, (*args, work["parent"], ends, out[0], out[1]))
+        return out[0, :size], out[1, :size]
 
     return expand

@@ -128,7 +128,7 @@ def test_a_race_enters_it_only_on_square_regular_scattered_matrices():
 @pytest.mark.parametrize("name", ["shuffled_grid", "blocks", "rectangular_tall", "rectangular_wide", "empty_rows",
                                   "huge_row", *shared_cases()])
 def test_gpu_orders_as_the_reference_does(name):
-    """The GPU's levels (rcm_expand, a sort a level) give exactly the reference's order, and its B is the
+    """The GPU's levels (rcm_reach, rcm_count, a scan, rcm_write) give exactly the reference's order, and its B is the
     reference's B, on the cases and every shared matrix; a small-world graph fails there too."""
     import cupy
     import cupyx.scipy.sparse as cusp
@@ -143,7 +143,7 @@ def test_gpu_orders_as_the_reference_does(name):
     else:
         A = CASES[name]() if name in CASES else load_shared(name)
     f = Rcm()
-    expand = _gpu_expand(get_kernels(f.cu_file, f.name_expressions(np.float64))["rcm_expand"])
+    expand = _gpu_expand(get_kernels(f.cu_file, f.name_expressions(np.float64)))
     A_dev = cusp.csr_matrix(A)
     rows, cols = orders(A_dev, cupy, expand)
     want_rows, want_cols = orders(A)
