@@ -15,7 +15,8 @@ D: NuT's rows per panel, 2048 to 16384, with one slab and with the slabs Nut.ada
    8192 rows: the 16384-row configs ran (the H200 run committed in 7d3d737) with kernels/nut.py's ROWS_PER_PANEL
    widened by hand, and fail as invalid configs without it. Result: ..._probe_unseen_rows_per_panel.json.
 E: rcm (reverse Cuthill-McKee, then csr_vector) against csr_vector with the same groups: what renumbering
-   gains where the numbering scatters the columns (perm27), and what it costs to prepare.
+   gains where the numbering scatters the columns (perm27), and what it costs to prepare. Run at a3495a2,
+   when the order came from SciPy on the host (seconds); since f0bf567 it is made on the GPU.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
     python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A to D; MATRICES: a,b,...
