@@ -7,8 +7,6 @@
 // float32 (2 a row) (bench/probe_unseen_configs.py B); batches of 4 floats gave 1.15x, of 8 doubles 1.26x.
 // (Not with the streaming hint: a row's lanes come back to the lines of its values and columns batch after
 // batch, and evict-first loads made every config slower.)
-// Row i's sum goes to y[i], or to y[row_of[i]] where row_of is given (rcm: the rows of a renumbered matrix
-// written back to their old numbers in the same pass, not through a copy of y and a scatter).
 // Instantiated per value type and group size: csr_vector<double, 8>.
 
 template <typename T, int TPR>
@@ -17,8 +15,7 @@ __global__ void csr_vector(const int m,
                            const int* __restrict__ indices,
                            const T* __restrict__ data,
                            const T* __restrict__ x,
-                           T* __restrict__ y,
-                           const int* __restrict__ row_of)
+                           T* __restrict__ y)
 {
     static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "TPR must be a power of two <= 32");
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -52,5 +49,5 @@ __global__ void csr_vector(const int m,
     for (int offset = TPR / 2; offset > 0; offset >>= 1) {
         sum += __shfl_down_sync(0xffffffffu, sum, offset, TPR);
     }
-    if (lane == 0 && row < m) y[row_of ? row_of[row] : row] = sum;
+    if (lane == 0 && row < m) y[row] = sum;
 }

@@ -17,9 +17,6 @@ from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
 
 THREADS_PER_ROW = (2, 4, 8, 16, 32)
-_NO_ROWS = np.uintp(0)
-"""The null ``row_of``: row i's sum goes to y[i]. A family that runs csr_vector on a renumbered matrix (rcm)
-sets ``prepared.extra["row_of"]`` (int32, a row's old number) to write each sum to its old row instead."""
 
 
 class CsrVector(Family):
@@ -48,7 +45,7 @@ class CsrVector(Family):
         prepared.extra["kernel"](
             (grid(m * p["threads_per_row"], block),),
             (block,),
-            (np.int32(m), A.indptr, A.indices, A.data, x, out, prepared.extra.get("row_of", _NO_ROWS)),
+            (np.int32(m), A.indptr, A.indices, A.data, x, out),
         )
 
     def _prepare_reference(self, prepared: Prepared) -> None:

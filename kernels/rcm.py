@@ -23,9 +23,9 @@ has a narrow band and its gathers of x come back to the same lines.
   a quarter of the vertices) makes the preparation fail (:class:`~common.errors.InvalidConfigError`) as soon
   as that level appears: renumbering it would not bring gathers together.
 
-A product is then a gather of x into the new order and csr_vector on B (``threads_per_row``, ``block_size``:
-its parameters, declared there), which writes each row's sum to its old row: a few percent more bytes than
-the product itself. The preparation takes a few launches and one read-back a level: milliseconds for the ~120
+A product is then a gather of x into the new order, csr_vector on B (``threads_per_row``, ``block_size``:
+its parameters, declared there) and a scatter of y back to the old rows: a few percent more bytes than the
+product itself. The preparation takes a few launches and one read-back a level: milliseconds for the ~120
 levels of a 27-point stencil of 46 M nonzeros. A race at plan time enters it unranked where A is square,
 its rows regular and its gathers of x scattered (:meth:`Rcm.races_unranked`).
 
@@ -105,15 +105,16 @@ class Rcm(Family):
         B = cusp.csr_matrix((data, indices, indptr), shape=(m, n))
         ex = prepared.extra
         ex["inner"] = _INNER.prepare(B, prepared.params)
-        ex["inner"].extra["row_of"] = rows  # csr_vector writes B's row i to y[rows[i]]
         ex.update(indptr=indptr, indices=indices, data=data,  # counted in extra_bytes: B is a copy of A
-                  rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
+                  rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype),
+                  y_renumbered=cupy.empty(m, dtype=prepared.dtype))
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         cupy = require_cupy()
         ex = prepared.extra
         cupy.take(x, ex["cols"], out=ex["x_renumbered"])
-        _INNER.run(ex["inner"], ex["x_renumbered"], out)
+        _INNER.run(ex["inner"], ex["x_renumbered"], ex["y_renumbered"])
+        out[ex["rows"]] = ex["y_renumbered"]
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
