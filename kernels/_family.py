@@ -59,10 +59,11 @@ class Family(ABC):
     """The parameter :meth:`adapt` fits first (NuT: its slabs, to the L2): of the configs a selector ranks,
     those with it right already are the ones to fit further (:func:`tuner.execute.race.adapted`)."""
 
-    def races_unranked(self, features: Mapping[str, float] | None) -> bool:
-        """Whether a race at plan time measures the family's default where the selector ranks none of its
-        configs (one added after the selector was trained), on a matrix of these features (None: unknown)."""
-        return True
+    def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """The config a race at plan time measures where the selector ranks none of the family's (one added
+        after the selector was trained), on a matrix of these features (None: unknown) with values of
+        ``itemsize`` bytes; None where the family does not race there. Here: its default, everywhere."""
+        return self.space.defaults()
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""

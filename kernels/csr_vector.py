@@ -17,6 +17,8 @@ from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
 
 THREADS_PER_ROW = (2, 4, 8, 16, 32)
+BATCH_BYTES = 32
+"""What a lane loads of its entries' values before it gathers their x (csr_vector.cu: 4 doubles, 8 floats)."""
 
 
 class CsrVector(Family):

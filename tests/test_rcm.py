@@ -114,14 +114,25 @@ def test_the_reference_goes_through_the_renumbered_matrix_and_back():
 
 def test_a_race_enters_it_only_on_square_regular_scattered_matrices():
     f = Rcm()
-    assert f.races_unranked(extract_features(_shuffled(_grid(60), seed=6)))
-    assert not f.races_unranked(extract_features(_grid(60)))  # numbered well already
-    assert not f.races_unranked(extract_features(as_csr(sp.random(400, 300, density=0.01, random_state=1))))
+    assert f.unranked_config(extract_features(_shuffled(_grid(60), seed=6)), 8) is not None
+    assert f.unranked_config(extract_features(_grid(60)), 8) is None  # numbered well already
+    assert f.unranked_config(extract_features(as_csr(sp.random(400, 300, density=0.01, random_state=1))), 8) is None
     heavy = extract_features(_shuffled(sp.csr_matrix(sp.random(3000, 3000, density=0.002, random_state=2)
                                                      + sp.csr_matrix(([1.0] * 3000, ([5] * 3000, range(3000))),
                                                                      shape=(3000, 3000))), seed=3))
-    assert heavy["npr_cv"] > 1 and not f.races_unranked(heavy)  # a heavy row: not csr_vector's
-    assert not f.races_unranked(None)
+    assert heavy["npr_cv"] > 1 and f.unranked_config(heavy, 8) is None  # a heavy row: not csr_vector's
+    assert f.unranked_config(None, 8) is None
+
+
+def test_a_race_gives_it_the_fewest_threads_whose_first_loads_cover_a_row():
+    """27 entries a row (perm27): a lane's first loads are 4 doubles or 8 floats, so 8 threads in float64 and
+    4 in float32 cover the row in one batch each (probe E on the H200: 1.62x and 2.27x cuSPARSE)."""
+    features = {"rows": 1e6, "cols": 1e6, "cf_128": 1.0, "npr_cv": 0.07, "npr_mean": 26.6}
+    f = Rcm()
+    assert f.unranked_config(features, 8) == {"threads_per_row": 8, "block_size": 256}
+    assert f.unranked_config(features, 4) == {"threads_per_row": 4, "block_size": 256}
+    assert f.unranked_config({**features, "npr_mean": 3.0}, 4)["threads_per_row"] == 2  # the fewest there are
+    assert f.unranked_config({**features, "npr_mean": 900.0}, 8)["threads_per_row"] == 32  # the most
 
 
 @pytest.mark.gpu

@@ -169,8 +169,9 @@ def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: di
         reference = Reference.build(A, dtype)
     backend.synchronize()
     reference_s = time.perf_counter() - start
-    entrants = adapted(shortlist(ranking, features=features, size=race_size), ranking, cols=A.shape[1],
-                       itemsize=A.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
+    itemsize = A.dtype.itemsize
+    entrants = adapted(shortlist(ranking, features=features, itemsize=itemsize, size=race_size), ranking,
+                       cols=A.shape[1], itemsize=itemsize, l2_bytes=backend.info.l2_bytes)
     result = race(backend, A, entrants, reference, reference.x)
     device = backend.info.record(backend.copy_bandwidth_gbs())
 

@@ -131,7 +131,7 @@ class RaceResult:
 
 
 def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, float] | None = None,
-              size: int = 4, per_family: int = 2, prepare_budget: float = 60.0, slack: float = 1.5,
+              itemsize: int = 8, size: int = 4, per_family: int = 2, prepare_budget: float = 60.0, slack: float = 1.5,
               cheap: float = CHEAP_SPMVS, margin: float = MARGIN) -> list[Entrant]:
     """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (fastest expected
     first), then cuSPARSE's two algorithms.
@@ -143,9 +143,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their preparation within
     ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs); then,
     beyond ``size``, the default of every family the selector ranks no config of (one added to the
-    registry after it was trained: it cannot be ranked, so it is measured), where its family races on a
-    matrix of these ``features`` (:meth:`kernels.Family.races_unranked`: rcm only where renumbering can
-    pay). cuSPARSE's configs in the
+    registry after it was trained: it cannot be ranked, so it is measured), or the config its family
+    races on a matrix of these ``features`` with values of ``itemsize`` bytes
+    (:meth:`kernels.Family.unranked_config`: rcm only where renumbering can pay). cuSPARSE's configs in the
     ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
     """
@@ -172,8 +172,8 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
         picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         known = {r.kernel for r in ranking}
-        picked += [Entrant(k, family.space.defaults()) for k, family in REGISTRY.items()
-                   if k != BASELINE and k not in known and family.races_unranked(features)]
+        picked += [Entrant(k, params) for k, family in REGISTRY.items() if k != BASELINE and k not in known
+                   and (params := family.unranked_config(features, itemsize)) is not None]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
     for kernel, params in BASELINE_ENTRANTS:
         r = expected.get((kernel, _key(params)))
