@@ -203,8 +203,9 @@ def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
     x = backend.cp.ones(A.shape[1], dtype=A.dtype)
     out = backend.cp.empty(A.shape[0], dtype=A.dtype)
     ranked = list(found[0].configs_) if found else []
+    known = {kernel for kernel, _ in ranked}
     features = extract_features(A)
-    unranked = [(k, params) for k, family in REGISTRY.items() if k not in {k for k, _ in ranked}
+    unranked = [(k, params) for k, family in REGISTRY.items() if k not in known
                 and (params := family.unranked_config(features, A.dtype.itemsize)) is not None]
     for kernel, params in [*ranked, *unranked]:
         family = get_family(kernel)

@@ -13,12 +13,11 @@ has a narrow band and its gathers of x come back to the same lines.
 - The order (:func:`orders`), one level at a time, the same steps on the GPU (a warp a vertex of the level,
   ``rcm.cu``: three kernels and a scan, no sort) and in NumPy (the reference): a vertex of the next level
   takes the lowest number of the level's vertices that reach it, and the level is numbered by that, then
-  by vertex. A search
-  starts at the vertex of fewest neighbours (then the lowest); where it ends before every vertex is
-  numbered (another component), the next starts from the next such vertices, twice as many each time, so
-  that a matrix of many components takes a few dozen searches, not one each; each start's share of the
-  order stays together (a component two of whose vertices start the same search is cut in two). Vertices
-  no search reaches (no entries, in no one's row) come last.
+  by vertex. A search starts at the vertex of fewest neighbours (then the lowest); where it ends before
+  every vertex is numbered (another component), the next starts from the next such vertices, twice as many
+  each time, so that a matrix of many components takes a few dozen searches, not one each; each start's
+  share of the order stays together (a component two of whose vertices start the same search is cut in
+  two). Vertices no search reaches (no entries, in no one's row) come last.
 - A large graph with no narrow order (a small-world graph: a random or power-law one, where some level holds
   a quarter of the vertices) makes the preparation fail (:class:`~common.errors.InvalidConfigError`) as soon
   as that level appears: renumbering it would not bring gathers together.
