@@ -71,7 +71,7 @@ def get_kernels(
 ) -> dict[str, Any]:
     """Compile ``cu_file`` once per (instantiations, options, device); return its kernels by name.
 
-    Templates take their tunables as template arguments (``csr_vector<double, 8>``),
+    Templates take their tunables as template arguments (``csr_vector<double, 8, true>``),
     so one compilation serves every config of a family and dtype.
     """
     cupy = require_cupy()

@@ -59,7 +59,7 @@ def test_tune_measures_the_selectors_first_configs_first(tmp_path, matrix, monke
     import tuner.execute.choice
     from tuner.select.model import RankedConfig
 
-    first = ("csr_vector", {"threads_per_row": 8, "block_size": 128})
+    first = ("csr_vector", {"threads_per_row": 8, "block_size": 128, "indices": "narrow"})
     monkeypatch.setattr(tuner.execute.choice, "rank_configs",
                         lambda *a, **k: ([RankedConfig(*first, 1e-5, 1.0, 1.0)], "a test selector"))
     db = tmp_path / "s.db"

@@ -62,7 +62,8 @@ def test_small_spaces_whole_large_ones_their_default_first_and_few(tuned: Store)
 
 
 def test_a_portfolio_file_round_trips_and_a_bad_one_names_the_fault(tmp_path: Path) -> None:
-    configs = [("csr_vector", {"threads_per_row": 4, "block_size": 128}), ("cusparse", {"algorithm": "csr_alg2"})]
+    configs = [("csr_vector", {"threads_per_row": 4, "block_size": 128, "indices": "int32"}),
+               ("cusparse", {"algorithm": "csr_alg2"})]
     assert read_portfolio(write_portfolio(tmp_path / "p.json", configs)) == configs
     bad = tmp_path / "bad.json"
     for text, message in (("{", "cannot read"), ('{"configs": []}', "not a portfolio file"),

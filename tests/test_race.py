@@ -104,7 +104,8 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "npr_mean": 27.0}
     entrants = shortlist(unranked, size=2, features=scattered, itemsize=4)
     assert [e.kernel for e in entrants] == ["nut", "csr_vector", "merge_path", "rcm", "cusparse", "cusparse"]
-    assert entrants[3].params == {"threads_per_row": 4, "block_size": 256}  # Rcm.unranked_config, float32
+    # Rcm.unranked_config, float32
+    assert entrants[3].params == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
     local = {**scattered, "cf_128": 6.0}
     assert "rcm" not in [e.kernel for e in shortlist(unranked, size=2, features=local)]
 

@@ -129,8 +129,8 @@ def test_a_race_gives_it_the_fewest_threads_whose_first_loads_cover_a_row():
     4 in float32 cover the row in one batch each (probe E on the H200: 1.62x and 2.27x cuSPARSE)."""
     features = {"rows": 1e6, "cols": 1e6, "cf_128": 1.0, "npr_cv": 0.07, "npr_mean": 26.6}
     f = Rcm()
-    assert f.unranked_config(features, 8) == {"threads_per_row": 8, "block_size": 256}
-    assert f.unranked_config(features, 4) == {"threads_per_row": 4, "block_size": 256}
+    assert f.unranked_config(features, 8) == {"threads_per_row": 8, "block_size": 256, "indices": "narrow"}
+    assert f.unranked_config(features, 4) == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
     assert f.unranked_config({**features, "npr_mean": 3.0}, 4)["threads_per_row"] == 2  # the fewest there are
     assert f.unranked_config({**features, "npr_mean": 900.0}, 8)["threads_per_row"] == 32  # the most
 

@@ -63,7 +63,7 @@ def test_nearest_leaves_out_the_matrix_itself_other_devices_and_dtypes() -> None
 def test_unique_valid_keeps_the_first_of_each_config_and_drops_what_no_longer_validates() -> None:
     configs = [("csr_vector", {"threads_per_row": 4}), ("csr_vector", {"threads_per_row": 4, "block_size": 256}),
                ("csr_vector", {"threads_per_row": 3}), ("nope", {}), ("csr_scalar", {})]
-    assert unique_valid(configs) == [("csr_vector", {"threads_per_row": 4, "block_size": 256}),
+    assert unique_valid(configs) == [("csr_vector", {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}),
                                      ("csr_scalar", {"block_size": 256})]
 
 

@@ -1,0 +1,106 @@
+"""csr_vector's narrow columns: which rows take 16-bit offsets, when they pay, the product through them on
+the CPU and the GPU, the GPU's encoding equal to the reference's (the conformance suite,
+tests/test_kernels.py, runs every config on every case; its matrices have fewer than 65,536 columns, so
+every row there is narrow)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from kernels.csr_vector import OFFSET_LIMIT, CsrVector, narrow_columns
+from kernels.rcm import renumbered
+from tests.kernel_cases import gpu_runs
+from tuner.matrix.io import as_csr
+
+COLS = 3 * OFFSET_LIMIT
+
+
+def _mixed(seed: int = 0) -> sp.csr_matrix:
+    """300 rows of 200 K columns: rows 0-99 a run of 40 columns somewhere, rows 100-199 empty but every
+    tenth (one entry), rows 200-299 ten columns spread over all of them, row 155 columns 0 and 65,536 (a span
+    just too wide) and row 165 columns 7 and 65,542 (the widest narrow one)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = [], []
+    for i in range(100):
+        start = int(rng.integers(0, COLS - 40))
+        rows += [i] * 40
+        cols += range(start, start + 40)
+    for i in range(100, 200, 10):
+        rows.append(i)
+        cols.append(int(rng.integers(0, COLS)))
+    rows += [155, 155, 165, 165]
+    cols += [0, OFFSET_LIMIT, 7, 7 + OFFSET_LIMIT - 1]
+    for i in range(200, 300):
+        rows += [i] * 10
+        cols += list(rng.choice(COLS, 10, replace=False))
+    A = sp.csr_matrix((rng.uniform(-1, 1, len(rows)), (rows, cols)), shape=(300, COLS))
+    return as_csr(A)
+
+
+def test_rows_spanning_fewer_than_65536_columns_take_offsets_from_their_lowest():
+    A = _mixed()
+    base, offsets = narrow_columns(A.indptr, A.indices)
+    rows = [A.indices[a:b] for a, b in zip(A.indptr[:-1], A.indptr[1:], strict=True)]
+    lowest = np.array([r.min() if r.size else 0 for r in rows])
+    span = np.array([np.ptp(r) if r.size else 0 for r in rows])
+    np.testing.assert_array_equal(base, np.where(span < OFFSET_LIMIT, lowest, -1))
+    assert (base[:100] >= 0).all() and (base[200:] == -1).all() and base[101] == 0  # an empty row
+    assert base[155] == -1 and base[165] == 7
+    rows = np.repeat(np.arange(300), np.diff(A.indptr))
+    narrow = base[rows] >= 0
+    np.testing.assert_array_equal(base[rows][narrow] + offsets[narrow].astype(np.int64), A.indices[narrow])
+    assert offsets.dtype == np.uint16 and (offsets[~narrow] == 0).all()
+
+
+def test_offsets_are_kept_only_where_they_save_bytes():
+    """Each row's base word costs 4 bytes, each offset saves 2: narrow rows must hold more than 2 entries for
+    each row of the matrix."""
+    wide = _mixed()
+    wide = as_csr(wide[200:])  # ten spread columns a row: no row is narrow
+    assert narrow_columns(wide.indptr, wide.indices) is None
+    diagonal = as_csr(sp.identity(1000, format="csr"))  # one entry a row: 2 bytes saved, 4 spent
+    assert narrow_columns(diagonal.indptr, diagonal.indices) is None
+    band = as_csr(sp.diags([1.0, 2.0, 3.0], [-1, 0, 1], shape=(1000, 1000), format="csr"))  # 3 a row: pays
+    assert narrow_columns(band.indptr, band.indices) is not None
+
+
+@pytest.mark.parametrize("indices", ["narrow", "int32"])
+def test_the_reference_multiplies_through_the_offsets(indices):
+    A = _mixed()
+    f = CsrVector()
+    prepared = f.prepare_reference(A, {"threads_per_row": 4, "indices": indices})
+    assert ("base" in prepared.extra) == (indices == "narrow")
+    x = np.random.default_rng(1).uniform(-1, 1, COLS)
+    np.testing.assert_allclose(f.run_reference(prepared, x), A @ x, rtol=1e-12, atol=1e-12)
+
+
+def _unsorted(A: sp.csr_matrix) -> sp.csr_matrix:
+    """A with each row's entries in reverse order (rcm's renumbered matrices are not sorted by column)."""
+    order = np.concatenate([np.arange(b - 1, a - 1, -1) for a, b in zip(A.indptr[:-1], A.indptr[1:], strict=True)])
+    return sp.csr_matrix((A.data[order], A.indices[order], A.indptr), shape=A.shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("threads", [2, 32])
+def test_gpu_encodes_the_columns_as_the_reference_does(dtype, threads):
+    f = CsrVector()
+    for A in (_mixed(), _unsorted(_mixed(2)), renumbered(_mixed(3), np.arange(300)[::-1], np.arange(COLS))):
+        A = A.astype(dtype)
+        _, cpu, gpu, expected, _, y = gpu_runs(f, A, dtype, {"threads_per_row": threads})
+        base = gpu.extra["base"].get()
+        np.testing.assert_array_equal(base, cpu.extra["base"])
+        narrow = base[np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))] >= 0
+        np.testing.assert_array_equal(gpu.extra["offsets"].get()[narrow], cpu.extra["offsets"][narrow])
+        np.testing.assert_allclose(y, expected, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_keeps_int32_columns_where_offsets_do_not_pay():
+    f = CsrVector()
+    for A, params in ((as_csr(_mixed()[200:]), {}), (_mixed(), {"indices": "int32"})):
+        _, cpu, gpu, expected, _, y = gpu_runs(f, A, "float64", params)
+        assert "base" not in gpu.extra and "base" not in cpu.extra
+        np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
