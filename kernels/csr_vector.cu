@@ -12,8 +12,6 @@
 // columns. Bytes an entry: 10 instead of 12 in float64, 6 instead of 8 in float32.
 // Instantiated per value type, group size and columns: csr_vector<double, 8, true>.
 
-#include <climits>
-
 template <typename T, int TPR, bool NARROW>
 __global__ void csr_vector(const int m,
                            const int* __restrict__ indptr,
@@ -74,7 +72,7 @@ __global__ void csr_narrow(const int m,
     const int lane = threadIdx.x & 31;
     if (row >= m) return;  // a whole warp: blockDim is a multiple of 32
     const int start = indptr[row], end = indptr[row + 1];
-    int lo = INT_MAX, hi = -1;
+    int lo = 0x7fffffff, hi = -1;  // (NVRTC has no <climits>)
     for (int j = start + lane; j < end; j += 32) {
         lo = min(lo, indices[j]);
         hi = max(hi, indices[j]);
