@@ -12,6 +12,33 @@
 // columns. Bytes an entry: 10 instead of 12 in float64, 6 instead of 8 in float32.
 // Instantiated per value type, group size and columns: csr_vector<double, 8, true>.
 
+// Lane `lane`'s sum of a row of n entries, values at `values`, the column of entry k column(k): batches of
+// this lane's entries (the last one cut at the row's end), every load of a batch issued before the first
+// gather of x, the sum in the entries' order. Offsets in the row, so that no index runs past the last
+// nonzero (int32 up to 2^31 - 1). One loop a kind of column, so that no branch splits a batch's loads.
+template <typename T, int TPR, typename Column>
+__device__ __forceinline__ T lane_sum(const int lane, const int n, const T* __restrict__ values,
+                                      const T* __restrict__ x, const Column column)
+{
+    constexpr int BATCH = 32 / sizeof(T);
+    T sum = 0;
+    for (int q = lane; q < n; q += BATCH * TPR) {
+        int c[BATCH];
+        T v[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+            const int k = q + u * TPR;
+            c[u] = k < n ? column(k) : 0;
+            v[u] = k < n ? values[k] : T(0);
+        }
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+            if (q + u * TPR < n) sum += v[u] * __ldg(&x[c[u]]);
+        }
+    }
+    return sum;
+}
+
 template <typename T, int TPR, bool NARROW>
 __global__ void csr_vector(const int m,
                            const int* __restrict__ indptr,
@@ -26,28 +53,17 @@ __global__ void csr_vector(const int m,
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long row = tid / TPR;
     const int lane = threadIdx.x & (TPR - 1);
-    constexpr int BATCH = 32 / sizeof(T);
     T sum = 0;
     if (row < m) {
         const int start = indptr[row];
         const int n = indptr[row + 1] - start;
         const int lowest = NARROW ? base[row] : -1;
-        // Batches of this lane's entries (the last one cut at the row's end): every load of a batch is issued
-        // before the first gather of x, and the sum goes on in the entries' order. Offsets in the row, so
-        // that no index runs past the last nonzero (int32 up to 2^31 - 1).
-        for (int q = lane; q < n; q += BATCH * TPR) {
-            int c[BATCH];
-            T v[BATCH];
-#pragma unroll
-            for (int u = 0; u < BATCH; ++u) {
-                const int k = q + u * TPR;
-                c[u] = k >= n ? 0 : lowest >= 0 ? lowest + offsets[start + k] : indices[start + k];
-                v[u] = k < n ? data[start + k] : T(0);
-            }
-#pragma unroll
-            for (int u = 0; u < BATCH; ++u) {
-                if (q + u * TPR < n) sum += v[u] * __ldg(&x[c[u]]);
-            }
+        if (lowest >= 0) {
+            const unsigned short* row_offsets = offsets + start;
+            sum = lane_sum<T, TPR>(lane, n, data + start, x, [=](int k) { return lowest + __ldg(&row_offsets[k]); });
+        } else {
+            const int* row_indices = indices + start;
+            sum = lane_sum<T, TPR>(lane, n, data + start, x, [=](int k) { return __ldg(&row_indices[k]); });
         }
     }
     // Every thread of the warp takes part in the shuffles (blockDim is a multiple of 32).
