@@ -17,8 +17,9 @@ D: NuT's rows per panel, 2048 to 16384, with one slab and with the slabs Nut.ada
 E: rcm (reverse Cuthill-McKee, then csr_vector) against csr_vector with the same groups: what renumbering
    gains where the numbering scatters the columns (perm27), and what it costs to prepare. Run at a3495a2,
    when the order came from SciPy on the host (seconds); since f0bf567 it is made on the GPU.
-F: csr_vector and rcm with narrow columns (16-bit offsets from a row's lowest) against int32 columns, same
-   groups, merge_path's default beside: what the offsets gain on the local matrices.
+F: csr_vector, rcm and merge_path with narrow columns (16-bit offsets from a row's or a tile's lowest,
+   kernels/_narrow.py) against int32 columns, same configs otherwise: what the offsets gain on the local
+   matrices.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
     python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A to F; MATRICES: a,b,...
@@ -60,7 +61,7 @@ CONFIGS = {
     + [("merge_path", {"loads": "thread", "items_per_thread": i, "block_size": bs})
        for i, bs in itertools.product((2, 3, 4), (128, 256))],
     "E": BASE + [(k, {"threads_per_row": t, "block_size": 256}) for k in ("csr_vector", "rcm") for t in (2, 4, 8, 16)],
-    "F": BASE + [("merge_path", {})]
+    "F": BASE + [("merge_path", {"indices": i}) for i in ("narrow", "int32")]
     + [("csr_vector", {"threads_per_row": t, "indices": i}) for t in TPR for i in ("narrow", "int32")]
     + [("rcm", {"threads_per_row": t, "indices": i}) for t in (4, 8) for i in ("narrow", "int32")],
 }

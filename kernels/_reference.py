@@ -11,9 +11,10 @@ def row_ids(indptr: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(m, dtype=np.int32), np.diff(indptr))
 
 
-def products(A, x: np.ndarray) -> np.ndarray:
-    """a_ij · x_j for every stored entry, in float64 (the references accumulate in float64)."""
-    return A.data.astype(np.float64) * x.astype(np.float64)[A.indices]
+def products(A, x: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
+    """a_ij · x_j for every stored entry, in float64 (the references accumulate in float64); ``columns``: the
+    entries' columns as the product reads them, where not A's own (narrow columns, :mod:`kernels._narrow`)."""
+    return A.data.astype(np.float64) * x.astype(np.float64)[A.indices if columns is None else columns]
 
 
 def segment_sums(segment: np.ndarray, values: np.ndarray, n_segments: int) -> np.ndarray:

@@ -8,8 +8,8 @@
 // (Not with the streaming hint: a row's lanes come back to the lines of its values and columns batch after
 // batch, and evict-first loads made every config slower.)
 // NARROW: a row whose columns span fewer than 65,536 (base[row] >= 0) reads them as 16-bit offsets from
-// base[row], its lowest column (csr_narrow writes them); a wider row (base[row] == -1) reads the CSR's int32
-// columns. Bytes an entry: 10 instead of 12 in float64, 6 instead of 8 in float32.
+// base[row], its lowest column (narrow.cu writes them, a row a segment); a wider row (base[row] == -1) reads
+// the CSR's int32 columns. Bytes an entry: 10 instead of 12 in float64, 6 instead of 8 in float32.
 // Instantiated per value type, group size and columns: csr_vector<double, 8, true>.
 
 // Lane `lane`'s sum of a row of n entries, values at `values`, the column of entry k column(k): batches of
@@ -72,36 +72,4 @@ __global__ void csr_vector(const int m,
         sum += __shfl_down_sync(0xffffffffu, sum, offset, TPR);
     }
     if (lane == 0 && row < m) y[row] = sum;
-}
-
-// A warp a row: the row's lowest and highest column; where they are fewer than 65,536 apart (or the row is
-// empty), base[row] = the lowest (0 for an empty row) and offsets[j] = indices[j] - base[row] for its
-// entries; otherwise base[row] = -1 and its offsets are left unwritten (never read). A row's columns need
-// not be sorted.
-__global__ void csr_narrow(const int m,
-                           const int* __restrict__ indptr,
-                           const int* __restrict__ indices,
-                           int* __restrict__ base,
-                           unsigned short* __restrict__ offsets)
-{
-    const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    if (row >= m) return;  // a whole warp: blockDim is a multiple of 32
-    const int start = indptr[row], end = indptr[row + 1];
-    int lo = 0x7fffffff, hi = -1;  // (NVRTC has no <climits>)
-    for (int j = start + lane; j < end; j += 32) {
-        lo = min(lo, indices[j]);
-        hi = max(hi, indices[j]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    }
-    const bool fits = start == end || (long long)hi - lo < 65536;
-    const int lowest = start == end ? 0 : lo;
-    if (lane == 0) base[row] = fits ? lowest : -1;
-    if (fits) {
-        for (int j = start + lane; j < end; j += 32) offsets[j] = (unsigned short)(indices[j] - lowest);
-    }
 }

@@ -4,12 +4,12 @@ Lane l of a row's group sums the entries l, l+T, l+2T, ... of the row, then the
 group reduces its T partial sums with a halving tree of warp shuffles. Suits
 rows of tens to hundreds of nonzeros; wastes lanes on short rows.
 
-Narrow columns (``indices="narrow"``, beyond the baseline; index compression as in CSR-DU, Kourtis et al.,
-2008): a row whose columns span fewer than 65,536 stores them as 16-bit offsets from its lowest column,
-which the row keeps in a 32-bit word (:func:`narrow_columns`), so a local matrix (a mesh, a band, a renumbered
-graph, blocks) moves 10 bytes an entry instead of 12 in float64 and 6 instead of 8 in float32. Rows that span
-more read the CSR's int32 columns. Where the offsets save fewer bytes than the per-row words cost (fewer
-than 2 entries a row in narrow rows), the product keeps the int32 columns throughout.
+Narrow columns (``indices="narrow"``, beyond the baseline; :mod:`kernels._narrow`, a row a segment): a row
+whose columns span fewer than 65,536 reads them as 16-bit offsets from its lowest, a wider one its int32
+columns. One loop a kind of row, so that no branch splits a batch's loads (with one inside the batch, the
+offsets lost to int32 everywhere). On the H200: a random geometric graph 1.33x -> 1.51x cuSPARSE in float64,
+1.11x -> 1.51x in float32; dense diagonal blocks 1.28x -> 1.34x in float64 (probe F of
+bench/probe_unseen_configs.py).
 """
 
 from __future__ import annotations
@@ -18,18 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from kernels._cuda import c_type, get_kernels, grid, require_cupy
+from kernels._cuda import c_type, get_kernels, grid
 from kernels._family import Family, Prepared
-from kernels._reference import row_ids, segment_sums
+from kernels._narrow import columns, narrow_columns, narrow_columns_on_gpu
+from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
 
 THREADS_PER_ROW = (2, 4, 8, 16, 32)
 BATCH_BYTES = 32
 """What a lane loads of its entries' values before it gathers their x (csr_vector.cu: 4 doubles, 8 floats)."""
-OFFSET_LIMIT = 1 << 16
-"""A row's columns are stored as 16-bit offsets where its highest and lowest are fewer than this apart."""
-_WORD, _OFFSET, _INT32 = 4, 2, 4
-"""Bytes of a row's base column, of an offset and of a CSR column."""
 
 
 class CsrVector(Family):
@@ -48,19 +45,15 @@ class CsrVector(Family):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
-        return ("csr_narrow", *(f"csr_vector<{v}, {t}, {n}>" for t in THREADS_PER_ROW for n in ("true", "false")))
+        return tuple(f"csr_vector<{v}, {t}, {n}>" for t in THREADS_PER_ROW for n in ("true", "false"))
 
     def _prepare(self, prepared: Prepared) -> None:
-        cupy = require_cupy()
-        A, p, ex, m = prepared.A, prepared.params, prepared.extra, prepared.shape[0]
+        A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        if p["indices"] == "narrow":
-            base, offsets = cupy.empty(m, dtype=np.int32), cupy.empty(prepared.nnz, dtype=np.uint16)
-            kernels["csr_narrow"]((grid(32 * m, 256),), (256,), (np.int32(m), A.indptr, A.indices, base, offsets))
-            narrow_entries = int(cupy.diff(A.indptr)[base >= 0].sum(dtype=np.int64))
-            if _narrow_pays(narrow_entries, m):
-                ex.update(base=base, offsets=offsets)
-        narrow = "true" if "base" in ex else "false"
+        found = narrow_columns_on_gpu(A.indptr, A.indices) if p["indices"] == "narrow" else None
+        if found is not None:
+            ex["base"], ex["offsets"] = found
+        narrow = "true" if found is not None else "false"
         ex["kernel"] = kernels[f"csr_vector<{c_type(prepared.dtype)}, {p['threads_per_row']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
@@ -79,46 +72,18 @@ class CsrVector(Family):
         rows = row_ids(indptr)
         lane = (np.arange(prepared.nnz, dtype=np.int64) - indptr[rows]) % tpr
         prepared.extra["slot"] = rows.astype(np.int64) * tpr + lane
-        if prepared.params["indices"] == "narrow":
-            narrow = narrow_columns(indptr, prepared.A.indices)
-            if narrow is not None:
-                prepared.extra.update(base=narrow[0], offsets=narrow[1])
+        found = narrow_columns(indptr, prepared.A.indices) if prepared.params["indices"] == "narrow" else None
+        if found is not None:
+            prepared.extra["base"], prepared.extra["offsets"] = found
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra
         m, tpr = prepared.shape[0], prepared.params["threads_per_row"]
-        columns = A.indices
-        if "base" in ex:
-            lowest = ex["base"][row_ids(A.indptr)]
-            columns = np.where(lowest >= 0, lowest.astype(np.int64) + ex["offsets"], A.indices)
-        values = A.data.astype(np.float64) * x.astype(np.float64)[columns]
-        partial = segment_sums(ex["slot"], values, m * tpr).reshape(m, tpr)
+        cols = columns(A.indptr, ex["base"], ex["offsets"], A.indices) if "base" in ex else None
+        partial = segment_sums(ex["slot"], products(A, x, cols), m * tpr).reshape(m, tpr)
         offset = tpr // 2
         while offset:
             partial[:, :offset] += partial[:, offset : 2 * offset]
             offset //= 2
         return partial[:, 0]
 
-
-def narrow_columns(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(base, offsets) as ``csr_narrow`` writes them (wide rows' offsets 0 here, unwritten there), or None
-    where they do not pay: base[i] is row i's lowest column where its columns span fewer than
-    :data:`OFFSET_LIMIT` (0 for an empty row), else -1; offsets (uint16) the columns less their row's base."""
-    m = indptr.size - 1
-    lengths = np.diff(indptr)
-    filled = lengths > 0
-    lo, hi = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
-    if indices.size:
-        lo[filled] = np.minimum.reduceat(indices, indptr[:-1][filled])
-        hi[filled] = np.maximum.reduceat(indices, indptr[:-1][filled])
-    fits = hi - lo < OFFSET_LIMIT
-    if not _narrow_pays(int(lengths[fits].sum()), m):
-        return None
-    rows = row_ids(indptr)
-    offsets = np.where(fits[rows], indices - lo[rows], 0).astype(np.uint16)
-    return np.where(fits, lo, -1).astype(np.int32), offsets
-
-
-def _narrow_pays(narrow_entries: int, rows: int) -> bool:
-    """Whether 16-bit offsets in the narrow rows save more bytes than every row's base word costs."""
-    return narrow_entries * (_INT32 - _OFFSET) > rows * _WORD

@@ -10,7 +10,7 @@
 //   merge_path_search (prepare, once): the coordinate of every tile boundary
 //     (diagonal b * tile), by a binary search of the row pointer along the
 //     diagonal; tile_row / tile_nz, n_tiles + 1 entries each.
-//   merge_path_spmv<V, IPT, STAGED> (a run): per tile,
+//   merge_path_spmv<V, IPT, STAGED, NARROW> (a run): per tile,
 //     1. the ends of the rows the tile consumes, indptr[r0+1 .. r1], staged in
 //        shared memory, and (STAGED) the products of its nonzeros, value *
 //        x[column], computed by the whole block in order (coalesced reads;
@@ -34,8 +34,8 @@
 //
 // Every row end is consumed by exactly one thread, so stage 1 writes every row of
 // y (an empty row gets 0) and the fix-up only adds. 32-bit coordinates: the
-// caller checks m + nnz < 2^31. Instantiated per value type, items a thread and loads:
-// merge_path_spmv<double, 7, true>, merge_path_fixup<double>, merge_path_search.
+// caller checks m + nnz < 2^31. Instantiated per value type, items a thread, loads and columns:
+// merge_path_spmv<double, 7, true, true>, merge_path_fixup<double>, merge_path_search.
 
 #ifndef MERGE_PATH_MAX_THREADS
 #define MERGE_PATH_MAX_THREADS 512
@@ -83,6 +83,25 @@ __device__ __forceinline__ V warp_scan_by_row(int row, V v, int lane)
     return v;
 }
 
+// prod[q] = data[j] * x[column(j)] for j = first + q * stride below `end`, else 0: every load of values and
+// columns issued before the first gather of x (values and columns are read once: streaming hint).
+template <typename V, int IPT, typename Column>
+__device__ __forceinline__ void load_products(V* prod, const int first, const int stride, const int end,
+                                              const V* __restrict__ data, const V* __restrict__ x,
+                                              const Column column)
+{
+    int col[IPT];
+    V val[IPT];
+#pragma unroll
+    for (int q = 0; q < IPT; ++q) {
+        const int j = first + q * stride;
+        col[q] = j < end ? column(j) : 0;
+        val[q] = j < end ? __ldcs(&data[j]) : V(0);
+    }
+#pragma unroll
+    for (int q = 0; q < IPT; ++q) prod[q] = first + q * stride < end ? val[q] * __ldg(&x[col[q]]) : V(0);
+}
+
 }  // namespace merge_path_detail
 
 // Tile boundary k (k = 0 .. n_tiles): the path's coordinate at diagonal min(k * tile, m + nnz).
@@ -106,10 +125,14 @@ __global__ void merge_path_search(const int m,
 // One block a tile of blockDim.x * IPT path items (blockDim.x a multiple of 32, at most
 // MERGE_PATH_MAX_THREADS); dynamic shared memory: the tile's row ends, then, when STAGED, its products
 // (together at most a tile of items: blockDim.x * IPT * sizeof(V) + 16 bytes).
-template <typename V, int IPT, bool STAGED>
+// NARROW: a tile whose columns span fewer than 65,536 (tile_base[b] >= 0) reads them as 16-bit offsets from
+// tile_base[b] (narrow.cu writes them, a tile a segment); a wider tile reads the CSR's int32 columns.
+template <typename V, int IPT, bool STAGED, bool NARROW>
 __global__ void __launch_bounds__(MERGE_PATH_MAX_THREADS)
 merge_path_spmv(const int* __restrict__ indptr,
                 const int* __restrict__ indices,
+                const int* __restrict__ tile_base,
+                const unsigned short* __restrict__ offsets,
                 const V* __restrict__ data,
                 const V* __restrict__ x,
                 V* __restrict__ y,
@@ -137,19 +160,24 @@ merge_path_spmv(const int* __restrict__ indptr,
     //    the values and columns are read once: streaming hint), as CUB stages them. A thread's IPT loads are
     //    issued together (n_nz <= a tile = IPT * blockDim.x), so they wait on memory together.
     for (int k = threadIdx.x; k < n_rows; k += blockDim.x) ends[k] = __ldg(&indptr[r0 + 1 + k]);
-    int col[IPT];
-    V val[IPT];
-    if constexpr (STAGED) {
-#pragma unroll
-        for (int q = 0; q < IPT; ++q) {
-            const int k = q * blockDim.x + threadIdx.x;
-            col[q] = k < n_nz ? __ldcs(&indices[j0 + k]) : 0;
-            val[q] = k < n_nz ? __ldcs(&data[j0 + k]) : V(0);
+    // The products of entries first, first + stride, ... (IPT of them, those below `end`), by the tile's kind
+    // of column: one loop each, so that no branch splits the loads (the tile's kind is the block's).
+    const int lowest = NARROW ? tile_base[b] : -1;
+    auto products = [&](V* prod, const int first, const int stride, const int end) {
+        if (lowest >= 0) {
+            load_products<V, IPT>(prod, first, stride, end, data, x,
+                                  [=](int j) { return lowest + (int)__ldcs(&offsets[j]); });
+        } else {
+            load_products<V, IPT>(prod, first, stride, end, data, x, [=](int j) { return __ldcs(&indices[j]); });
         }
+    };
+    V prod[IPT];
+    if constexpr (STAGED) {
+        products(prod, j0 + threadIdx.x, blockDim.x, j0 + n_nz);
 #pragma unroll
         for (int q = 0; q < IPT; ++q) {
             const int k = q * blockDim.x + threadIdx.x;
-            if (k < n_nz) prods[k] = val[q] * __ldg(&x[col[q]]);
+            if (k < n_nz) prods[k] = prod[q];
         }
     }
     __syncthreads();
@@ -162,20 +190,11 @@ merge_path_spmv(const int* __restrict__ indptr,
     const int js = j0 + d - is;
     const int je = j0 + min(d + IPT, items) - ie;
     // Not STAGED: the thread reads its own (consecutive) nonzeros, its IPT loads together.
-    V prod[IPT];
+    if constexpr (STAGED) {
 #pragma unroll
-    for (int q = 0; q < IPT; ++q) {
-        const bool in = js + q < je;
-        if constexpr (STAGED) {
-            prod[q] = in ? prods[js - j0 + q] : V(0);
-        } else {
-            col[q] = in ? __ldcs(&indices[js + q]) : 0;
-            val[q] = in ? __ldcs(&data[js + q]) : V(0);
-        }
-    }
-    if constexpr (!STAGED) {
-#pragma unroll
-        for (int q = 0; q < IPT; ++q) prod[q] = js + q < je ? val[q] * __ldg(&x[col[q]]) : V(0);
+        for (int q = 0; q < IPT; ++q) prod[q] = js + q < je ? prods[js - j0 + q] : V(0);
+    } else {
+        products(prod, js, 1, je);
     }
 
     // 3. the walk: row end i comes before nonzero j when its end is <= j.

@@ -14,12 +14,14 @@ Stages and kernels (``merge_path.cu``):
 - prepare: ``merge_path_search`` finds the coordinate (row, nonzero) of every
   tile boundary once, by a binary search along its diagonal (``tile_row``,
   ``tile_nz``; the matrix does not change between runs);
-- ``merge_path_spmv<V, IPT, STAGED>``: a block stages its tile's row ends and its
+- ``merge_path_spmv<V, IPT, STAGED, NARROW>``: a block stages its tile's row ends and its
   products (value times x, read by the whole block in order: coalesced, as CUB
   does) in shared memory, each thread finds its start there, sums its items in order and writes
   the rows it closes; the partial sums of rows that go on past a thread
   (carry-outs) are combined by a block-wide scan by row, and the tile's own
   carry-out (its share of the row it ends in) goes to ``carry``;
+- narrow columns (``indices="narrow"``, beyond CUB; :mod:`kernels._narrow`, a tile a segment): a tile whose
+  columns span fewer than 65,536 reads them as 16-bit offsets from its lowest, a wider one its int32 columns;
 - ``merge_path_fixup<V>``: ``y[tile_row[b+1]] += carry[b]`` for the rows that span
   tiles (launched only when some tile ends inside a row). ``carry`` belongs to
   the prepared matrix: two products of one prepared matrix must not run at once
@@ -51,6 +53,7 @@ import numpy as np
 from common.errors import MatrixFormatError
 from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
+from kernels._narrow import columns, narrow_columns, narrow_columns_on_gpu
 from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
 
@@ -159,13 +162,15 @@ class MergePath(Family):
                   "products staged in shared memory (coalesced, as CUB), or each thread its own items"),
             Param("items_per_thread", ITEMS_PER_THREAD, 6, "merge-path items (row ends + nonzeros) a thread"),
             Param("block_size", BLOCK_SIZES, 64, "threads per block (a tile is block_size * items_per_thread)"),
+            Param("indices", ("narrow", "int32"), "narrow", "columns read as 16-bit offsets from the tile's "
+                  "lowest where a tile spans fewer than 65,536 and that saves bytes (narrow), or as int32"),
         )
     )
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
         return ("merge_path_search", f"merge_path_fixup<{v}>",
-                *(_spmv_name(v, k, w) for w in LOADS for k in ITEMS_PER_THREAD))
+                *(_spmv_name(v, k, w, n) for w in LOADS for k in ITEMS_PER_THREAD for n in (True, False)))
 
     @staticmethod
     def shared_bytes(params: dict[str, Any], dtype: Any) -> int:
@@ -184,12 +189,8 @@ class MergePath(Family):
         A, ex, tile = prepared.A, prepared.extra, self._tile(prepared)
         m, nnz = prepared.shape[0], prepared.nnz
         count = n_tiles(m, nnz, tile)
-        v = c_type(prepared.dtype)
+        v, p = c_type(prepared.dtype), prepared.params
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        ex["spmv_kernel"] = kernels[_spmv_name(v, prepared.params["items_per_thread"], prepared.params["loads"])]
-        ex["shared_bytes"] = self.shared_bytes(prepared.params, prepared.dtype)
-        if ex["shared_bytes"] > ex["spmv_kernel"].max_dynamic_shared_size_bytes:  # above 48 KB: opt in (once)
-            ex["spmv_kernel"].max_dynamic_shared_size_bytes = ex["shared_bytes"]
         ex["fixup_kernel"] = kernels[f"merge_path_fixup<{v}>"]
         ex["tile_row"] = cupy.empty(count + 1, dtype=np.int32)
         ex["tile_nz"] = cupy.empty(count + 1, dtype=np.int32)
@@ -200,6 +201,13 @@ class MergePath(Family):
             (np.int32(m), np.int32(nnz), np.int32(tile), np.int32(count), A.indptr, ex["tile_row"], ex["tile_nz"]),
         )
         ex["fixup"] = ends_inside_a_row(A.indptr, ex["tile_row"], ex["tile_nz"])
+        found = narrow_columns_on_gpu(ex["tile_nz"], A.indices) if p["indices"] == "narrow" else None
+        if found is not None:
+            ex["base"], ex["offsets"] = found
+        ex["spmv_kernel"] = kernels[_spmv_name(v, p["items_per_thread"], p["loads"], found is not None)]
+        ex["shared_bytes"] = self.shared_bytes(p, prepared.dtype)
+        if ex["shared_bytes"] > ex["spmv_kernel"].max_dynamic_shared_size_bytes:  # above 48 KB: opt in (once)
+            ex["spmv_kernel"].max_dynamic_shared_size_bytes = ex["shared_bytes"]
         ex["runs"] = 0
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
@@ -209,7 +217,9 @@ class MergePath(Family):
         ex["spmv_kernel"](
             (count,),
             (block,),
-            (A.indptr, A.indices, A.data, x, out, ex["tile_row"], ex["tile_nz"], ex["carry"]),
+            # the int32 instantiation never reads base and offsets: A's columns stand in for them
+            (A.indptr, A.indices, ex.get("base", A.indices), ex.get("offsets", A.indices), A.data, x, out,
+             ex["tile_row"], ex["tile_nz"], ex["carry"]),
             shared_mem=ex["shared_bytes"],
         )
         if ex["fixup"]:
@@ -229,12 +239,16 @@ class MergePath(Family):
         )
         prepared.extra["carry"] = np.zeros(len(prepared.extra["tile_row"]) - 1, dtype=prepared.dtype)
         prepared.extra["runs"] = 0
+        found = narrow_columns(prepared.extra["tile_nz"], prepared.A.indices) if p["indices"] == "narrow" else None
+        if found is not None:
+            prepared.extra["base"], prepared.extra["offsets"] = found
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        p, ex = prepared.params, prepared.extra
+        p, ex, A = prepared.params, prepared.extra, prepared.A
+        cols = columns(ex["tile_nz"], ex["base"], ex["offsets"], A.indices) if "base" in ex else None
         y, carry = spmv_reference(
-            prepared.A.indptr,
-            products(prepared.A, x),
+            A.indptr,
+            products(A, x, cols),
             ex,
             items_per_thread=int(p["items_per_thread"]),
             block_size=int(p["block_size"]),
@@ -255,9 +269,11 @@ class MergePath(Family):
         return {k: ex[k] if isinstance(ex[k], np.ndarray) else ex[k].get() for k in ("tile_row", "tile_nz", "carry")}
 
 
-def _spmv_name(ctype: str, items_per_thread: int, loads: str) -> str:
-    """The product's kernel for a value type, items a thread and who loads (STAGED: the block)."""
-    return f"merge_path_spmv<{ctype}, {items_per_thread}, {'true' if loads == 'block' else 'false'}>"
+def _spmv_name(ctype: str, items_per_thread: int, loads: str, narrow: bool) -> str:
+    """The product's kernel for a value type, items a thread, who loads (STAGED: the block) and whether it
+    reads narrow columns."""
+    return (f"merge_path_spmv<{ctype}, {items_per_thread}, {'true' if loads == 'block' else 'false'}, "
+            f"{'true' if narrow else 'false'}>")
 
 
 __all__ = ["MergePath", "decompose", "ends_inside_a_row", "merge_path_search", "path_length", "spmv_reference"]

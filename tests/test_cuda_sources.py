@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
-from kernels import REGISTRY
+from kernels import REGISTRY, _narrow
 from kernels._cuda import KERNEL_DIR
 from kernels.spmspv import MODES
 
 NVCC = shutil.which("nvcc")
-SOURCES = {**{n: f for n, f in REGISTRY.items() if f.cu_file}, **{f"spmspv-{n}": m for n, m in MODES.items()}}
-"""Every user of a .cu file: the SpMV families and the SpMSpV modes."""
+SOURCES = {**{n: f for n, f in REGISTRY.items() if f.cu_file}, **{f"spmspv-{n}": m for n, m in MODES.items()},
+           "narrow": SimpleNamespace(cu_file=_narrow.CU_FILE, name_expressions=lambda dtype: _narrow.KERNELS)}
+"""Every user of a .cu file: the SpMV families, the SpMSpV modes and the narrow columns some families share."""
 CU_FAMILIES = sorted(SOURCES)
 
 

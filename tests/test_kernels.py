@@ -31,13 +31,19 @@ def case(name: str, dtype: str):
 
 
 def configs(family: str, limit: int = 40) -> list[dict]:
-    """Every config of a small space; an even, deterministic sample of a large one (plus the default)."""
+    """Every config of a small space; an even, deterministic sample of a large one, plus the default and, for
+    each value of a parameter the sample lacks, the first config with it (a stride can step over one)."""
     space = REGISTRY[family].space
     every = space.configs()
     if len(every) <= limit:
         return every
     sample = every[:: -(-len(every) // limit)]
-    return sample if space.defaults() in sample else [space.defaults(), *sample]
+    sample = sample if space.defaults() in sample else [space.defaults(), *sample]
+    for p in space.params:
+        for value in p.values:
+            if not any(c.get(p.name) == value for c in sample):
+                sample.append(next(c for c in every if c.get(p.name) == value))
+    return sample
 
 
 # -- the registry and the spaces -------------------------------------------------

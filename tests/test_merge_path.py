@@ -93,10 +93,11 @@ def _check_against_scipy(A, dtype: str, params: dict) -> None:
 # -- the space ------------------------------------------------------------------------------------
 def test_space_and_instantiations():
     params = {p.name: p for p in FAMILY.space.params}
-    assert list(params) == ["loads", "items_per_thread", "block_size"]
+    assert list(params) == ["loads", "items_per_thread", "block_size", "indices"]
     assert params["items_per_thread"].values == ITEMS_PER_THREAD and params["block_size"].values == BLOCK_SIZES
     assert params["loads"].values == LOADS
-    assert FAMILY.space.defaults() == {"loads": "block", "items_per_thread": 6, "block_size": 64}  # CUB's float64
+    # CUB's float64, columns narrow where they fit
+    assert FAMILY.space.defaults() == {"loads": "block", "items_per_thread": 6, "block_size": 64, "indices": "narrow"}
     largest = {"items_per_thread": max(ITEMS_PER_THREAD), "block_size": max(BLOCK_SIZES)}
     assert FAMILY.shared_bytes({**largest, "loads": "thread"}, "float64") <= 48 * 1024  # row ends: no opt-in
     assert FAMILY.shared_bytes({**largest, "loads": "block"}, "float64") <= 227 * 1024  # Hopper's opt-in limit
@@ -105,18 +106,21 @@ def test_space_and_instantiations():
         assert len(set(exprs)) == len(exprs)
         assert {"merge_path_search", f"merge_path_fixup<{ctype}>"} <= set(exprs)
         for k in ITEMS_PER_THREAD:
-            assert {f"merge_path_spmv<{ctype}, {k}, true>", f"merge_path_spmv<{ctype}, {k}, false>"} <= set(exprs)
+            assert {f"merge_path_spmv<{ctype}, {k}, {w}, {n}>" for w in ("true", "false")
+                    for n in ("true", "false")} <= set(exprs)
     assert FAMILY.describe()["params"] == FAMILY.space.to_dict()
 
 
 def test_conformance_suite_runs_every_config():
-    """tests/test_kernels.py samples at most 40 configs of a space: of merge_path's 72, every items_per_thread
-    with both ways of loading (the GPU tests here run every items_per_thread both ways)."""
+    """tests/test_kernels.py samples about 40 configs of a space: of merge_path's 144, every items_per_thread
+    with both ways of loading, and both kinds of columns (the GPU tests here run every items_per_thread both
+    ways)."""
     from tests.test_kernels import configs
 
-    assert len(FAMILY.space.configs()) == len(ITEMS_PER_THREAD) * len(BLOCK_SIZES) * len(LOADS)
+    assert len(FAMILY.space.configs()) == len(ITEMS_PER_THREAD) * len(BLOCK_SIZES) * len(LOADS) * 2
     sample = configs("merge_path")
     assert {(c["items_per_thread"], c["loads"]) for c in sample} == {(k, w) for k in ITEMS_PER_THREAD for w in LOADS}
+    assert {c["indices"] for c in sample} == {"narrow", "int32"}
 
 
 # -- the search -----------------------------------------------------------------------------------

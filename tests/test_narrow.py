@@ -1,7 +1,7 @@
-"""csr_vector's narrow columns: which rows take 16-bit offsets, when they pay, the product through them on
-the CPU and the GPU, the GPU's encoding equal to the reference's (the conformance suite,
-tests/test_kernels.py, runs every config on every case; its matrices have fewer than 65,536 columns, so
-every row there is narrow)."""
+"""Narrow columns (kernels/_narrow.py): which segments take 16-bit offsets, when they pay, the products of
+csr_vector (a row a segment) and merge_path (a tile a segment) through them on the CPU and the GPU, the
+GPU's encoding equal to the reference's (the conformance suite, tests/test_kernels.py, runs every config on
+every case; its matrices have fewer than 65,536 columns, so every segment there is narrow)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from kernels.csr_vector import OFFSET_LIMIT, CsrVector, narrow_columns
+from kernels import get_family
+from kernels._narrow import OFFSET_LIMIT, narrow_columns
 from kernels.rcm import renumbered
 from tests.kernel_cases import gpu_runs
 from tuner.matrix.io import as_csr
@@ -39,6 +40,17 @@ def _mixed(seed: int = 0) -> sp.csr_matrix:
     return as_csr(A)
 
 
+def _local(seed: int = 0) -> sp.csr_matrix:
+    """3,100 rows of 200 K columns: rows 0-2999 twenty columns within 100 of 60 x row (a band drifting
+    across all the columns: narrow rows and narrow tiles), rows 3000-3099 ten spread columns (wide ones)."""
+    rng = np.random.default_rng(seed)
+    band = np.repeat(np.arange(3000), 20)
+    cols = 60 * band + rng.integers(0, 100, band.size)
+    spread = np.repeat(np.arange(3000, 3100), 10)
+    rows, cols = np.concatenate([band, spread]), np.concatenate([cols, rng.integers(0, COLS, spread.size)])
+    return as_csr(sp.csr_matrix((rng.uniform(-1, 1, rows.size), (rows, cols)), shape=(3100, COLS)))
+
+
 def test_rows_spanning_fewer_than_65536_columns_take_offsets_from_their_lowest():
     A = _mixed()
     base, offsets = narrow_columns(A.indptr, A.indices)
@@ -66,14 +78,22 @@ def test_offsets_are_kept_only_where_they_save_bytes():
     assert narrow_columns(band.indptr, band.indices) is not None
 
 
+FAMILIES = ("csr_vector", "merge_path")
+PARAMS = {"csr_vector": {"threads_per_row": 4}, "merge_path": {}}
+
+
 @pytest.mark.parametrize("indices", ["narrow", "int32"])
-def test_the_reference_multiplies_through_the_offsets(indices):
-    A = _mixed()
-    f = CsrVector()
-    prepared = f.prepare_reference(A, {"threads_per_row": 4, "indices": indices})
-    assert ("base" in prepared.extra) == (indices == "narrow")
-    x = np.random.default_rng(1).uniform(-1, 1, COLS)
-    np.testing.assert_allclose(f.run_reference(prepared, x), A @ x, rtol=1e-12, atol=1e-12)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_reference_multiplies_through_the_offsets(family, indices):
+    f = get_family(family)
+    for A in (_mixed(), _local()):
+        prepared = f.prepare_reference(A, {**PARAMS[family], "indices": indices})
+        x = np.random.default_rng(1).uniform(-1, 1, COLS)
+        np.testing.assert_allclose(f.run_reference(prepared, x), A @ x, rtol=1e-12, atol=1e-12)
+    assert ("base" in prepared.extra) == (indices == "narrow")  # _local: narrow rows and tiles pay
+    if indices == "narrow":
+        base = prepared.extra["base"]
+        assert (base >= 0).any() and (base == -1).any()
 
 
 def _unsorted(A: sp.csr_matrix) -> sp.csr_matrix:
@@ -84,23 +104,31 @@ def _unsorted(A: sp.csr_matrix) -> sp.csr_matrix:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("threads", [2, 32])
-def test_gpu_encodes_the_columns_as_the_reference_does(dtype, threads):
-    f = CsrVector()
-    for A in (_mixed(), _unsorted(_mixed(2)), renumbered(_mixed(3), np.arange(300)[::-1], np.arange(COLS))):
+@pytest.mark.parametrize(("family", "params"), [("csr_vector", {"threads_per_row": 2}),
+                                                ("csr_vector", {"threads_per_row": 32}),
+                                                ("merge_path", {"loads": "block"}),
+                                                ("merge_path", {"loads": "thread", "items_per_thread": 3})])
+def test_gpu_encodes_the_columns_as_the_reference_does(family, params, dtype):
+    f = get_family(family)
+    cases = (_local(), _unsorted(_local(2)))
+    if family == "csr_vector":  # a row a segment: the widest narrow row and the narrowest wide one
+        cases += (_mixed(), renumbered(_mixed(3), np.arange(300)[::-1], np.arange(COLS)))
+    for A in cases:
         A = A.astype(dtype)
-        _, cpu, gpu, expected, _, y = gpu_runs(f, A, dtype, {"threads_per_row": threads})
+        _, cpu, gpu, expected, _, y = gpu_runs(f, A, dtype, params)
         base = gpu.extra["base"].get()
         np.testing.assert_array_equal(base, cpu.extra["base"])
-        narrow = base[np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))] >= 0
+        ptr = cpu.extra["tile_nz"] if family == "merge_path" else A.indptr
+        narrow = np.repeat(base, np.diff(ptr)) >= 0
         np.testing.assert_array_equal(gpu.extra["offsets"].get()[narrow], cpu.extra["offsets"][narrow])
         np.testing.assert_allclose(y, expected, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
 
 
 @pytest.mark.gpu
-def test_gpu_keeps_int32_columns_where_offsets_do_not_pay():
-    f = CsrVector()
-    for A, params in ((as_csr(_mixed()[200:]), {}), (_mixed(), {"indices": "int32"})):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_keeps_int32_columns_where_offsets_do_not_pay(family):
+    f = get_family(family)
+    for A, params in ((as_csr(_mixed()[200:]), {}), (_local(), {"indices": "int32"})):
         _, cpu, gpu, expected, _, y = gpu_runs(f, A, "float64", params)
         assert "base" not in gpu.extra and "base" not in cpu.extra
         np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,33 @@
+// narrow_offsets: a segment's columns as 16-bit offsets from its lowest (kernels/_narrow.py).
+// A warp a segment (entries ptr[s] .. ptr[s+1]-1): its lowest and highest column; where they are fewer than
+// 65,536 apart (or the segment is empty), base[s] = the lowest (0 for an empty one) and offsets[j] =
+// indices[j] - base[s] for its entries; otherwise base[s] = -1 and its offsets are left unwritten (never
+// read). A segment's columns need not be sorted.
+
+__global__ void narrow_offsets(const int segments,
+                               const int* __restrict__ ptr,
+                               const int* __restrict__ indices,
+                               int* __restrict__ base,
+                               unsigned short* __restrict__ offsets)
+{
+    const long long s = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (s >= segments) return;  // a whole warp: blockDim is a multiple of 32
+    const int start = ptr[s], end = ptr[s + 1];
+    int lo = 0x7fffffff, hi = -1;  // (NVRTC has no <climits>)
+    for (int j = start + lane; j < end; j += 32) {
+        lo = min(lo, indices[j]);
+        hi = max(hi, indices[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    const bool fits = start == end || (long long)hi - lo < 65536;
+    const int lowest = start == end ? 0 : lo;
+    if (lane == 0) base[s] = fits ? lowest : -1;
+    if (fits) {
+        for (int j = start + lane; j < end; j += 32) offsets[j] = (unsigned short)(indices[j] - lowest);
+    }
+}
