@@ -4,7 +4,7 @@
 >>> sorted(REGISTRY)
 ['csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'merge_path', 'nut', 'rcm', 'specsum', 'suraa']
 >>> get_family("csr_vector").space.defaults()
-{'threads_per_row': 8, 'block_size': 256}
+{'threads_per_row': 8, 'block_size': 256, 'indices': 'narrow'}
 """
 
 from __future__ import annotations
@@ -62,11 +62,21 @@ def config_key(kernel: str, params: Mapping[str, Any]) -> str:
     return kernel + json.dumps(dict(params), sort_keys=True)
 
 
+def canonical(kernel: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with the family's defaults filled in, what runs: the config a trial records, so that one
+    recorded before a parameter was added (csr_vector's ``indices``: int32 then) is never taken for one
+    with it; as given where they do not validate (the trial then fails and says why)."""
+    try:
+        return get_family(kernel).space.validate(params, family=kernel)
+    except InvalidConfigError:
+        return dict(params)
+
+
 def config_of(key: str) -> tuple[str, dict[str, Any]]:
     """``(kernel, params)`` back from a :func:`config_key`."""
     brace = key.index("{")
     return key[:brace], json.loads(key[brace:])
 
 
-__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "config_key", "config_of", "get_family",
-           "with_adapted"]
+__all__ = ["BASELINE", "REGISTRY", "Family", "Param", "Prepared", "Space", "canonical", "config_key", "config_of",
+           "get_family", "with_adapted"]

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from db.store import Store
-from kernels import REGISTRY, get_family
+from kernels import REGISTRY, canonical, get_family
 from tuner.execute.choice import stored_choice
 from tuner.execute.race import (
     BASELINE_ENTRANTS,
@@ -187,7 +187,7 @@ def test_a_tie_with_cusparse_goes_to_cusparse(A, vector_s: float, winner: str) -
     assert store.best("f" * 32, device=backend.info.id, dtype="float64")["kernel"] == "csr_vector"
     again = stored_choice(store, "f" * 32, device=backend.info.id, dtype="float64")
     assert (again.kernel, again.source, again.cusparse_time_s) == (winner, "raced", 1.0)
-    assert again.params == result.winner.entrant.params
+    assert again.params == result.winner.result.params == canonical(winner, result.winner.entrant.params)
 
 
 @pytest.mark.parametrize(("vector_s", "rounds", "samples", "winner"),

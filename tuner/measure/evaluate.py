@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidConfigError, TunerError
-from kernels import Family, Prepared
+from kernels import Family, Prepared, canonical
 from tuner.measure.backend import Backend, Timing
 from tuner.measure.metrics import gbps, gflops
 from tuner.measure.verify import Reference
@@ -134,7 +134,7 @@ def checked_prepare(
     when the config failed (``result`` says how). A passing result is not yet timed (state 'failed' until
     it is); ``out`` is the output buffer to time it with.
     """
-    result = TrialResult(family.name, dict(params), "failed")
+    result = TrialResult(family.name, canonical(family.name, params), "failed")
     try:
         prepared, result.prepare_s = backend.timed_prepare(family, A, params)
         out = backend.full(prepared.shape[0], float("nan"), prepared.dtype)

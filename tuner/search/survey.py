@@ -26,7 +26,7 @@ from typing import Any
 
 from common.errors import TunerError
 from db.store import Store
-from kernels import config_key, get_family
+from kernels import canonical, config_key, get_family
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint
 from tuner.matrix.sources import Source
@@ -131,13 +131,13 @@ def _measure_matrix(src: Source, A: Any, configs: Sequence[Config], *, backend: 
                      features=extract_features(A_dev))
     written = []
     for dtype in dtypes:
-        done = {config_key(r["kernel"], r["params"])
+        done = {config_key(r["kernel"], r["params"])  # as recorded: what ran (kernels.canonical)
                 for r in store.trials(fp, device=backend.info.id, dtype=dtype) if r["study"] == STUDY}
         A_d = A_dev if dtype == str(A_dev.dtype) else A_dev.astype(dtype)
         reference = Reference.build(A_d, dtype)
         rows = []
         for kernel, params in configs:
-            if config_key(kernel, params) in done:
+            if config_key(kernel, canonical(kernel, params)) in done:
                 continue
             outcome = evaluate(backend, get_family(kernel), A_d, params, reference, reference.x, repeats=repeats,
                                max_duration=max_duration)
