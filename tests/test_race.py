@@ -14,6 +14,7 @@ from tuner.execute.choice import stored_choice
 from tuner.execute.race import (
     BASELINE_ENTRANTS,
     DEFAULT_ENTRANTS,
+    ROOF,
     STUDY,
     Entrant,
     adapted,
@@ -205,6 +206,28 @@ def test_the_race_times_a_second_round_only_while_two_are_close(A, vector_s: flo
     assert backend.rounds == rounds
     assert result.winner.entrant.kernel == winner
     assert [len(lap.samples) for lap in result.laps] == samples
+
+
+@pytest.mark.parametrize(("floor_s", "rounds", "winner"), [(0.9, [2, 2], "csr_vector"), (0.5, [2, 3], "nut")])
+def test_a_cheap_entrant_at_the_roof_leaves_the_costly_ones_unprepared(A, floor_s: float, rounds: list[int],
+                                                                       winner: str) -> None:
+    """csr_vector (prepared in 1 SpMV) takes 1.0: at or under floor / ROOF (0.9 / 0.85) it is at the roof and
+    NuT (50 SpMVs) is never prepared; over it (floor 0.5) NuT is prepared after the screening round, joins
+    the second and wins."""
+    backend = Scripted({"csr_vector": 1.0, "cusparse": 2.0, "nut": 0.8})
+    nut = Entrant("nut", {}, prepare_spmvs=50.0)
+    entrants = [nut, Entrant("csr_vector", {"threads_per_row": 4}, prepare_spmvs=1.0),
+                Entrant("cusparse", {"algorithm": "csr_alg1"})]
+    backend.kernels = ["csr_vector", "cusparse", "nut"]  # the order they are ready in: the cheap ones first
+    ref = Reference.build(A, "float64")
+    result = race(backend, A, entrants, ref, ref.x, floor_s=floor_s)
+    assert backend.rounds == rounds and result.winner.entrant.kernel == winner
+    at_roof = floor_s / ROOF >= 1.0
+    assert (result.skipped == [nut]) == at_roof and any(lap.entrant is nut for lap in result.laps) != at_roof
+    assert any("nut {}: not prepared" in line for line in result.table()) == at_roof
+    # no expected preparation (no selector, or a family it does not rank): raced as before, whatever the roof
+    unranked = race(CpuReferenceBackend(), A, shortlist(None, size=3), ref, ref.x, floor_s=1.0)
+    assert [lap.entrant for lap in unranked.laps] == shortlist(None, size=3) and not unranked.skipped
 
 
 def test_every_entrant_failing_leaves_no_winner(A) -> None:

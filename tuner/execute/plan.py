@@ -44,6 +44,7 @@ from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
 from tuner.matrix.io import as_csr, as_device_csr
 from tuner.measure.backend import Backend, GpuBackend
+from tuner.measure.metrics import effective_bytes
 from tuner.measure.verify import Reference
 
 if TYPE_CHECKING:
@@ -172,8 +173,10 @@ def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: di
     itemsize = A.dtype.itemsize
     entrants = adapted(shortlist(ranking, features=features, itemsize=itemsize, size=race_size), ranking,
                        cols=A.shape[1], itemsize=itemsize, l2_bytes=backend.info.l2_bytes)
-    result = race(backend, A, entrants, reference, reference.x)
-    device = backend.info.record(backend.copy_bandwidth_gbs())
+    bandwidth = backend.copy_bandwidth_gbs()
+    floor_s = effective_bytes(A.shape[0], A.shape[1], A.nnz, dtype) / (bandwidth * 1e9)
+    result = race(backend, A, entrants, reference, reference.x, floor_s=floor_s)
+    device = backend.info.record(bandwidth)
 
     def record(into: Store) -> None:
         with into.transaction():

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from tuner.measure.verify import Reference
     from tuner.select.model import RankedConfig
 
-__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "STUDY", "Entrant", "Lap", "RaceResult", "adapted",
-           "race", "record_race", "search_seeds", "shortlist"]
+__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "ROOF", "STUDY", "Entrant", "Lap", "RaceResult",
+           "adapted", "race", "record_race", "search_seeds", "shortlist"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -60,6 +60,13 @@ warm, a config 0.3 % ahead in the race was 6 % behind cold on the H200; it now t
 CHEAP_SPMVS = 5.0
 """A preparation expected within this many SpMVs is cheap: ``plan(effort="predict")`` runs only those, and
 a race always has the first of them."""
+
+ROOF = 0.85
+"""An entrant that moves a product's compulsory bytes (:func:`tuner.measure.metrics.effective_bytes`, 4-byte
+columns) at this fraction of the copy bandwidth or more is at the roof: the race then leaves out the entrants
+the selector expects to be costly to prepare. Every family that is (NuT, IPCSR, SURAA, specsum) reads at
+least those bytes, so none could win by more than 1 / ROOF, and their preparations cost more SpMVs than the
+products they might save (NuT's 5-9 ms on matrices of 24-40 M nonzeros, where a product takes 70-190 us)."""
 
 DEFAULT_ENTRANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("csr_vector", {"threads_per_row": 4, "block_size": 256}),
@@ -104,6 +111,8 @@ class RaceResult:
     prepared: Prepared | None
     seconds: dict[str, float]
     recorded: Future[float] | None = None
+    skipped: list[Entrant] = field(default_factory=list)
+    """Entrants left out unprepared: a cheap one was at the roof already (:data:`ROOF`)."""
 
     @property
     def baseline_s(self) -> float | None:
@@ -127,6 +136,8 @@ class RaceResult:
                 lines.append(f"{mark} {e.kernel} {e.params}: {lap.time_s * 1e6:.1f} us{spread}{expected}{prepared}")
             else:
                 lines.append(f"  {e.kernel} {e.params}: out ({lap.result.error_kind}: {lap.result.error}){expected}")
+        lines += [f"  {e.kernel} {e.params}: not prepared (a cheaper entrant was at {ROOF:.0%} of the copy "
+                  "bandwidth or more)" for e in self.skipped]
         return lines
 
 
@@ -243,6 +254,7 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Reference, x: Any, *,
          repeats: int = 2, rounds: int = 2, drop: float = 1.05, margin: float = MARGIN,
+         floor_s: float | None = None, cheap: float = CHEAP_SPMVS,
          on_lap: Callable[[Lap], None] | None = None) -> RaceResult:
     """Prepare, check and time every entrant on ``A`` (on ``backend``'s device; ``x`` is ``reference.x``
     there); the winner stays prepared, the others are released.
@@ -254,34 +266,56 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     by well under 1 %, so one 5 % behind after two products does not catch up, and the products of the
     race are most of its cost. A lap's time is the median of its products. The winner must beat
     cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
+
+    ``floor_s``: the product's compulsory bytes at the copy bandwidth. Where given, the entrants the selector
+    expects to prepare in more than ``cheap`` SpMVs wait: the others (cuSPARSE's always, and those with no
+    expectation) are prepared and timed once first; if the fastest takes at most ``floor_s / ROOF``
+    (:data:`ROOF`), the waiting ones are left out unprepared (``skipped``), else they join the race.
     """
     seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
     laps: list[Lap] = []
     ready: dict[int, tuple[Prepared, Any]] = {}  # lap index -> prepared, out
-    for entrant in entrants:
+
+    def enter(group: Sequence[Entrant]) -> None:
+        for entrant in group:
+            start = time.perf_counter()
+            result, prepared, out = checked_prepare(backend, get_family(entrant.kernel), A, entrant.params,
+                                                    reference, x)
+            seconds["prepare"] += result.prepare_s or 0.0
+            seconds["verify"] += time.perf_counter() - start - (result.prepare_s or 0.0)
+            laps.append(Lap(entrant, result))
+            if prepared is not None:
+                ready[len(laps) - 1] = (prepared, out)
+            elif on_lap:
+                on_lap(laps[-1])
+
+    def lap_round() -> float:
+        """One round of ``repeats`` cold products of every entrant ready; the leader's median so far."""
         start = time.perf_counter()
-        result, prepared, out = checked_prepare(backend, get_family(entrant.kernel), A, entrant.params, reference, x)
-        seconds["prepare"] += result.prepare_s or 0.0
-        seconds["verify"] += time.perf_counter() - start - (result.prepare_s or 0.0)
-        laps.append(Lap(entrant, result))
-        if prepared is not None:
-            ready[len(laps) - 1] = (prepared, out)
-        elif on_lap:
-            on_lap(laps[-1])
-    start = time.perf_counter()
-    for round_ in range(rounds):
-        if len(ready) <= (1 if round_ else 0):
-            break  # nothing to time, or one left after a round: it has won
         order = list(ready)
         fns = [_runner(backend, laps[i].entrant.kernel, *ready[i], x) for i in order]
         timed = backend.time_queued(fns, repeats=repeats, flush_l2=True)
         for i, samples in zip(order, timed, strict=True):
             laps[i].samples += samples
-        leader = min(float(np.median(laps[i].samples)) for i in order)
-        for i in order:
+        seconds["time"] += time.perf_counter() - start
+        return min(float(np.median(laps[i].samples)) for i in order)
+
+    costly = [e for e in entrants if floor_s is not None and e.prepare_spmvs is not None and e.prepare_spmvs > cheap
+              and e.kernel != BASELINE]
+    enter([e for e in entrants if not any(e is c for c in costly)])
+    skipped: list[Entrant] = []
+    screened = bool(costly and ready)  # the screening round counts as the first
+    if screened and lap_round() <= floor_s / ROOF:
+        skipped = costly
+    else:
+        enter(costly)
+    for round_ in range(int(screened), rounds):
+        if len(ready) <= (1 if round_ else 0):
+            break  # nothing to time, or one left after a round: it has won
+        leader = lap_round()
+        for i in list(ready):
             if float(np.median(laps[i].samples)) > drop * leader:
                 del ready[i]  # far behind: its memory goes back now
-    seconds["time"] = time.perf_counter() - start
     for lap in laps:
         if lap.samples:
             lap.result.timing = Timing.from_samples(np.asarray(lap.samples))
@@ -295,7 +329,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         win = baseline  # not clearly faster than cuSPARSE: a tie goes to cuSPARSE
     prepared = ready.pop(win)[0] if win is not None else None
     ready.clear()
-    return RaceResult(laps, laps[win] if win is not None else None, prepared, seconds)
+    return RaceResult(laps, laps[win] if win is not None else None, prepared, seconds, skipped=skipped)
 
 
 def _runner(backend: Backend, kernel: str, prepared: Prepared, out: Any, x: Any) -> Callable[[], object]:
