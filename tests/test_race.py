@@ -212,9 +212,9 @@ def test_the_race_times_a_second_round_only_while_two_are_close(A, vector_s: flo
 def test_a_cheap_entrant_at_the_roof_leaves_the_costly_ones_unprepared(A, floor_s: float, rounds: list[int],
                                                                        winner: str) -> None:
     """csr_vector (prepared in 1 SpMV) takes 1.0: at or under floor / ROOF (0.9 / 0.85) it is at the roof and
-    NuT (50 SpMVs) is never prepared; over it (floor 0.5) NuT is prepared after the screening round, joins
-    the second and wins."""
-    backend = Scripted({"csr_vector": 1.0, "cusparse": 2.0, "nut": 0.8})
+    NuT (50 SpMVs) is never prepared; over it (floor 0.5) NuT is prepared after the first round, joins the
+    second and wins."""
+    backend = Scripted({"csr_vector": 1.0, "cusparse": 1.04, "nut": 0.8})  # cuSPARSE close: timed again
     nut = Entrant("nut", {}, prepare_spmvs=50.0)
     entrants = [nut, Entrant("csr_vector", {"threads_per_row": 4}, prepare_spmvs=1.0),
                 Entrant("cusparse", {"algorithm": "csr_alg1"})]

@@ -269,8 +269,8 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
 
     ``floor_s``: the product's compulsory bytes at the copy bandwidth. Where given, the entrants the selector
     expects to prepare in more than ``cheap`` SpMVs wait: the others (cuSPARSE's always, and those with no
-    expectation) are prepared and timed once first; if the fastest takes at most ``floor_s / ROOF``
-    (:data:`ROOF`), the waiting ones are left out unprepared (``skipped``), else they join the race.
+    expectation) are prepared and timed in a first round; if the fastest takes at most ``floor_s / ROOF``
+    (:data:`ROOF`), the waiting ones are left out unprepared (``skipped``), else they join the next.
     """
     seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
     laps: list[Lap] = []
@@ -290,15 +290,20 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
                 on_lap(laps[-1])
 
     def lap_round() -> float:
-        """One round of ``repeats`` cold products of every entrant ready; the leader's median so far."""
+        """One round of ``repeats`` cold products of every entrant ready, those then ``drop`` times the
+        leader or more behind dropped; the leader's median so far."""
         start = time.perf_counter()
         order = list(ready)
         fns = [_runner(backend, laps[i].entrant.kernel, *ready[i], x) for i in order]
         timed = backend.time_queued(fns, repeats=repeats, flush_l2=True)
         for i, samples in zip(order, timed, strict=True):
             laps[i].samples += samples
+        leader = min(float(np.median(laps[i].samples)) for i in order)
+        for i in order:
+            if float(np.median(laps[i].samples)) > drop * leader:
+                del ready[i]  # far behind: its memory goes back now
         seconds["time"] += time.perf_counter() - start
-        return min(float(np.median(laps[i].samples)) for i in order)
+        return leader
 
     costly = [e for e in entrants if floor_s is not None and e.prepare_spmvs is not None and e.prepare_spmvs > cheap
               and e.kernel != BASELINE]
@@ -312,10 +317,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     for round_ in range(int(screened), rounds):
         if len(ready) <= (1 if round_ else 0):
             break  # nothing to time, or one left after a round: it has won
-        leader = lap_round()
-        for i in list(ready):
-            if float(np.median(laps[i].samples)) > drop * leader:
-                del ready[i]  # far behind: its memory goes back now
+        lap_round()
     for lap in laps:
         if lap.samples:
             lap.result.timing = Timing.from_samples(np.asarray(lap.samples))
