@@ -86,4 +86,3 @@ class CsrVector(Family):
             partial[:, :offset] += partial[:, offset : 2 * offset]
             offset //= 2
         return partial[:, 0]
-

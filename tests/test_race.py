@@ -225,6 +225,10 @@ def test_a_cheap_entrant_at_the_roof_leaves_the_costly_ones_unprepared(A, floor_
     at_roof = floor_s / ROOF >= 1.0
     assert (result.skipped == [nut]) == at_roof and any(lap.entrant is nut for lap in result.laps) != at_roof
     assert any("nut {}: not prepared" in line for line in result.table()) == at_roof
+    if not at_roof:  # one round asked: those that joined after the first are timed all the same
+        backend.rounds.clear()
+        once = race(backend, A, entrants, ref, ref.x, floor_s=floor_s, rounds=1)
+        assert backend.rounds == [2, 3] and all(lap.result.ok for lap in once.laps)
     # no expected preparation (no selector, or a family it does not rank): raced as before, whatever the roof
     unranked = race(CpuReferenceBackend(), A, shortlist(None, size=3), ref, ref.x, floor_s=1.0)
     assert [lap.entrant for lap in unranked.laps] == shortlist(None, size=3) and not unranked.skipped

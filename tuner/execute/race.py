@@ -314,7 +314,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         skipped = costly
     else:
         enter(costly)
-    for round_ in range(int(screened), rounds):
+    for round_ in range(int(screened), max(rounds, int(screened) + 1)):  # those that joined: timed once at least
         if len(ready) <= (1 if round_ else 0):
             break  # nothing to time, or one left after a round: it has won
         lap_round()
