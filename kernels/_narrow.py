@@ -15,17 +15,47 @@ and the same offsets in narrow segments (a wide segment's are 0 here, unwritten 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from kernels._cuda import get_kernels, grid, require_cupy
+from kernels._space import Param
 
 CU_FILE, KERNELS = "narrow.cu", ("narrow_offsets",)
 OFFSET_LIMIT = 1 << 16
 """A segment's columns are stored as offsets where its highest and lowest are fewer than this apart."""
 _BASE_BYTES, _SAVED_BYTES = 4, 2
 """Bytes of a segment's base word; bytes an offset saves against an int32 column."""
+
+
+def indices_param(segment: str) -> Param:
+    """The ``indices`` parameter of a family whose products read columns a ``segment`` (row, tile) at a time."""
+    return Param("indices", ("narrow", "int32"), "narrow", f"columns read as 16-bit offsets from the {segment}'s "
+                 f"lowest where a {segment} spans fewer than 65,536 and that saves bytes (narrow), or as int32")
+
+
+def attach(extra: dict[str, Any], params: Mapping[str, Any], ptr: Any, indices: Any) -> bool:
+    """Where ``params`` ask for narrow columns and they pay, their ``base`` and ``offsets`` put in ``extra``
+    (written on the GPU for CuPy arrays, by the reference for NumPy ones); whether they were."""
+    if params["indices"] != "narrow":
+        return False
+    found = (narrow_columns if isinstance(indices, np.ndarray) else narrow_columns_on_gpu)(ptr, indices)
+    if found is not None:
+        extra["base"], extra["offsets"] = found
+    return found is not None
+
+
+def launch_columns(extra: Mapping[str, Any], indices: Any) -> tuple[Any, Any]:
+    """The base and offsets a kernel is launched with; A's ``indices`` stand in for them where none were
+    attached (the int32 instantiation never reads them: one signature for both)."""
+    return extra.get("base", indices), extra.get("offsets", indices)
+
+
+def reference_columns(extra: Mapping[str, Any], ptr: np.ndarray, indices: np.ndarray) -> np.ndarray | None:
+    """The entries' columns as the reference's product reads them, None where none were attached (A's own)."""
+    return columns(ptr, extra["base"], extra["offsets"], indices) if "base" in extra else None
 
 
 def narrow_columns(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

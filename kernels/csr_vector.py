@@ -20,7 +20,7 @@ import numpy as np
 
 from kernels._cuda import c_type, get_kernels, grid
 from kernels._family import Family, Prepared
-from kernels._narrow import columns, narrow_columns, narrow_columns_on_gpu
+from kernels._narrow import attach, indices_param, launch_columns, reference_columns
 from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
 
@@ -38,8 +38,7 @@ class CsrVector(Family):
         (
             Param("threads_per_row", THREADS_PER_ROW, 8, "threads sharing one row (a power of two <= 32)"),
             Param("block_size", (64, 128, 256, 512, 1024), 256, "threads per block"),
-            Param("indices", ("narrow", "int32"), "narrow", "columns read as 16-bit offsets from the row's "
-                  "lowest where a row spans fewer than 65,536 and that saves bytes (narrow), or as int32"),
+            indices_param("row"),
         )
     )
 
@@ -50,21 +49,16 @@ class CsrVector(Family):
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        found = narrow_columns_on_gpu(A.indptr, A.indices) if p["indices"] == "narrow" else None
-        if found is not None:
-            ex["base"], ex["offsets"] = found
-        narrow = "true" if found is not None else "false"
+        narrow = "true" if attach(ex, p, A.indptr, A.indices) else "false"
         ex["kernel"] = kernels[f"csr_vector<{c_type(prepared.dtype)}, {p['threads_per_row']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         m, block = prepared.shape[0], p["block_size"]
-        # The int32 instantiation never reads base and offsets: A's columns stand in for them.
         ex["kernel"](
             (grid(m * p["threads_per_row"], block),),
             (block,),
-            (np.int32(m), A.indptr, A.indices, ex.get("base", A.indices), ex.get("offsets", A.indices), A.data,
-             x, out),
+            (np.int32(m), A.indptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out),
         )
 
     def _prepare_reference(self, prepared: Prepared) -> None:
@@ -72,15 +66,13 @@ class CsrVector(Family):
         rows = row_ids(indptr)
         lane = (np.arange(prepared.nnz, dtype=np.int64) - indptr[rows]) % tpr
         prepared.extra["slot"] = rows.astype(np.int64) * tpr + lane
-        found = narrow_columns(indptr, prepared.A.indices) if prepared.params["indices"] == "narrow" else None
-        if found is not None:
-            prepared.extra["base"], prepared.extra["offsets"] = found
+        attach(prepared.extra, prepared.params, indptr, prepared.A.indices)
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra
         m, tpr = prepared.shape[0], prepared.params["threads_per_row"]
-        cols = columns(A.indptr, ex["base"], ex["offsets"], A.indices) if "base" in ex else None
-        partial = segment_sums(ex["slot"], products(A, x, cols), m * tpr).reshape(m, tpr)
+        partial = segment_sums(ex["slot"], products(A, x, reference_columns(ex, A.indptr, A.indices)),
+                               m * tpr).reshape(m, tpr)
         offset = tpr // 2
         while offset:
             partial[:, :offset] += partial[:, offset : 2 * offset]

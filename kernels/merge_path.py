@@ -53,7 +53,7 @@ import numpy as np
 from common.errors import MatrixFormatError
 from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
-from kernels._narrow import columns, narrow_columns, narrow_columns_on_gpu
+from kernels._narrow import attach, indices_param, launch_columns, reference_columns
 from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
 
@@ -162,8 +162,7 @@ class MergePath(Family):
                   "products staged in shared memory (coalesced, as CUB), or each thread its own items"),
             Param("items_per_thread", ITEMS_PER_THREAD, 6, "merge-path items (row ends + nonzeros) a thread"),
             Param("block_size", BLOCK_SIZES, 64, "threads per block (a tile is block_size * items_per_thread)"),
-            Param("indices", ("narrow", "int32"), "narrow", "columns read as 16-bit offsets from the tile's "
-                  "lowest where a tile spans fewer than 65,536 and that saves bytes (narrow), or as int32"),
+            indices_param("tile"),
         )
     )
 
@@ -201,10 +200,8 @@ class MergePath(Family):
             (np.int32(m), np.int32(nnz), np.int32(tile), np.int32(count), A.indptr, ex["tile_row"], ex["tile_nz"]),
         )
         ex["fixup"] = ends_inside_a_row(A.indptr, ex["tile_row"], ex["tile_nz"])
-        found = narrow_columns_on_gpu(ex["tile_nz"], A.indices) if p["indices"] == "narrow" else None
-        if found is not None:
-            ex["base"], ex["offsets"] = found
-        ex["spmv_kernel"] = kernels[_spmv_name(v, p["items_per_thread"], p["loads"], found is not None)]
+        narrow = attach(ex, p, ex["tile_nz"], A.indices)
+        ex["spmv_kernel"] = kernels[_spmv_name(v, p["items_per_thread"], p["loads"], narrow)]
         ex["shared_bytes"] = self.shared_bytes(p, prepared.dtype)
         if ex["shared_bytes"] > ex["spmv_kernel"].max_dynamic_shared_size_bytes:  # above 48 KB: opt in (once)
             ex["spmv_kernel"].max_dynamic_shared_size_bytes = ex["shared_bytes"]
@@ -217,9 +214,8 @@ class MergePath(Family):
         ex["spmv_kernel"](
             (count,),
             (block,),
-            # the int32 instantiation never reads base and offsets: A's columns stand in for them
-            (A.indptr, A.indices, ex.get("base", A.indices), ex.get("offsets", A.indices), A.data, x, out,
-             ex["tile_row"], ex["tile_nz"], ex["carry"]),
+            (A.indptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out, ex["tile_row"], ex["tile_nz"],
+             ex["carry"]),
             shared_mem=ex["shared_bytes"],
         )
         if ex["fixup"]:
@@ -239,16 +235,13 @@ class MergePath(Family):
         )
         prepared.extra["carry"] = np.zeros(len(prepared.extra["tile_row"]) - 1, dtype=prepared.dtype)
         prepared.extra["runs"] = 0
-        found = narrow_columns(prepared.extra["tile_nz"], prepared.A.indices) if p["indices"] == "narrow" else None
-        if found is not None:
-            prepared.extra["base"], prepared.extra["offsets"] = found
+        attach(prepared.extra, p, prepared.extra["tile_nz"], prepared.A.indices)
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         p, ex, A = prepared.params, prepared.extra, prepared.A
-        cols = columns(ex["tile_nz"], ex["base"], ex["offsets"], A.indices) if "base" in ex else None
         y, carry = spmv_reference(
             A.indptr,
-            products(A, x, cols),
+            products(A, x, reference_columns(ex, ex["tile_nz"], A.indices)),
             ex,
             items_per_thread=int(p["items_per_thread"]),
             block_size=int(p["block_size"]),
