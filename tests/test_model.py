@@ -147,6 +147,10 @@ def test_mappings_and_arrays_agree(fitted) -> None:
     assert selector.predict(_array(feats[:10])) == selector.predict(feats[:10])
     with pytest.raises(InvalidConfigError, match="lack"):
         selector.rank({"rows": 1.0})
+    with pytest.raises(ValueError, match=r"NaN or infinity: \['rows'\]"):
+        selector.rank({**feats[0], "rows": float("nan")})
+    with pytest.raises(ValueError, match="expecting"):
+        selector.rank(_array(feats[:1])[:, :-1])
 
 
 def test_coverage_drops_rare_configs() -> None:

@@ -20,6 +20,7 @@ from tuner.execute.race import (
     adapted,
     race,
     record_race,
+    search_seeds,
     shortlist,
 )
 from tuner.matrix.io import as_csr
@@ -269,13 +270,14 @@ def test_predict_takes_the_first_config_cheap_to_prepare() -> None:
 
 
 def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
-    """NuT's slabs: one slab of x in a third of the L2 (x of 64 MB in float64 against 50 MB: 4 slabs)."""
-    nut = Entrant("nut", get_family("nut").space.validate({"cols_per_tile": 4096}, family="nut"), 1e-3, 150.0)
+    """NuT's slabs: one slab of x in a third of the L2 (x of 64 MB in float64 against 50 MB: 4 slabs). (A first
+    entrant costly to prepare is raced fitted only: the next test.)"""
+    nut = Entrant("nut", get_family("nut").space.validate({"cols_per_tile": 4096}, family="nut"), 1e-3, 4.0)
     entrants = [nut, *shortlist(None, size=2)]
     l2 = 50 << 20
     fitted = adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=l2)
     assert [(e.kernel, e.params.get("slabs")) for e in fitted[:2]] == [("nut", 1), ("nut", 4)]
-    assert fitted[1].params["cols_per_tile"] == 4096 and fitted[1].prepare_spmvs == 150.0
+    assert fitted[1].params["cols_per_tile"] == 4096 and fitted[1].prepare_spmvs == 4.0
     # cut into slabs, panels of 32 KB of y: 4096 rows in float64, 8192 in float32 (2048 before)
     assert [e.params["rows_per_panel"] for e in fitted[:2]] == [2048, 4096]
     assert fitted[2:] == entrants[1:]
@@ -283,11 +285,25 @@ def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
     assert (single["slabs"], single["rows_per_panel"]) == (2, 8192)
     assert adapted(entrants, cols=2_000_000, itemsize=8, l2_bytes=l2) == entrants  # x fits: one slab
     assert adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=0) == entrants  # L2 unknown (the CPU)
-    assert adapted(fitted, cols=8_000_000, itemsize=8, l2_bytes=l2) == fitted  # raced already: not twice
+    assert adapted(fitted, cols=8_000_000, itemsize=8, l2_bytes=l2) == fitted  # not twice
     others = shortlist(None, size=3)  # a family without an adaptation: as it was
     assert adapted(others, cols=8_000_000, itemsize=8, l2_bytes=l2) == others
     # x of 192 MB: 4 slabs at most (past them y's passes cost more than the x they keep in L2)
     assert adapted(entrants, cols=24_000_000, itemsize=8, l2_bytes=l2)[1].params["slabs"] == 4
+
+
+def test_a_first_entrant_costly_to_prepare_races_fitted_only_and_a_search_seeds_both() -> None:
+    """NuT's preparation costs tens of SpMVs: where its fit differs, the race prepares the fitted config alone (a
+    cheap first races beside its fit: the test above); a search measures both."""
+    params = get_family("nut").space.validate({"cols_per_tile": 4096}, family="nut")
+    l2 = 50 << 20
+    costly = [Entrant("nut", params, 1e-3, 150.0), *shortlist(None, size=2)]
+    raced = adapted(costly, cols=8_000_000, itemsize=8, l2_bytes=l2)
+    assert len(raced) == len(costly) and raced[1:] == costly[1:]
+    assert (raced[0].params["slabs"], raced[0].params["rows_per_panel"], raced[0].prepare_spmvs) == (4, 4096, 150.0)
+    seeds = search_seeds([ranked("nut", params, 1e-3, 150.0), *KNOWN], size=1, cols=8_000_000, itemsize=8,
+                         l2_bytes=l2)
+    assert [p["slabs"] for k, p in seeds if k == "nut"] == [1, 4]
 
 
 def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_behind_cusparse() -> None:

@@ -198,7 +198,11 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
     the L2, and its panels to the slabs), what the selector's corpus could not teach it:
 
     - second, the first's config as its family fits it (:func:`kernels.with_adapted`), where that is another
-      config not raced already. The first's only: such a variant costs what the first costs to prepare.
+      config not raced already. The first's only: such a variant costs what the first costs to prepare. A first
+      the selector expects to prepare in more than :data:`CHEAP_SPMVS` is raced fitted only, in its place:
+      a NuT preparation costs 30-40 SpMVs on the 8 M-column graph of the unseen benchmark, and in every race
+      recorded there (both GPUs, both dtypes) the fitted config beat the one it was fitted from (by 2-30 %).
+      (:func:`search_seeds` gives no preparation costs: a search measures both.)
     - before cuSPARSE, for each family of ``ranking`` whose default does not fit this matrix (NuT where x
       outgrows its share of the L2) and none of whose entrants fits it, the best-ranked config that has
       right what the family fits first (:attr:`kernels.Family.adapt_first`: NuT's slabs), fitted further
@@ -210,7 +214,11 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
     out = list(entrants)
     if len(configs) > len(entrants):
         first = entrants[0]
-        out.insert(1, Entrant(first.kernel, configs[1][1], prepare_spmvs=first.prepare_spmvs))
+        fit = Entrant(first.kernel, configs[1][1], prepare_spmvs=first.prepare_spmvs)
+        if _cost(first) > CHEAP_SPMVS:
+            out[0] = fit
+        else:
+            out.insert(1, fit)
 
     def fitted(kernel: str, params: dict[str, Any]) -> dict[str, Any] | None:
         return get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
@@ -243,8 +251,8 @@ def search_seeds(ranking: Sequence[RankedConfig] | None, *, size: int, cols: int
     return [(e.kernel, e.params) for e in adapted(first, ranking, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)]
 
 
-def _cost(r: RankedConfig) -> float:
-    """A ranked config's expected preparation in SpMVs (0 where the selector gives none)."""
+def _cost(r: RankedConfig | Entrant) -> float:
+    """A ranked config's (or an entrant's) expected preparation in SpMVs (0 where the selector gives none)."""
     return r.prepare_spmvs if r.prepare_spmvs is not None and np.isfinite(r.prepare_spmvs) else 0.0
 
 

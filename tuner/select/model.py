@@ -330,9 +330,13 @@ class KernelSelector(BaseEstimator):
         config first."""
         check_is_fitted(self)
         names = list(self.feature_names_in_)
-        with warnings.catch_warnings():  # fitted on arrays in feature_names_in_ order: plain arrays are expected
-            warnings.filterwarnings("ignore", message="X does not have valid feature names")
-            rows = validate_data(self, np.atleast_2d(_as_rows(X, names)), reset=False, dtype=np.float64)
+        rows = np.atleast_2d(_as_rows(X, names))
+        # what scikit-learn's validate_data checks, without its third of a millisecond: plan() ranks once a matrix
+        if rows.ndim != 2 or rows.shape[1] != len(names):
+            raise ValueError(f"X has {rows.shape[-1]} features, but {type(self).__name__} is expecting {len(names)}")
+        if not (finite := np.isfinite(rows).all(axis=0)).all():
+            bad = [n for n, f in zip(names, finite, strict=True) if not f]
+            raise ValueError(f"features hold NaN or infinity: {bad}")
         device = self.device_ if device is None else device
         design, _ = design_matrix(rows, dtype=self.dtype_, device=device, feature_names=names)
         trees = self.forest_.tree_outputs(design)  # (trees, rows, outputs)
