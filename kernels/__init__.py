@@ -2,7 +2,7 @@
 
 >>> from kernels import REGISTRY, get_family
 >>> sorted(REGISTRY)
-['csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'merge_path', 'nut', 'rcm', 'specsum', 'suraa']
+['csr5', 'csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'merge_path', 'nut', 'rcm', 'specsum', 'suraa']
 >>> get_family("csr_vector").space.defaults()
 {'threads_per_row': 8, 'block_size': 256, 'indices': 'narrow'}
 """
@@ -16,6 +16,7 @@ from typing import Any
 from common.errors import InvalidConfigError
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
+from kernels.csr5 import Csr5
 from kernels.csr_scalar import CsrScalar
 from kernels.csr_vector import CsrVector
 from kernels.cusparse import CuSparse
@@ -27,7 +28,8 @@ from kernels.specsum import SpecSum
 from kernels.suraa import Suraa
 
 REGISTRY: dict[str, Family] = {
-    f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), MergePath(), Nut(), Rcm(), SpecSum(), Suraa())
+    f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), MergePath(), Nut(), Rcm(), SpecSum(), Suraa(),
+                        Csr5())
 }
 """Every family by name. The tuner, the service and the docs read this and nothing else."""
 

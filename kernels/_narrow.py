@@ -2,9 +2,10 @@
 CSR-DU, Kourtis et al., 2008), for the families whose products read columns segment by segment.
 
 A segment is a run of consecutive entries, ``ptr[s] .. ptr[s+1]-1`` (csr_vector: a row; merge_path: a
-tile). Where a segment's columns span fewer than :data:`OFFSET_LIMIT`, it keeps its lowest column in one
-32-bit word (``base[s]``) and each entry's column as a 16-bit offset from it; a wider segment has
-``base[s] == -1`` and its entries are read from the CSR's int32 columns. A product of a local matrix (a
+tile; csr5: a tile of its transposed copy of the columns). Where a segment's columns span fewer than
+:data:`OFFSET_LIMIT`, it keeps its lowest column in one 32-bit word (``base[s]``) and each entry's column as
+a 16-bit offset from it; a wider segment has ``base[s] == -1`` and its entries are read from the int32
+columns. A product of a local matrix (a
 mesh, a band, blocks, a renumbered graph) then reads 10 bytes an entry instead of 12 in float64 and 6
 instead of 8 in float32, and 4 more a segment; where that saves nothing (narrow segments holding fewer than
 2 entries for each segment of the matrix), no offsets are kept.

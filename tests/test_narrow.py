@@ -1,5 +1,5 @@
 """Narrow columns (kernels/_narrow.py): which segments take 16-bit offsets, when they pay, the products of
-csr_vector (a row a segment) and merge_path (a tile a segment) through them on the CPU and the GPU, the
+csr_vector (a row a segment), merge_path and csr5 (a tile a segment) through them on the CPU and the GPU, the
 GPU's encoding equal to the reference's (the conformance suite, tests/test_kernels.py, runs every config on
 every case; its matrices have fewer than 65,536 columns, so every segment there is narrow)."""
 
@@ -11,6 +11,7 @@ import scipy.sparse as sp
 
 from kernels import get_family
 from kernels._narrow import OFFSET_LIMIT, narrow_columns
+from kernels.csr5 import OMEGA, tile_bounds
 from kernels.rcm import renumbered
 from tests.kernel_cases import gpu_runs
 from tuner.matrix.io import as_csr
@@ -78,8 +79,8 @@ def test_offsets_are_kept_only_where_they_save_bytes():
     assert narrow_columns(band.indptr, band.indices) is not None
 
 
-FAMILIES = ("csr_vector", "merge_path")
-PARAMS = {"csr_vector": {"threads_per_row": 4}, "merge_path": {}}
+FAMILIES = ("csr_vector", "merge_path", "csr5")
+PARAMS = {"csr_vector": {"threads_per_row": 4}, "merge_path": {}, "csr5": {"sigma": 4}}
 
 
 @pytest.mark.parametrize("indices", ["narrow", "int32"])
@@ -102,12 +103,21 @@ def _unsorted(A: sp.csr_matrix) -> sp.csr_matrix:
     return sp.csr_matrix((A.data[order], A.indices[order], A.indptr), shape=A.shape)
 
 
+def _segments(family: str, prepared) -> np.ndarray:
+    """Where the family cuts its columns into segments: rows, merge-path tiles or csr5's tiles (of its
+    transposed copy)."""
+    if family == "csr5":
+        return tile_bounds(prepared.extra["tile_ptr"].size - 1, OMEGA * prepared.params["sigma"], np)
+    return prepared.extra["tile_nz"] if family == "merge_path" else prepared.A.indptr
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize(("family", "params"), [("csr_vector", {"threads_per_row": 2}),
                                                 ("csr_vector", {"threads_per_row": 32}),
                                                 ("merge_path", {"loads": "block"}),
-                                                ("merge_path", {"loads": "thread", "items_per_thread": 3})])
+                                                ("merge_path", {"loads": "thread", "items_per_thread": 3}),
+                                                ("csr5", {"sigma": 4}), ("csr5", {"sigma": 32})])
 def test_gpu_encodes_the_columns_as_the_reference_does(family, params, dtype):
     f = get_family(family)
     cases = (_local(), _unsorted(_local(2)))
@@ -118,8 +128,7 @@ def test_gpu_encodes_the_columns_as_the_reference_does(family, params, dtype):
         _, cpu, gpu, expected, _, y = gpu_runs(f, A, dtype, params)
         base = gpu.extra["base"].get()
         np.testing.assert_array_equal(base, cpu.extra["base"])
-        ptr = cpu.extra["tile_nz"] if family == "merge_path" else A.indptr
-        narrow = np.repeat(base, np.diff(ptr)) >= 0
+        narrow = np.repeat(base, np.diff(_segments(family, cpu))) >= 0
         np.testing.assert_array_equal(gpu.extra["offsets"].get()[narrow], cpu.extra["offsets"][narrow])
         np.testing.assert_allclose(y, expected, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
 
