@@ -244,14 +244,16 @@ def bench_one(backend: GpuBackend, name: str, A_host: sp.csr_matrix, dtype: str,
     base = [cus.prepare(A_dev, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
     outs = [backend.cp.empty(A.shape[0], dtype=dtype) for _ in base]
     fns = [lambda p=p, o=o: cus.run(p, x, o) for p, o in zip(base, outs, strict=True)]
+    y_ref = cus.run(base[0], x).copy()
     info = {"matrix": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz, "dtype": dtype,
             "compile_s": compile_s, "upload_s": upload_s}
-    return [planned(backend, A_dev, x, fns, effort, trials, info, warm_up) for effort in efforts]
+    return [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up) for effort in efforts]
 
 
-def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], effort: str,
+def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], y_ref: Any, effort: str,
             trials: int, info: dict[str, Any], warm_up: dict[str, Any]) -> dict[str, Any]:
-    """plan() at one effort on a fresh store: its wall time, its pick, and the pick timed cold beside cuSPARSE.
+    """plan() at one effort on a fresh store: its wall time, its pick, and the pick timed cold beside cuSPARSE,
+    its y checked against cuSPARSE's ``y_ref`` (``rel_error``: the norm of the difference over y_ref's).
     The store holds ``warm_up`` (the warm-up matrix's shape and features) before the clock starts."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store.db")  # made before the clock starts, as a user's store is
@@ -265,19 +267,22 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
         record_s = ex.race.recorded.result() if ex.race is not None and ex.race.recorded is not None else None
     out = backend.cp.empty(A_dev.shape[0], dtype=A_dev.dtype)
     t1, t2, t_plan = cold_times(backend, [*baseline, lambda: ex(x, out=out)])
+    cp = backend.cp
+    rel_error = float(cp.linalg.norm(ex(x) - y_ref) / max(float(cp.linalg.norm(y_ref)), 1e-300))
     best = min(t1, t2)
     bandwidth = backend.copy_bandwidth_gbs()
     rate = functools.partial(gbps, A_dev.shape[0], A_dev.shape[1], A_dev.nnz, A_dev.dtype)
     row = {**info, "effort": effort, "source": ex.source, "kernel": ex.kernel,
            "params": json.dumps(ex.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
            "cusparse_alg2_s": t2, "cusparse_best_s": best, "ratio_to_cusparse": best / t_plan, "plan_s": plan_s,
-           "plan_spmvs": plan_s / best, "plan_steps_s": ex.cost, "record_behind_s": record_s,
+           "plan_spmvs": plan_s / best, "plan_steps_s": ex.cost, "record_behind_s": record_s, "rel_error": rel_error,
            "bandwidth_fraction": rate(t_plan) / bandwidth, "cusparse_bandwidth_fraction": rate(best) / bandwidth,
            "race": ex.race.table() if ex.race is not None else None,
            "race_steps_s": ex.race.seconds if ex.race is not None else None}
     print(f"{info['matrix']:18s} {info['dtype']} {effort:8s} {row['ratio_to_cusparse']:.3f}x "
           f"{row['bandwidth_fraction']:4.0%} of copy  plan "
-          f"{plan_s * 1e3:8.1f} ms = {plan_s / best:7.1f} SpMVs  {ex.source:9s} {ex.kernel} {ex.params}", flush=True)
+          f"{plan_s * 1e3:8.1f} ms = {plan_s / best:7.1f} SpMVs  {ex.source:9s} {ex.kernel} {ex.params}  "
+          f"error {rel_error:.1e}", flush=True)
     return row
 
 
