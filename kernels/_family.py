@@ -55,6 +55,10 @@ class Family(ABC):
     summary: ClassVar[str]
     source: ClassVar[str]
     cu_file: ClassVar[str | None] = None
+    prepare_spmvs: ClassVar[float | None] = None
+    """What a preparation costs, in SpMVs of the prepared matrix, where no selector has measured it: a race
+    where the selector ranks none of the family's configs (:meth:`unranked_config`) takes an entrant above
+    :data:`tuner.execute.race.CHEAP_SPMVS` as costly to prepare. None: about as cheap as a product."""
     adapt_first: ClassVar[str | None] = None
     """The parameter :meth:`adapt` fits first (NuT: its slabs, to the L2): of the configs a selector ranks,
     those with it right already are the ones to fit further (:func:`tuner.execute.race.adapted`)."""

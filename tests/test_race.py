@@ -13,6 +13,7 @@ from kernels import REGISTRY, canonical, get_family
 from tuner.execute.choice import stored_choice
 from tuner.execute.race import (
     BASELINE_ENTRANTS,
+    CHEAP_SPMVS,
     DEFAULT_ENTRANTS,
     ROOF,
     STUDY,
@@ -106,8 +107,10 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "npr_mean": 27.0}
     entrants = shortlist(unranked, size=2, features=scattered, itemsize=4)
     assert [e.kernel for e in entrants] == ["nut", "csr_vector", "merge_path", "rcm", "cusparse", "cusparse"]
-    # Rcm.unranked_config, float32
+    # Rcm.unranked_config, float32, costly to prepare as its family says (merge_path's cheap)
     assert entrants[3].params == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
+    assert entrants[3].prepare_spmvs == get_family("rcm").prepare_spmvs > CHEAP_SPMVS
+    assert entrants[2].prepare_spmvs is None
     local = {**scattered, "cf_128": 6.0}
     assert "rcm" not in [e.kernel for e in shortlist(unranked, size=2, features=local)]
 
@@ -257,7 +260,6 @@ def test_a_race_on_degenerate_matrices_has_a_winner_that_computes_y(name: str) -
 def test_predict_takes_the_first_config_cheap_to_prepare() -> None:
     """plan(effort="predict") prepares nothing costly: past the budget a config is left to the race."""
     from tuner.execute.choice import ranked_choice
-    from tuner.execute.race import CHEAP_SPMVS
 
     ranking = [ranked("nut", {}, 1.0e-4, 150.0), ranked("csr_vector", {"threads_per_row": 4}, 1.2e-4, 0.8),
                ranked("cusparse", {"algorithm": "csr_alg1"}, 1.3e-4, 4.0)]

@@ -156,7 +156,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     beyond ``size``, the default of every family the selector ranks no config of (one added to the
     registry after it was trained: it cannot be ranked, so it is measured), or the config its family
     races on a matrix of these ``features`` with values of ``itemsize`` bytes
-    (:meth:`kernels.Family.unranked_config`: rcm only where renumbering can pay). cuSPARSE's configs in the
+    (:meth:`kernels.Family.unranked_config`: rcm only where renumbering can pay), with what its family says
+    a preparation costs (:attr:`kernels.Family.prepare_spmvs`: csr5's and rcm's wait for the roof in
+    :func:`race`). cuSPARSE's configs in the
     ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
     """
@@ -183,7 +185,8 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
         picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         known = {r.kernel for r in ranking}
-        picked += [Entrant(k, params) for k, family in REGISTRY.items() if k != BASELINE and k not in known
+        picked += [Entrant(k, params, prepare_spmvs=family.prepare_spmvs) for k, family in REGISTRY.items()
+                   if k != BASELINE and k not in known
                    and (params := family.unranked_config(features, itemsize)) is not None]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
     for kernel, params in BASELINE_ENTRANTS:
