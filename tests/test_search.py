@@ -63,8 +63,8 @@ def test_running_again_continues_the_study(A, store, tmp_path):
     second = run(A, store, storage, trials=6)
     study = optuna.load_study(study_name=first.study, storage=storage)
     assert second.study == first.study
-    # finished ones: with more families than 6 trials, defaults the first run queued still wait (re-queued)
-    assert len([t for t in study.trials if t.state.is_finished()]) == 12
+    # with more families than 6 trials, defaults the first run queued still wait: run, never queued twice
+    assert len(study.trials) == 12 and all(t.state.is_finished() for t in study.trials)
     numbers = [r["trial_number"] for r in store.trials(first.fingerprint)]
     assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
 

@@ -192,7 +192,9 @@ def tune(
     if total is None or study_budget(study, total, current).open:
         names = {f.name for f in families}
         queue = [(get_family(k), p) for k, p in enqueue if k in names]  # what is known first: a short budget
-        untried = [f for f in families if f.name not in tried | {f.name for f, _ in queue}]  # runs no default
+        waiting = {(t.system_attrs.get("fixed_params") or {}).get("kernel") for t in current
+                   if t.state == TrialState.WAITING}  # queued by an earlier run that ended before them
+        untried = [f for f in families if f.name not in tried | waiting | {f.name for f, _ in queue}]
         if total is not None:  # no more defaults than the budget has places left
             untried = untried[: max(0, total - sum(t.state != TrialState.PRUNED for t in current))]
         queue += [(f, f.space.defaults()) for f in untried]
