@@ -28,6 +28,12 @@ def _empty_rows(rows: int, cols: int, seed: int) -> sp.csr_matrix:
     return as_csr(sp.diags(keep.astype(float)) @ A)
 
 
+def arrow(n: int) -> sp.csr_matrix:
+    """A diagonal plus one full first row: a row that crosses thousands of tiles of a load-balanced kernel."""
+    return as_csr(sp.eye(n, format="csr") + sp.csr_matrix((np.ones(n), (np.zeros(n, int), np.arange(n))),
+                                                          shape=(n, n)))
+
+
 CASES = {
     "zero_nnz": lambda: as_csr(sp.csr_matrix((7, 5))),
     "zero_rows": lambda: as_csr(sp.csr_matrix((0, 4))),

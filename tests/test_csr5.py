@@ -37,7 +37,7 @@ from kernels.csr5 import (
     spmv_reference,
     transposed,
 )
-from tests.kernel_cases import CASES, gpu_runs, load_shared
+from tests.kernel_cases import CASES, arrow, gpu_runs, load_shared
 from tuner.measure.verify import Reference
 
 FAMILY = Csr5()
@@ -337,10 +337,8 @@ def test_gpu_on_shared_matrices(dtype, shared_dir):
 def test_gpu_arrow_row_across_thousands_of_tiles(dtype):
     """One row of all 200 000 columns plus a diagonal: the fix-up sums the carries of about 1 600 tiles of one
     row (sigma = 4), a warp's worth at a time; rows aligned with the tiles need no fix-up at all."""
-    n = 200_000
-    arrow = sp.csr_matrix(sp.eye(n, format="csr") + sp.csr_matrix((np.ones(n), (np.zeros(n, int), np.arange(n))),
-                                                                   shape=(n, n)))
+    A = arrow(200_000)
     for params in ({"sigma": 4, "block_size": 64}, FAMILY.space.defaults()):
-        _gpu_check(arrow.astype(dtype), dtype, params)
+        _gpu_check(A.astype(dtype), dtype, params)
     aligned = _rows([TILE4] * 50, cols=200).astype(dtype)
     _gpu_check(aligned, dtype, {"sigma": 4})

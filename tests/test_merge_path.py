@@ -34,7 +34,7 @@ from kernels.merge_path import (
     path_length,
     spmv_reference,
 )
-from tests.kernel_cases import CASES, gpu_runs, load_shared
+from tests.kernel_cases import CASES, arrow, gpu_runs, load_shared
 from tuner.measure.verify import Reference
 
 FAMILY = MergePath()
@@ -330,9 +330,7 @@ def test_gpu_on_shared_matrices(dtype, shared_dir):
 def test_gpu_arrow_row_across_thousands_of_tiles(dtype):
     """One row of all 300 000 columns (about 2 300 tiles of 128 items) plus a diagonal: the fix-up sums
     thousands of carries of one row, a warp's worth at a time; aligned rows need no fix-up at all."""
-    n = 300_000
-    arrow = sp.csr_matrix(sp.eye(n, format="csr") + sp.csr_matrix((np.ones(n), (np.zeros(n, int), np.arange(n))),
-                                                                   shape=(n, n)))
+    A = arrow(300_000)
     for params in ({"items_per_thread": 2, "block_size": 64}, FAMILY.space.defaults()):
-        _gpu_check(arrow.astype(dtype), dtype, params)
+        _gpu_check(A.astype(dtype), dtype, params)
     _gpu_check(_rows([63] * 200).astype(dtype), dtype, {"items_per_thread": 2, "block_size": 64})
