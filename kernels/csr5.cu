@@ -217,3 +217,53 @@ csr5_spmv(const int n_tiles,
         }
     }
 }
+
+// Preparation (kernels/csr5.py, once a matrix): three launches, no sort, no search but tile_ptr's.
+//
+// csr5_rows: a thread a row. A row that is not empty and begins at s inside the full tiles sets bit s % sigma
+// of flags[s / sigma] (the word of the lane holding s; atomicOr: a lane's rows share its word). An empty row
+// beginning at s marks dirty the tile t with t * tile < s <= (t + 1) * tile (tile 0 from s = 0): its row lies
+// strictly between tile_ptr[t] and tile_ptr[t+1] (from row 0 for tile 0). flags and dirty start zeroed.
+__global__ void csr5_rows(const int m, const int n_tiles, const int sigma, const int* __restrict__ indptr,
+                          unsigned* __restrict__ flags, unsigned char* __restrict__ dirty)
+{
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= m) return;
+    const long long s = indptr[r];
+    const long long tile = (long long)sigma * csr5_detail::OMEGA;
+    if (indptr[r + 1] > s) {
+        if (s < n_tiles * tile) atomicOr(&flags[s / sigma], 1u << (unsigned)(s % sigma));
+    } else {
+        const long long t = s == 0 ? 0 : (s - 1) / tile;
+        if (t < n_tiles) dirty[t] = 1;
+    }
+}
+
+// csr5_tiles: a thread a tile and one for the entries after the full tiles (t = n_tiles): tile_ptr[t], the
+// row of entry t * tile (the last row whose start is at or before it: m past the last entry); where that row
+// began before it (tile t, or the tail, starts inside a row), fixup[0] = 1 (zeroed first).
+__global__ void csr5_tiles(const int m, const int n_tiles, const int sigma, const int* __restrict__ indptr,
+                           int* __restrict__ tile_ptr, int* __restrict__ fixup)
+{
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t > n_tiles) return;
+    const int j = (int)(t * sigma * csr5_detail::OMEGA);  // at most nnz < 2^31
+    const int row = csr5_detail::row_of(indptr, 0, m, j);
+    tile_ptr[t] = row;
+    if (t > 0 && indptr[row] < j) fixup[0] = 1;
+}
+
+// csr5_transpose<V>: a thread an entry of the full tiles (n of them), written transposed: destination
+// t * tile + k * OMEGA + l holds entry t * tile + l * sigma + k.
+template <typename V>
+__global__ void csr5_transpose(const long long n, const int sigma, const int* __restrict__ indices,
+                               const V* __restrict__ data, int* __restrict__ columns, V* __restrict__ values)
+{
+    const long long d = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= n) return;
+    const long long tile = (long long)sigma * csr5_detail::OMEGA;
+    const long long t = d / tile, within = d % tile;
+    const long long src = t * tile + (within % csr5_detail::OMEGA) * sigma + within / csr5_detail::OMEGA;
+    columns[d] = indices[src];
+    values[d] = data[src];
+}

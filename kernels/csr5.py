@@ -38,7 +38,7 @@ tail and fix-up):
 
 >>> import numpy as np, scipy.sparse as sp
 >>> A = sp.csr_matrix(np.array([[1.0, 2, 3, 4, 5], [0, 0, 0, 0, 0], [6, 7, 0, 0, 0]]))
->>> dec = decompose(A.indptr, sigma=1, omega=2, xp=np)  # tiles of 2 entries: (0, 1), (2, 3), (4, 5); 6 the tail
+>>> dec = decompose(A.indptr, sigma=1, omega=2)  # tiles of 2 entries: (0, 1), (2, 3), (4, 5); 6 the tail
 >>> dec["tile_ptr"].tolist(), dec["dirty"].tolist(), dec["flags"].tolist()  # row 1 is empty, between 0 and 2
 ([0, 0, 0, 2], [0, 0, 1], [1, 0, 0, 0, 0, 1])
 >>> y, carry = spmv_reference(A.indptr, products(A, np.ones(5)), dec, sigma=1, omega=2)
@@ -90,24 +90,24 @@ def set_sigma(nnz_per_row: float) -> int:
 
 
 # -- the decomposition (NumPy for the reference, CuPy on the GPU) ---------------------------------
-def decompose(indptr: Any, *, sigma: int, xp: Any, omega: int = OMEGA) -> dict[str, Any]:
+def decompose(indptr: np.ndarray, *, sigma: int, omega: int = OMEGA) -> dict[str, np.ndarray]:
     """``tile_ptr`` (int32, n_tiles + 1), ``dirty`` (uint8, n_tiles) and ``flags`` (uint32, n_tiles * omega) of
-    the full tiles of ``omega x sigma`` entries, from a row pointer (``xp``: numpy or cupy; array operations
-    only, no loop over entries). ``omega`` other than 32 only in the reference's tests."""
+    the full tiles of ``omega x sigma`` entries, from a row pointer: the reference (array operations, no loop
+    over entries); the GPU writes the same with ``csr5_rows`` and ``csr5_tiles``. ``omega`` other than 32
+    only in the reference's tests."""
     tile = omega * sigma
     n_tiles = int(indptr[-1]) // tile
-    bounds = xp.arange(n_tiles + 1, dtype=indptr.dtype) * tile
-    tile_ptr = (xp.searchsorted(indptr, bounds, side="right") - 1).astype(np.int32)
+    bounds = np.arange(n_tiles + 1, dtype=indptr.dtype) * tile
+    tile_ptr = (np.searchsorted(indptr, bounds, side="right") - 1).astype(np.int32)
     empty = indptr[1:] == indptr[:-1]
-    empties = xp.concatenate((xp.zeros(1, dtype=np.int64), xp.cumsum(empty, dtype=np.int64)))  # before row r
+    empties = np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(empty, dtype=np.int64)))  # before row r
     lo = tile_ptr[:-1] + 1
     lo[:1] = 0
-    dirty = (empties[tile_ptr[1:]] > empties[xp.minimum(lo, tile_ptr[1:])]).astype(np.uint8)
+    dirty = (empties[tile_ptr[1:]] > empties[np.minimum(lo, tile_ptr[1:])]).astype(np.uint8)
     starts = indptr[:-1][~empty]
     starts = starts[starts < n_tiles * tile].astype(np.int64)  # sorted: every row start in a full tile
-    weights = xp.left_shift(xp.ones_like(starts), starts % sigma).astype(np.float64)  # distinct bits: exact
-    flags = (xp.bincount(starts // sigma, weights=weights, minlength=n_tiles * omega).astype(np.uint32)
-             if n_tiles else xp.zeros(0, dtype=np.uint32))
+    flags = np.zeros(n_tiles * omega, dtype=np.uint32)
+    np.bitwise_or.at(flags, starts // sigma, (np.ones_like(starts) << (starts % sigma)).astype(np.uint32))
     return {"tile_ptr": tile_ptr, "dirty": dirty, "flags": flags}
 
 
@@ -121,10 +121,11 @@ def tile_bounds(n_tiles: int, tile: int, xp: Any) -> Any:
     return xp.arange(n_tiles + 1, dtype=np.int32) * tile
 
 
-def needs_fixup(indptr: Any, tile_ptr: Any, tile: int, xp: Any) -> bool:
-    """Whether some tile, or the tail, begins inside a row (has a carry to add): NumPy or CuPy arrays."""
+def needs_fixup(indptr: np.ndarray, tile_ptr: np.ndarray, tile: int) -> bool:
+    """Whether some tile, or the tail, begins inside a row (has a carry to add): the reference (the GPU's
+    ``csr5_tiles`` finds it as it writes ``tile_ptr``)."""
     n_tiles = tile_ptr.size - 1
-    return bool((indptr[tile_ptr[1:]] < xp.arange(1, n_tiles + 1, dtype=np.int64) * tile).any())
+    return bool((indptr[tile_ptr[1:]] < np.arange(1, n_tiles + 1, dtype=np.int64) * tile).any())
 
 
 def spmv_reference(indptr: np.ndarray, prods: np.ndarray, dec: Mapping[str, np.ndarray], *, sigma: int,
@@ -229,7 +230,8 @@ class Csr5(Family):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
-        return tuple(_spmv_name(v, s, n) for s in SIGMAS for n in (True, False))
+        return (*(_spmv_name(v, s, n) for s in SIGMAS for n in (True, False)), "csr5_rows", "csr5_tiles",
+                f"csr5_transpose<{v}>")
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced unranked with sigma as CSR5's own code picks it from the mean row length (:func:`set_sigma`;
@@ -244,19 +246,15 @@ class Csr5(Family):
         return sum(prepared.extra[k].nbytes for k in STRUCTURE if k in prepared.extra) / csr
 
     # -- both paths -----------------------------------------------------------------------------
-    def _decompose(self, prepared: Prepared, xp: Any) -> None:
-        """The tiles, descriptors and transposed copies into ``prepared.extra`` (``xp``: numpy or cupy)."""
-        check_size(prepared.shape, prepared.nnz)
-        A, ex, p = prepared.A, prepared.extra, prepared.params
-        sigma = int(p["sigma"])
-        ex.update(decompose(A.indptr, sigma=sigma, xp=xp))
-        n_tiles = ex["tile_ptr"].size - 1
-        ex["values"] = transposed(A.data, sigma=sigma, n_tiles=n_tiles)
-        ex["columns"] = transposed(A.indices, sigma=sigma, n_tiles=n_tiles)
+    def _finish(self, prepared: Prepared, xp: Any, *, tail_row: int, fixup: bool) -> None:
+        """What both paths add to the tiles, descriptors and transposed copies: the carries, the tail's first
+        row (row 0 without full tiles), whether the fix-up runs, narrow columns (``xp``: numpy or cupy)."""
+        ex, n_tiles = prepared.extra, prepared.extra["tile_ptr"].size - 1
         ex["carry"] = xp.zeros(n_tiles, dtype=prepared.dtype)
-        ex["tail_row"] = 0 if n_tiles == 0 else int(ex["tile_ptr"][-1])
-        ex["fixup"] = needs_fixup(A.indptr, ex["tile_ptr"], OMEGA * sigma, xp)
-        ex["narrow"] = attach(ex, p, tile_bounds(n_tiles, OMEGA * sigma, xp), ex["columns"])
+        ex["tail_row"] = tail_row if n_tiles else 0
+        ex["fixup"] = fixup
+        tile = OMEGA * int(prepared.params["sigma"])
+        ex["narrow"] = attach(ex, prepared.params, tile_bounds(n_tiles, tile, xp), ex["columns"])
         ex["runs"] = 0
 
     def decomposition(self, prepared: Prepared) -> dict[str, np.ndarray]:
@@ -273,11 +271,29 @@ class Csr5(Family):
 
     # -- GPU path -------------------------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
-        self._decompose(prepared, require_cupy())
-        ex, p = prepared.extra, prepared.params
-        v = c_type(prepared.dtype)
+        """The descriptors and transposed copies by csr5.cu's three preparation kernels, one read-back."""
+        cupy = require_cupy()
+        check_size(prepared.shape, prepared.nnz)
+        A, ex, p = prepared.A, prepared.extra, prepared.params
+        v, sigma, m = c_type(prepared.dtype), int(p["sigma"]), prepared.shape[0]
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        ex["spmv_kernel"] = kernels[_spmv_name(v, int(p["sigma"]), ex["narrow"])]
+        n_tiles = prepared.nnz // (OMEGA * sigma)
+        n = n_tiles * OMEGA * sigma
+        ex.update(flags=cupy.zeros(n_tiles * OMEGA, dtype=np.uint32), dirty=cupy.zeros(n_tiles, dtype=np.uint8),
+                  tile_ptr=cupy.empty(n_tiles + 1, dtype=np.int32), values=cupy.empty(n, dtype=prepared.dtype),
+                  columns=cupy.empty(n, dtype=np.int32))
+        found = cupy.zeros(2, dtype=np.int32)  # fixup, then the tail's first row
+        kernels["csr5_rows"]((grid(m, 256),), (256,), (np.int32(m), np.int32(n_tiles), np.int32(sigma), A.indptr,
+                                                       ex["flags"], ex["dirty"]))
+        kernels["csr5_tiles"]((grid(n_tiles + 1, 256),), (256,), (np.int32(m), np.int32(n_tiles), np.int32(sigma),
+                                                                  A.indptr, ex["tile_ptr"], found))
+        if n:
+            kernels[f"csr5_transpose<{v}>"]((grid(n, 256),), (256,), (np.int64(n), np.int32(sigma), A.indices,
+                                                                      A.data, ex["columns"], ex["values"]))
+        found[1:] = ex["tile_ptr"][-1:]
+        fixup, tail_row = (int(f) for f in found.get())
+        self._finish(prepared, cupy, tail_row=tail_row, fixup=bool(fixup))
+        ex["spmv_kernel"] = kernels[_spmv_name(v, sigma, ex["narrow"])]
         ex["fixup_kernel"] = get_kernels("merge_path.cu", (f"merge_path_fixup<{v}>",))[f"merge_path_fixup<{v}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
@@ -303,7 +319,14 @@ class Csr5(Family):
 
     # -- CPU reference --------------------------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
-        self._decompose(prepared, np)
+        check_size(prepared.shape, prepared.nnz)
+        A, ex, sigma = prepared.A, prepared.extra, int(prepared.params["sigma"])
+        ex.update(decompose(A.indptr, sigma=sigma))
+        n_tiles = ex["tile_ptr"].size - 1
+        ex["values"] = transposed(A.data, sigma=sigma, n_tiles=n_tiles)
+        ex["columns"] = transposed(A.indices, sigma=sigma, n_tiles=n_tiles)
+        self._finish(prepared, np, tail_row=int(ex["tile_ptr"][-1]),
+                     fixup=needs_fixup(A.indptr, ex["tile_ptr"], OMEGA * sigma))
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra

@@ -106,7 +106,7 @@ def _brute_decomposition(indptr: np.ndarray, sigma: int, omega: int) -> dict[str
 
 
 def _check_decomposition(indptr: np.ndarray, sigma: int, omega: int) -> dict[str, np.ndarray]:
-    dec = decompose(indptr, sigma=sigma, omega=omega, xp=np)
+    dec = decompose(indptr, sigma=sigma, omega=omega)
     assert dec["tile_ptr"].dtype == np.int32 and dec["dirty"].dtype == np.uint8 and dec["flags"].dtype == np.uint32
     for key, want in _brute_decomposition(indptr, sigma, omega).items():
         np.testing.assert_array_equal(dec[key], want, err_msg=key)
@@ -130,8 +130,9 @@ def test_space_and_instantiations():
     assert FAMILY.space.defaults() == {"sigma": 16, "block_size": 128, "indices": "narrow"}
     for dtype, ctype in (("float64", "double"), ("float32", "float")):
         exprs = FAMILY.name_expressions(dtype)
-        assert len(set(exprs)) == len(exprs) == 2 * len(SIGMAS)
-        assert {f"csr5_spmv<{ctype}, {s}, {n}>" for s in SIGMAS for n in ("true", "false")} == set(exprs)
+        assert len(set(exprs)) == len(exprs) == 2 * len(SIGMAS) + 3
+        assert {f"csr5_spmv<{ctype}, {s}, {n}>" for s in SIGMAS for n in ("true", "false")} | {
+            "csr5_rows", "csr5_tiles", f"csr5_transpose<{ctype}>"} == set(exprs)
     assert get_family("csr5") is not None and FAMILY.describe()["params"] == FAMILY.space.to_dict()
 
 
@@ -193,7 +194,7 @@ def test_reference_reproduces_the_product_for_any_geometry(lengths, sigma, omega
     y, carry = spmv_reference(indptr, prods, dec, sigma=sigma, omega=omega)
     rows = np.repeat(np.arange(len(lengths)), lengths)
     np.testing.assert_allclose(y, np.bincount(rows, prods, minlength=len(lengths)), rtol=1e-12, atol=1e-12)
-    if not needs_fixup(indptr, dec["tile_ptr"], omega * sigma, np):
+    if not needs_fixup(indptr, dec["tile_ptr"], omega * sigma):
         assert np.all(carry == 0)  # the fix-up, skipped, would have added nothing
 
 
@@ -219,7 +220,7 @@ def test_hand_example():
     y, carry = spmv_reference(indptr, np.arange(1.0, 14.0), dec, sigma=2, omega=2)
     np.testing.assert_array_equal(carry, HAND_CARRY)
     np.testing.assert_array_equal(y, HAND_Y)
-    assert needs_fixup(indptr, dec["tile_ptr"], 4, np)
+    assert needs_fixup(indptr, dec["tile_ptr"], 4)
 
 
 def test_hand_example_through_the_family():
@@ -246,7 +247,7 @@ def test_reference_matches_scipy_on_hard_cases(name, dtype):
 def test_the_hard_cases_are_hard():
     """Each hand-made case has the geometry its name says, with sigma = 4 (tiles of 128 entries)."""
     def dec(name):
-        return decompose(_case(name, "float64").indptr, sigma=4, xp=np)
+        return decompose(_case(name, "float64").indptr, sigma=4)
 
     A = _case("empty_rows_at_tile_boundaries", "float64")
     assert np.all(np.isin(np.arange(1, 4) * TILE4, A.indptr))  # tiles 1-3 begin at a row start
@@ -269,11 +270,11 @@ def test_reference_matches_scipy_on_shared_matrices(name, shared_dir):
 # -- when the fix-up runs, memory, the 32-bit guard -----------------------------------------------
 def test_fixup_needed_only_where_a_tile_begins_inside_a_row():
     aligned = _rows([TILE4] * 5, cols=200)  # every tile begins a row
-    assert not needs_fixup(aligned.indptr, decompose(aligned.indptr, sigma=4, xp=np)["tile_ptr"], TILE4, np)
+    assert not needs_fixup(aligned.indptr, decompose(aligned.indptr, sigma=4)["tile_ptr"], TILE4)
     shifted = _rows([TILE4 + 1] * 5, cols=200)
-    assert needs_fixup(shifted.indptr, decompose(shifted.indptr, sigma=4, xp=np)["tile_ptr"], TILE4, np)
+    assert needs_fixup(shifted.indptr, decompose(shifted.indptr, sigma=4)["tile_ptr"], TILE4)
     tail = _rows([TILE4 * 2 + 3], cols=300)  # the tail begins inside the row
-    assert needs_fixup(tail.indptr, decompose(tail.indptr, sigma=4, xp=np)["tile_ptr"], TILE4, np)
+    assert needs_fixup(tail.indptr, decompose(tail.indptr, sigma=4)["tile_ptr"], TILE4)
 
 
 def test_memory_ratio():
