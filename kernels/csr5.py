@@ -218,7 +218,7 @@ class Csr5(Family):
     summary = "CSR5 tiles: omega x sigma entries a warp, stored transposed, bit-flag descriptors, carries fixed up"
     source = "Liu & Vinter, ICS 2015: CSR5 (public code weifengliu-ssslab/Benchmark_SpMV_using_CSR5)"
     cu_file = "csr5.cu"
-    prepare_spmvs = 15.0  # H100: 1.6-2.0 ms on the unseen rgg and skyline (24-31 M nonzeros), products of 100-150 us
+    prepare_spmvs = 8.0  # H100: 0.6-1.4 ms on the unseen rgg and skyline (24-31 M nonzeros), products of 70-140 us
     space = Space(
         (
             Param("sigma", SIGMAS, 16, "entries a lane: a tile is 32 x sigma entries (CSR5's setSigma: the "
