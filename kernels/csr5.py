@@ -2,7 +2,7 @@
 
 The nonzeros, in CSR order, are cut into tiles of ``OMEGA x sigma`` entries (``OMEGA`` = 32, the lanes of a
 warp): lane l of tile t holds the ``sigma`` consecutive entries ``t*tile + l*sigma + k``. Prepared once, on
-the GPU:
+the GPU (``csr5_rows``, ``csr5_tiles`` and ``csr5_transpose``: no sort, one read-back):
 
 - the values and columns of the full tiles copied *transposed*, lane l's k-th entry at
   ``t*tile + k*OMEGA + l``, so that each of a lane's ``sigma`` loads is coalesced over the warp;
@@ -89,7 +89,7 @@ def set_sigma(nnz_per_row: float) -> int:
     return max(s for s in SIGMAS if s <= wanted)
 
 
-# -- the decomposition (NumPy for the reference, CuPy on the GPU) ---------------------------------
+# -- the decomposition's reference (NumPy; on the GPU csr5.cu's preparation kernels write the same) ----
 def decompose(indptr: np.ndarray, *, sigma: int, omega: int = OMEGA) -> dict[str, np.ndarray]:
     """``tile_ptr`` (int32, n_tiles + 1), ``dirty`` (uint8, n_tiles) and ``flags`` (uint32, n_tiles * omega) of
     the full tiles of ``omega x sigma`` entries, from a row pointer: the reference (array operations, no loop
@@ -111,7 +111,7 @@ def decompose(indptr: np.ndarray, *, sigma: int, omega: int = OMEGA) -> dict[str
     return {"tile_ptr": tile_ptr, "dirty": dirty, "flags": flags}
 
 
-def transposed(a: Any, *, sigma: int, n_tiles: int, omega: int = OMEGA) -> Any:
+def transposed(a: np.ndarray, *, sigma: int, n_tiles: int, omega: int = OMEGA) -> np.ndarray:
     """The first ``n_tiles`` tiles of ``a`` (values or columns), lane l's k-th entry at tile + k*omega + l."""
     return a[: n_tiles * omega * sigma].reshape(n_tiles, omega, sigma).transpose(0, 2, 1).ravel()
 
