@@ -283,7 +283,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     prepare in more than ``cheap`` SpMVs wait: the others (cuSPARSE's always, and those with no expectation)
     are prepared and timed in a first round; then the waiting ones join one at a time, the cheapest to
     prepare first, each timed as it joins, until the fastest so far takes at most ``floor_s / ROOF``
-    (:data:`ROOF`): those still waiting are left out unprepared (``skipped``): csr5 (2 ms) goes before NuT
+    (:data:`ROOF`): those still waiting are left out unprepared (``skipped``): csr5 (about 1 ms) goes before NuT
     (8 ms), and where csr5 is at the roof NuT is never prepared.
     """
     seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
