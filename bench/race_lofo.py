@@ -8,7 +8,7 @@ it is 3 % faster (as the race's margin). Score: tuned best / pick, geometric mea
 all matrices and over those of 1 M nonzeros and more. Entrants the corpus never measured on the matrix (the
 merge_path default, which the corpus's portfolio predates, and fitted configs outside it) cannot win here:
 the figures are a lower bound of what the race picks. ``--times`` judges the picks by another corpus file of
-the same matrices: the corpus with the narrow-columns survey (``bench/merge_corpus.py``) times csr_vector as
+the same matrices: the corpus with the narrow-columns survey (``tuner corpus replace``) times csr_vector as
 it runs now (narrow columns) and measured merge_path's default, so that only csr5 and fitted configs outside
 the portfolios stay out of reach. CPU only.
 
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--l2-mb", type=int, required=True, help="the L2 of the corpus's GPU, MiB (H100 50, H200 60)")
     ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
     ap.add_argument("--times", help="a corpus file of the same matrices whose times judge the picks (default: "
-                    "--corpus's), e.g. the corpus with the narrow-columns survey (bench/merge_corpus.py)")
+                    "--corpus's), e.g. the corpus with the narrow-columns survey (tuner corpus replace)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = []

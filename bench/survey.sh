@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A survey of a portfolio on the selector's corpus (the shared matrices, `corpus` and `corpus-more`) on this GPU, both
-# dtypes, under a time cap; the trials exported as a corpus file to merge with the committed one
-# (bench/merge_corpus.py). Used to measure configs added after a corpus was tuned (narrow columns, merge_path):
-# bench/results/corpus/2026-11-26_*_survey-narrow.jsonl.gz (380 matrices, 38 configs, both dtypes: 245-268 s).
+# dtypes, under a time cap; the trials exported as a corpus file to put in place of the committed corpus's
+# (`tuner corpus replace BASE SURVEY OUT --family csr_vector`). Used to measure configs added after a corpus was
+# tuned (narrow columns, merge_path): bench/results/corpus/2026-11-26_*_survey-narrow.jsonl.gz (380 matrices,
+# 38 configs, both dtypes: 245-268 s a GPU).
 #   OUT=/tmp/out PORTFOLIO=bench/results/corpus/portfolio-narrow.json SECONDS_CAP=400 bash bench/survey.sh
 set -u
 : "${OUT:?set OUT}" "${PORTFOLIO:?set PORTFOLIO}"

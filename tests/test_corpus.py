@@ -172,3 +172,35 @@ def test_cli_export_import_and_train_from_a_corpus(source, tmp_path: Path):
     assert "72 of 72 trials added" in out.output and "saved model 1" in out.output
     bad = runner.invoke(app, ["corpus", "import", str(tmp_path / "missing.jsonl.gz"), "--db", str(fresh)])
     assert bad.exit_code == 1 and "missing.jsonl.gz" in bad.output
+
+
+def test_a_survey_replaces_a_familys_trials_on_the_corpus_matrices_only(source, tmp_path: Path):
+    """csr_vector measured again (narrow columns) on four of the six matrices and on one the corpus lacks: the
+    corpus's csr_vector trials go, the survey's on its own matrices come in, the other families stay."""
+    base = tmp_path / "base.jsonl.gz"
+    export_corpus(source, base)
+    known = [m["fingerprint"] for m in source.db["matrices"].rows_where(order_by="fingerprint")]
+    narrow = {"threads_per_row": 4, "block_size": 128, "indices": "narrow"}
+    with Store(memory=True) as survey:
+        survey.add_device(DEVICES[0])
+        extra = generate("uniform", rows=50, seed=9)
+        survey.add_matrix("e" * 32, name="extra", rows=50, cols=extra.shape[1], nnz=extra.nnz,
+                          features=extract_features(extra))
+        for fp in known[:4]:
+            survey.add_matrix(fp, **{k: source.matrix(fp)[k] for k in ("name", "rows", "cols", "nnz")})
+        survey.add_trials([{"fingerprint": fp, "device": DEVICES[0]["id"], "dtype": "float64", "kernel": "csr_vector",
+                            "params": narrow, "study": "portfolio", "trial_uid": f"s-{fp}", "state": "ok",
+                            "verified": 1, "time_s": 1e-6} for fp in [*known[:4], "e" * 32]])
+        export_corpus(survey, tmp_path / "survey.jsonl.gz")
+    out = tmp_path / "out.jsonl.gz"
+    runner = CliRunner()
+    done = runner.invoke(app, ["corpus", "replace", str(base), str(tmp_path / "survey.jsonl.gz"), str(out),
+                               "--family", "csr_vector"], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.output
+    trials = [r for kind, r in read_corpus(out) if kind == "trial"]
+    vector = [t for t in trials if t["kernel"] == "csr_vector"]
+    assert {t["fingerprint"] for t in vector} == set(known[:4]) and all(t["params"] == narrow for t in vector)
+    assert len(trials) - len(vector) == 72 - 24  # cuSPARSE and csr_scalar: every one kept
+    assert {r["fingerprint"] for kind, r in read_corpus(out) if kind == "matrix"} == set(known)
+    unknown = runner.invoke(app, ["corpus", "replace", str(base), str(base), str(out), "--family", "nope"])
+    assert unknown.exit_code == 1 and "unknown kernel 'nope'" in unknown.output

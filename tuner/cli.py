@@ -524,6 +524,26 @@ def corpus_import(
             _print_import(import_corpus(store, path))
 
 
+@corpus_app.command("replace")
+@_clean_errors
+def corpus_replace(
+    base: Annotated[Path, typer.Argument(help="the corpus file (`tuner corpus export`)")],
+    survey: Annotated[Path, typer.Argument(help="a survey of some families on its matrices (`tuner corpus measure`, "
+                                                "then `tuner corpus export`)")],
+    output: Annotated[Path, typer.Argument(help="the corpus file to write")],
+    family: Annotated[list[str], typer.Option(help="a family whose trials the survey replaces (repeat)")],
+) -> None:
+    """Write a corpus with some families' trials replaced by a survey's (a kernel changed since it was tuned)."""
+    from kernels import get_family
+    from tuner.select.corpus import replace_families
+
+    for name in family:
+        get_family(name)  # an unknown name lists the known ones
+    report = replace_families(base, survey, family, output)
+    console.print(f"wrote {output}: {report.trials} trials ({_per_dtype(report)}) of {report.matrices} matrices, "
+                  f"{', '.join(family)} from {survey}")
+
+
 @corpus_app.command("measure")
 @_clean_errors
 def corpus_measure(

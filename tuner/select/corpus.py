@@ -33,7 +33,8 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from typing import Any
 from common.errors import InvalidConfigError
 from db.store import TRIAL_FIELDS, Store
 
-__all__ = ["FORMAT", "VERSION", "CorpusReport", "export_corpus", "import_corpus", "read_corpus"]
+__all__ = ["FORMAT", "VERSION", "CorpusReport", "export_corpus", "import_corpus", "read_corpus", "replace_families"]
 
 FORMAT = "spmv-tuner-corpus"
 VERSION = 1
@@ -161,11 +162,12 @@ def read_corpus(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, A
         raise InvalidConfigError(f"cannot read the corpus {where}: {exc}") from None
 
 
-def import_corpus(store: Store, path: str | os.PathLike[str]) -> CorpusReport:
+def import_corpus(store: Store, path: str | os.PathLike[str], *,
+                  keep: Callable[[dict[str, Any]], bool] | None = None) -> CorpusReport:
     """Add a corpus file's devices, matrices (with features) and trials to ``store``, in one transaction:
     a file that is damaged anywhere, or holds fewer records than its header counts, adds nothing. Trials
-    the store holds already (by ``trial_uid``) are not added again. Devices the store knows are kept as
-    they are."""
+    the store holds already (by ``trial_uid``) are not added again, nor those ``keep`` turns down. Devices
+    the store knows are kept as they are."""
     report = CorpusReport(str(path))
     trials: list[dict[str, Any]] = []
     cusparse: list[dict[str, Any]] = []
@@ -187,7 +189,8 @@ def import_corpus(store: Store, path: str | os.PathLike[str]) -> CorpusReport:
             elif kind == "trial":
                 report.trials += 1
                 report.per_dtype[record.get("dtype", "?")] = report.per_dtype.get(record.get("dtype", "?"), 0) + 1
-                trials.append(record)
+                if keep is None or keep(record):
+                    trials.append(record)
             else:
                 _require(path, kind, record, _CUSPARSE_FIELDS)
                 cusparse.append(record)
@@ -199,6 +202,21 @@ def import_corpus(store: Store, path: str | os.PathLike[str]) -> CorpusReport:
             store.set_cusparse_time(c["fingerprint"], device=c["device"], dtype=c["dtype"], time_s=c["time_s"])
     report.best = store.db["best"].count
     return report
+
+
+def replace_families(base: str | os.PathLike[str], survey: str | os.PathLike[str], families: Collection[str],
+                     out: str | os.PathLike[str]) -> CorpusReport:
+    """Write ``out``: the corpus ``base`` with its trials of ``families`` replaced by ``survey``'s (a corpus file of
+    `tuner corpus measure`) on base's matrices; what ``export_corpus`` wrote. For families whose kernels changed
+    after the corpus was tuned (csr_vector's narrow columns) or that it predates (merge_path). Matrices only
+    the survey holds are left out: measured in its families alone, they would teach a selector that every
+    other config is missing."""
+    dropped = set(families)
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "corpus.db") as store:
+        import_corpus(store, base, keep=lambda trial: trial.get("kernel") not in dropped)
+        known = {row["fingerprint"] for row in store.db["matrices"].rows}
+        import_corpus(store, survey, keep=lambda trial: trial.get("fingerprint") in known)
+        return export_corpus(store, out)
 
 
 def _require(path: str | os.PathLike[str], kind: str, record: dict[str, Any], fields: tuple[str, ...]) -> None:
