@@ -16,7 +16,7 @@ trivial cases) so that each family writes only its decomposition.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,6 +45,12 @@ class Prepared:
     @property
     def extra_bytes(self) -> int:
         return int(sum(getattr(v, "nbytes", 0) for v in self.extra.values()))
+
+    def ratio_to_csr(self, keys: Iterable[str]) -> float:
+        """Bytes of the ``extra`` arrays named ``keys`` (those present) over the CSR arrays' (indptr, indices,
+        data): a family's memory beyond the matrix."""
+        csr = self.A.indptr.nbytes + self.A.indices.nbytes + self.A.data.nbytes
+        return sum(self.extra[k].nbytes for k in keys if k in self.extra) / csr
 
 
 class Family(ABC):

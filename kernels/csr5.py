@@ -241,9 +241,7 @@ class Csr5(Family):
 
     def memory_ratio(self, prepared: Prepared) -> float:
         """Bytes of the CSR5 structure (transposed copies, descriptors, carries) over the CSR arrays'."""
-        A = prepared.A
-        csr = A.indptr.nbytes + A.indices.nbytes + A.data.nbytes
-        return sum(prepared.extra[k].nbytes for k in STRUCTURE if k in prepared.extra) / csr
+        return prepared.ratio_to_csr(STRUCTURE)
 
     # -- both paths -----------------------------------------------------------------------------
     def _finish(self, prepared: Prepared, xp: Any, *, tail_row: int, fixup: bool) -> None:

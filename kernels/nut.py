@@ -192,9 +192,7 @@ class Nut(Family):
 
     def memory_ratio(self, prepared: Prepared) -> float:
         """Bytes of the NuT structure over the bytes of the CSR arrays (indptr + indices + data)."""
-        A = prepared.A
-        csr = A.indptr.nbytes + A.indices.nbytes + A.data.nbytes
-        return sum(prepared.extra[k].nbytes for k in STRUCTURE if k in prepared.extra) / csr
+        return prepared.ratio_to_csr(STRUCTURE)
 
     # -- GPU path ---------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
