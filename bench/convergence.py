@@ -1,6 +1,7 @@
 """How many trials a search needs on matrices it has never seen: within 3 % of what a long search finds (issue #21).
 
-For each matrix of ``bench/unseen.py`` chosen and each dtype: ``plan(A, effort="tune", trials=N)`` on a
+For each matrix of ``bench/unseen.py`` (or of a named suite of :mod:`tuner.matrix.suites`, ``--suite
+large``: the benchmark harness's large matrices) chosen and each dtype: ``plan(A, effort="tune", trials=N)`` on a
 fresh store (the search as a user starts it: seeded with the selector's first configs, then the
 defaults, then optuna), then the trials in the order they ran: the best time of all N, the first trial
 whose running best is within 3 % of it, the running best after 30 trials as a fraction of the best,
@@ -10,11 +11,13 @@ Times are the search's own (:func:`tuner.measure.evaluate.evaluate`).
 
     python bench/convergence.py --trials 200 --out bench/results
     python bench/convergence.py --trials 100 --only communities,perm27 --scale 0.5
+    python bench/convergence.py --suite large --trials 60 --dtype float32
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -33,6 +36,7 @@ from db.store import Store  # noqa: E402
 from kernels import BASELINE  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.plan import plan  # noqa: E402
+from tuner.matrix.suites import suite  # noqa: E402
 from tuner.measure.backend import GpuBackend  # noqa: E402
 from tuner.measure.metrics import gbps  # noqa: E402
 from tuner.select.shipped import slug  # noqa: E402
@@ -81,24 +85,30 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
     ap.add_argument("--trials", type=int, default=200)
-    ap.add_argument("--only", default="", help="comma-separated matrix names of bench/unseen.py")
-    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--suite", default="unseen", help="'unseen' (bench/unseen.py's matrices) or a suite of "
+                    "tuner.matrix.suites (large, graphs, ...)")
+    ap.add_argument("--only", default="", help="comma-separated matrix names of the suite")
+    ap.add_argument("--scale", type=float, default=1.0, help="size factor of the unseen matrices")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     args = ap.parse_args()
     backend = GpuBackend()
     env = environment(backend)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{env['date'][:10]}_{slug(env['device'])}_convergence{'-' + args.label if args.label else ''}.json"
+    name = "convergence" + ("" if args.suite == "unseen" else f"-{args.suite}") \
+        + (f"-{args.label}" if args.label else "")
+    path = out / f"{env['date'][:10]}_{slug(env['device'])}_{name}.json"
+    makers = {m.name: functools.partial(m.make, args.scale) for m in MATRICES} if args.suite == "unseen" else \
+        {m.name: m.build for m in suite(args.suite)}
     rows: list[dict[str, Any]] = []
-    for m in MATRICES:
-        if args.only and m.name not in args.only.split(","):
+    for matrix, make in makers.items():
+        if args.only and matrix not in args.only.split(","):
             continue
-        A = m.make(args.scale)
+        A = make()
         for dtype in args.dtype:
-            rows.append(one(backend, m.name, A, dtype, args.trials))
-            path.write_text(json.dumps({"env": env, "scale": args.scale, "within": WITHIN, "rows": rows}, indent=1)
-                            + "\n")
+            rows.append(one(backend, matrix, A, dtype, args.trials))
+            path.write_text(json.dumps({"env": env, "suite": args.suite, "scale": args.scale, "within": WITHIN,
+                                        "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
