@@ -297,6 +297,17 @@ def test_the_compact_forest_predicts_as_the_sklearn_forest(leaf: int) -> None:
     assert compact.n_trees == 40 and compact.feature.dtype == np.int16 and compact.threshold.dtype == np.float32
 
 
+def test_a_compact_forest_pickles_without_the_tables_it_builds_to_predict() -> None:
+    """The walk's arrays and the leaves' means (megabytes) are built on the first prediction, never shipped."""
+    forest, X, Y = _sklearn_forest()
+    compact = CompactForest.from_sklearn(forest, X, Y)
+    shipped = pickle.dumps(compact)
+    predicted = compact.predict(X[:7])
+    assert pickle.dumps(compact) == shipped and compact.nbytes() < len(shipped)
+    np.testing.assert_array_equal(pickle.loads(shipped).predict(X[:7]), predicted)
+    np.testing.assert_allclose(predicted, forest.predict(X[:7]), rtol=1e-6, atol=1e-6)
+
+
 def test_the_compact_forest_refuses_leaves_that_are_not_means_of_its_rows() -> None:
     forest, X, Y = _sklearn_forest()
     with pytest.raises(ValueError, match="not the means"):

@@ -14,9 +14,11 @@ negative child ``-(leaf + 1)`` is a leaf).
 scikit-learn compares ``float32(x) <= threshold`` with a float64 threshold;
 the threshold kept is the largest float32 not above it, which sends every
 float32 the same way. A prediction walks all trees at once, one level per
-step (NumPy over the (row, tree) pairs still in the trees), then averages the
-leaves' training targets: the forest's own prediction, up to float32 rounding
-of the targets (:meth:`CompactForest.from_sklearn` checks every leaf).
+step (NumPy over every (row, tree) pair: a leaf is its own child, so no step
+tracks which pairs are done), then gathers each leaf's mean training targets
+(a table built on the first prediction, never pickled): the forest's own
+prediction, up to float32 rounding of the targets
+(:meth:`CompactForest.from_sklearn` checks every leaf).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class CompactForest:
                                                                       dtype=np.int32).reshape(2, -1),
                   roots=np.asarray(roots, dtype=np.int32), leaf_start=start.astype(np.int32),
                   members=(order % len(X)).astype(index_type), targets=y.astype(np.float32))
-        kept = out._leaf_means(np.arange(leaf_base))
+        kept = out.leaf_means()
         if not np.allclose(kept, np.concatenate(values), rtol=1e-5, atol=1e-5):
             raise ValueError("the forest's leaves are not the means of their training rows (bootstrap or weights?)")
         return out
@@ -96,43 +98,80 @@ class CompactForest:
     def apply(self, X: np.ndarray) -> np.ndarray:
         """The leaf (global number) each row of X ends in, in each tree: (rows, trees)."""
         X = np.atleast_2d(np.asarray(X, dtype=np.float32))
-        rows, trees = len(X), self.n_trees
-        node = np.tile(self.roots, rows)  # (row, tree) pairs, row-major
-        row_of = np.repeat(np.arange(rows), trees)
-        live = np.flatnonzero(node >= 0)
-        while live.size:
-            at = node[live]
-            x = X[row_of[live], self.feature[at]]
-            go_left = (x <= self.threshold[at]) | (np.isnan(x) & self.nan_left[at])
-            step = np.where(go_left, self.children[0, at], self.children[1, at])
-            node[live] = step
-            live = live[step >= 0]
-        return (-node - 1).reshape(rows, trees)
+        walk = self._walk()
+        flat = X.ravel()
+        node = np.tile(walk.roots, len(X))  # (row, tree) pairs, row-major
+        start = np.repeat(np.arange(len(X)) * X.shape[1], self.n_trees)
+        missing = bool(np.isnan(flat).any())
+        for _ in range(walk.depth):  # a leaf is its own child: every pair takes depth steps
+            x = flat[start + walk.feature[node]]
+            right = x > walk.threshold[node]
+            if missing:
+                right |= np.isnan(x) & ~walk.nan_left[node]
+            node = walk.child[node + right]
+        return (node // 2 - walk.inner).reshape(len(X), self.n_trees)
 
-    def _leaf_means(self, leaves: np.ndarray) -> np.ndarray:
-        """The mean training targets of each leaf in ``leaves`` (any shape): shape + (outputs,), float64."""
-        flat = leaves.ravel()
-        start, count = self.leaf_start[flat], np.diff(self.leaf_start)[flat]
-        first = np.cumsum(count) - count  # where each leaf's rows begin in the gathered block
-        picked = np.repeat(start - first, count) + np.arange(int(count.sum()))
-        sums = np.add.reduceat(self.targets[self.members[picked]].astype(np.float64), first, axis=0)
-        return (sums / count[:, None]).reshape(*leaves.shape, self.n_outputs)
+    def _walk(self) -> _Walk:
+        """:class:`_Walk`, built on the first prediction (a pickle leaves it out)."""
+        if (walk := self.__dict__.get("_walk_cache")) is None:
+            walk = self._walk_cache = _Walk(self)
+        return walk
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle keeps: the arrays given to the constructor, not the tables built from them."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def leaf_means(self) -> np.ndarray:
+        """Every leaf's mean training targets: (leaves, outputs), float64 (the members are stored leaf by leaf,
+        so each leaf's sum is a difference of two running sums)."""
+        running = np.zeros((len(self.members) + 1, self.n_outputs))
+        np.cumsum(self.targets[self.members], axis=0, dtype=np.float64, out=running[1:])
+        return (running[self.leaf_start[1:]] - running[self.leaf_start[:-1]]) / np.diff(self.leaf_start)[:, None]
 
     def tree_outputs(self, X: np.ndarray) -> np.ndarray:
         """Each tree's prediction for each row of X: (trees, rows, outputs)."""
-        return self._leaf_means(self.apply(X)).transpose(1, 0, 2)
+        return self._walk().values[self.apply(X)].transpose(1, 0, 2)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The forest's prediction (the mean of its trees'): (rows, outputs)."""
         return self.tree_outputs(X).mean(axis=0)
 
     def nbytes(self) -> int:
-        """Bytes of the arrays."""
-        return sum(a.nbytes for a in vars(self).values())
+        """Bytes of the arrays (what a pickle holds)."""
+        return sum(a.nbytes for a in self.__getstate__().values())
 
     def __repr__(self) -> str:
         return (f"CompactForest({self.n_trees} trees, {len(self.feature)} inner nodes, {len(self.leaf_start) - 1} "
                 f"leaves, {len(self.targets)} rows x {self.n_outputs} outputs)")
+
+
+class _Walk:
+    """The forest as :meth:`CompactForest.apply` walks it: inner nodes then leaves in one numbering, each node
+    ``k`` at positions ``2k`` (its left child) and ``2k + 1`` (its right) of every array, so that a step is
+    ``child[node + (x > threshold[node])]`` (positions: ``2k``); a leaf splits on feature 0 at +inf with itself
+    as both children, so a walk takes ``depth`` steps with no bookkeeping of which pairs are done. ``values``:
+    each leaf's mean training targets (leaves x outputs), so a prediction gathers rows of it."""
+
+    def __init__(self, forest: CompactForest) -> None:
+        inner, leaves = len(forest.feature), len(forest.leaf_start) - 1
+        self.inner = inner
+
+        def unified(code: np.ndarray) -> np.ndarray:  # a child's code -> its position
+            return 2 * np.where(code >= 0, code, inner - code - 1).astype(np.int64)
+
+        own = 2 * np.arange(inner, inner + leaves, dtype=np.int64)
+        self.feature = np.repeat(np.concatenate([forest.feature, np.zeros(leaves, np.int16)]).astype(np.intp), 2)
+        self.threshold = np.repeat(np.concatenate([forest.threshold, np.full(leaves, np.inf, np.float32)]), 2)
+        self.nan_left = np.repeat(np.concatenate([forest.nan_left, np.zeros(leaves, bool)]), 2)
+        self.child = np.empty(2 * (inner + leaves), dtype=np.int64)
+        self.child[0::2] = np.concatenate([unified(forest.children[0]), own])
+        self.child[1::2] = np.concatenate([unified(forest.children[1]), own])
+        self.roots = unified(forest.roots)
+        self.depth, frontier = 0, self.roots
+        while (frontier := frontier[frontier < 2 * inner]).size:  # inner nodes left on some path
+            frontier = np.concatenate([self.child[frontier], self.child[frontier + 1]])
+            self.depth += 1
+        self.values = forest.leaf_means().astype(np.float32)
 
 
 def _floor32(threshold: np.ndarray) -> np.ndarray:

@@ -342,9 +342,9 @@ class KernelSelector(BaseEstimator):
         trees = self.forest_.tree_outputs(design)  # (trees, rows, outputs)
         out = trees.mean(axis=0)
         firsts = trees[:, :, 1:].argmin(axis=2)  # (trees, rows)
-        counts = np.zeros((len(rows), len(self.configs_)), dtype=np.int64)
-        np.add.at(counts, (np.broadcast_to(np.arange(len(rows)), firsts.shape), firsts), 1)
-        votes = counts / len(trees)
+        configs = len(self.configs_)
+        counts = np.bincount((firsts + configs * np.arange(len(rows))).ravel(), minlength=len(rows) * configs)
+        votes = counts.reshape(len(rows), configs) / len(trees)
         t_bytes = bytes_time(rows, dtype=self.dtype_, device=device, feature_names=names)
         return rows, t_bytes[:, None] * np.exp(out[:, :1] + out[:, 1:]), votes
 
@@ -360,9 +360,9 @@ class KernelSelector(BaseEstimator):
         rows, expected, votes = self._expected(features, device)
         if len(rows) != 1:
             raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
-        return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), float(expected[0, j]),
-                             float(self.prepare_spmvs_[j]), float(votes[0, j]))
-                for j in np.argsort(expected[0], kind="stable")]
+        seconds, prepare, shares = expected[0].tolist(), self.prepare_spmvs_.tolist(), votes[0].tolist()
+        return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), seconds[j], prepare[j], shares[j])
+                for j in np.argsort(expected[0], kind="stable").tolist()]
 
     def predict_details(self, X: Any, *, device: DeviceSpec | None = None) -> list[Prediction]:
         """The first config of each row's ranking as a :class:`Prediction` (confidence: its votes)."""
