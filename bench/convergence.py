@@ -5,7 +5,8 @@ large``: the benchmark harness's large matrices) chosen and each dtype: ``plan(A
 fresh store (the search as a user starts it: seeded with the selector's first configs, then the
 defaults, then optuna), then the trials in the order they ran: the best time of all N, the first trial
 whose running best is within 3 % of it, the running best after 30 trials as a fraction of the best,
-the best against the best cuSPARSE trial, and the best's effective bandwidth (compulsory bytes,
+the best against the best cuSPARSE trial, the trials that improved the running best (trial, kernel, params,
+seconds: where a search found its best, and what it ran before), and the best's effective bandwidth (compulsory bytes,
 :func:`tuner.measure.metrics.gbps`) as a fraction of the copy bandwidth measured in the same process.
 Times are the search's own (:func:`tuner.measure.evaluate.evaluate`).
 
@@ -47,12 +48,16 @@ EARLY = 30
 
 def convergence(times: list[float], *, within: float = WITHIN, early: int = EARLY) -> dict[str, Any]:
     """From the trials' times in the order they ran (inf: failed): the best, the first trial (1-based)
-    whose running best is within ``within`` of it, and the running best after ``early`` trials / the best."""
-    running = np.minimum.accumulate(np.asarray(times, dtype=float))
+    whose running best is within ``within`` of it, the running best after ``early`` trials / the best, and
+    the trials (1-based) that improved the running best."""
+    times = np.asarray(times, dtype=float)
+    running = np.minimum.accumulate(times)
     best = float(running[-1])
     first = int(np.argmax(running <= (1 + within) * best)) + 1
     at_early = float(running[min(early, len(running)) - 1])
-    return {"best_s": best, "trials_to_within": first, f"best_after_{early}_over_best": best / at_early}
+    improved = np.flatnonzero(times < np.concatenate([[np.inf], running[:-1]])) + 1
+    return {"best_s": best, "trials_to_within": first, f"best_after_{early}_over_best": best / at_early,
+            "improved": improved.tolist()}
 
 
 def one(backend: GpuBackend, name: str, A_host: Any, dtype: str, trials: int) -> dict[str, Any]:
@@ -69,8 +74,10 @@ def one(backend: GpuBackend, name: str, A_host: Any, dtype: str, trials: int) ->
     found = convergence(times)
     best = rows[int(np.argmin(times))]
     rate = gbps(A.shape[0], A.shape[1], A.nnz, dtype, found["best_s"])
+    improved = found.pop("improved")
     row = {"matrix": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz, "dtype": dtype,
            "trials": len(rows), **found, "best_kernel": best["kernel"], "best_params": best["params"],
+           "improvements": [[i, rows[i - 1]["kernel"], rows[i - 1]["params"], times[i - 1]] for i in improved],
            "cusparse_best_s": cusparse, "ratio_to_cusparse": cusparse / found["best_s"] if cusparse else None,
            "bandwidth_fraction": rate / backend.copy_bandwidth_gbs()}
     print(f"{name:18s} {dtype} {len(rows):4d} trials: within {WITHIN:.0%} at trial {found['trials_to_within']:4d}, "

@@ -173,4 +173,7 @@ def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percen
     found = module.convergence([5.0, float("inf"), 4.0, 3.05, 3.2, 3.0], early=4)
     assert found["best_s"] == 3.0 and found["trials_to_within"] == 4  # 3.05 <= 1.03 * 3.0; a failure is inf
     assert found["best_after_4_over_best"] == pytest.approx(3.0 / 3.05)
-    assert module.convergence([2.0], early=30) == {"best_s": 2.0, "trials_to_within": 1, "best_after_30_over_best": 1.0}
+    assert found["improved"] == [1, 3, 4, 6]  # the trials that set a new running best, a tie or a failure not
+    assert module.convergence([2.0], early=30) == {"best_s": 2.0, "trials_to_within": 1, "best_after_30_over_best": 1.0,
+                                                   "improved": [1]}
+    assert module.convergence([float("inf"), 2.0, 2.0], early=30)["improved"] == [2]
