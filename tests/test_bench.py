@@ -162,14 +162,20 @@ def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
     assert _git_commit() != "f" * 40
 
 
-def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percent() -> None:
+def _convergence_module():
+    """bench/convergence.py, a script, loaded as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "convergence.py"
-    spec = importlib.util.spec_from_file_location("bench_convergence", path)
+    spec = importlib.util.spec_from_file_location("bench_convergence",
+                                                  Path(__file__).resolve().parents[1] / "bench" / "convergence.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percent() -> None:
+    module = _convergence_module()
     found = module.convergence([5.0, float("inf"), 4.0, 3.05, 3.2, 3.0], early=4)
     assert found["best_s"] == 3.0 and found["trials_to_within"] == 4  # 3.05 <= 1.03 * 3.0; a failure is inf
     assert found["best_after_4_over_best"] == pytest.approx(3.0 / 3.05)
@@ -177,3 +183,18 @@ def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percen
     assert module.convergence([2.0], early=30) == {"best_s": 2.0, "trials_to_within": 1, "best_after_30_over_best": 1.0,
                                                    "improved": [1]}
     assert module.convergence([float("inf"), 2.0, 2.0], early=30)["improved"] == [2]
+
+
+
+def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> None:
+    """``cold`` on the CPU reference backend: the three configs timed, the ratio and bandwidth from them."""
+    import scipy.sparse as sp
+
+    from tuner.measure.backend import CpuReferenceBackend
+
+    module = _convergence_module()
+    A = sp.random(300, 200, density=0.05, format="csr", random_state=3)
+    found = module.cold(CpuReferenceBackend(), A, {"kernel": "csr_scalar", "params": {"block_size": 128}})
+    assert found["best_s"] > 0 and found["cusparse_best_s"] > 0
+    assert found["ratio_to_cusparse"] == pytest.approx(found["cusparse_best_s"] / found["best_s"])
+    assert 0 < found["bandwidth_fraction"] < float("inf")
