@@ -10,10 +10,13 @@ merge_path default, which the corpus's portfolio predates, and fitted configs ou
 the figures are a lower bound of what the race picks. ``--times`` judges the picks by another corpus file of
 the same matrices: the corpus with the narrow-columns survey (``tuner corpus replace``) times csr_vector as
 it runs now (narrow columns) and measured merge_path's default, so that only csr5 and fitted configs outside
-the portfolios stay out of reach. CPU only.
+the portfolios stay out of reach. ``--prepare-budget`` and ``--per-family`` build the shortlists with other
+bounds than :func:`shortlist`'s (what a looser race would pick, and the preparation the selector expects it to
+cost: each row's ``prepare_spmvs_median``). CPU only.
 
     python bench/race_lofo.py --corpus bench/results/corpus/2026-11-24_NVIDIA-H100-80GB-HBM3-sm-90_corpus.jsonl.gz \\
-        --l2-mb 50 --out bench/results/2026-11-26_race_lofo_H100.json [--times H100_corpus-narrow.jsonl.gz]
+        --l2-mb 50 --out bench/results/2026-11-26_race_lofo_H100.json [--times H100_corpus-narrow.jsonl.gz] \\
+        [--prepare-budget 1e9]
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kernels import canonical, config_key, config_of  # noqa: E402
+from kernels import BASELINE, canonical, config_key, config_of  # noqa: E402
 from tuner.execute.race import MARGIN, adapted, shortlist  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.select.evaluation import corpus_table, cv_folds  # noqa: E402
@@ -37,15 +42,18 @@ from tuner.select.model import KernelSelector, RankedConfig  # noqa: E402
 ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
 
 
-def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None) -> dict[str, list[tuple[float, float]]]:
-    """Per strategy ('shortlist' alone, 'race' as plan() builds it): (tuned best / pick, nnz) per matrix. With
-    ``times`` (a corpus file of the same matrices), the selectors learn from ``corpus`` and the picks are
-    timed by ``times``, each entrant by the config that runs (:func:`kernels.canonical`: defaults filled in)."""
+def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
+          shortlist_args: Mapping[str, Any] | None = None) -> dict[str, list[tuple[float, float, float]]]:
+    """Per strategy ('shortlist' alone, 'race' as plan() builds it): (tuned best / pick, nnz, the entrants'
+    expected preparation in SpMVs, cuSPARSE's left out) per matrix. With ``times`` (a corpus file of the same
+    matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant by the
+    config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
+    :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults."""
     table = corpus_table(corpus, dtype=dtype)
     measured = table if times is None else corpus_table(times, dtype=dtype)
     timed = dict(zip(measured.fingerprints, measured.times, strict=True))
     nnz, cols = FEATURE_NAMES.index("nnz"), FEATURE_NAMES.index("cols")
-    out: dict[str, list[tuple[float, float]]] = {"shortlist": [], "race": []}
+    out: dict[str, list[tuple[float, float, float]]] = {"shortlist": [], "race": []}
     for test in cv_folds(table, "lofo"):
         train = np.setdiff1d(np.arange(len(table)), test)
         selector = KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
@@ -57,7 +65,7 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None) -> d
                 continue
             ranking = [RankedConfig(*config_of(keys[j]), float(expected[j]), float(selector.prepare_spmvs_[j]), 0.0)
                        for j in np.argsort(expected, kind="stable")]
-            short = shortlist(ranking)
+            short = shortlist(ranking, **(shortlist_args or {}))
             raced = adapted(short, ranking, cols=int(table.X[i, cols]), itemsize=np.dtype(dtype).itemsize,
                             l2_bytes=l2_bytes)
             for name, entrants in (("shortlist", short), ("race", raced)):
@@ -65,8 +73,10 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None) -> d
                 laps = {k: times[k] for k in ran if k in times}
                 base = min(times[a] for a in ALGORITHMS if a in times)
                 pick = min(laps.values(), default=base)
+                prepare = sum(e.prepare_spmvs for e in entrants if e.kernel != BASELINE and e.prepare_spmvs is not None
+                              and np.isfinite(e.prepare_spmvs))
                 out[name].append((min(times.values()) / (pick if pick < (1 - MARGIN) * base else base),
-                                  float(table.X[i, nnz])))
+                                  float(table.X[i, nnz]), prepare))
     return out
 
 
@@ -77,21 +87,29 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
     ap.add_argument("--times", help="a corpus file of the same matrices whose times judge the picks (default: "
                     "--corpus's), e.g. the corpus with the narrow-columns survey (tuner corpus replace)")
+    ap.add_argument("--prepare-budget", type=float, help="the shortlist's preparation budget in SpMVs (default: "
+                    "shortlist()'s)")
+    ap.add_argument("--per-family", type=int, help="the shortlist's configs of one family at most (default: "
+                    "shortlist()'s)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    given = {"prepare_budget": args.prepare_budget, "per_family": args.per_family}
+    shortlist_args = {k: v for k, v in given.items() if v is not None}
     rows = []
     for dtype in args.dtype:
-        for name, scores in picks(args.corpus, dtype, args.l2_mb << 20, args.times).items():
+        for name, scores in picks(args.corpus, dtype, args.l2_mb << 20, args.times, shortlist_args).items():
             a = np.array(scores)
             large = a[a[:, 1] >= 1e6, 0]
             row = {"dtype": dtype, "strategy": name, "matrices": len(a),
                    "geomean": float(np.exp(np.log(a[:, 0]).mean())), "worst5": float(np.percentile(a[:, 0], 5)),
-                   "large_matrices": len(large), "large_geomean": float(np.exp(np.log(large).mean()))}
+                   "large_matrices": len(large), "large_geomean": float(np.exp(np.log(large).mean())),
+                   "prepare_spmvs_median": float(np.median(a[:, 2]))}
             rows.append(row)
             print(f"{dtype} {name:9s}: pick / tuned best {row['geomean']:.3f} (worst 5 % {row['worst5']:.3f}); "
-                  f"on the {len(large)} of 1 M nonzeros and more {row['large_geomean']:.3f}", flush=True)
+                  f"on the {len(large)} of 1 M nonzeros and more {row['large_geomean']:.3f}; expected preparation "
+                  f"{row['prepare_spmvs_median']:.0f} SpMVs (median)", flush=True)
     Path(args.out).write_text(json.dumps({"corpus": args.corpus, "times": args.times, "l2_mb": args.l2_mb,
-                                          "rows": rows}, indent=1) + "\n")
+                                          "shortlist": shortlist_args, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
