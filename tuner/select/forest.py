@@ -171,7 +171,7 @@ class _Walk:
         while (frontier := frontier[frontier < 2 * inner]).size:  # inner nodes left on some path
             frontier = np.concatenate([self.child[frontier], self.child[frontier + 1]])
             self.depth += 1
-        self.values = forest.leaf_means().astype(np.float32)
+        self.values = forest.leaf_means()
 
 
 def _floor32(threshold: np.ndarray) -> np.ndarray:
