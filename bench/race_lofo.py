@@ -11,8 +11,10 @@ the figures are a lower bound of what the race picks. ``--times`` judges the pic
 the same matrices: the corpus with the narrow-columns survey (``tuner corpus replace``) times csr_vector as
 it runs now (narrow columns) and measured merge_path's default, so that only csr5 and fitted configs outside
 the portfolios stay out of reach. ``--prepare-budget`` and ``--per-family`` build the shortlists with other
-bounds than :func:`shortlist`'s (what a looser race would pick, and the preparation the selector expects it to
-cost: each row's ``prepare_spmvs_median``). CPU only.
+bounds than :func:`shortlist`'s (what a looser race would pick, and what its preparation costs: each row's
+``prepare_spmvs_median``, expected by the selector for 'shortlist' and 'race', measured by the corpus for
+'roof', the race with its roof rule; the corpus's times are a search's, warm, where the race's are cold).
+CPU only.
 
     python bench/race_lofo.py --corpus bench/results/corpus/2026-11-24_NVIDIA-H100-80GB-HBM3-sm-90_corpus.jsonl.gz \\
         --l2-mb 50 --out bench/results/2026-11-26_race_lofo_H100.json [--times H100_corpus-narrow.jsonl.gz] \\
@@ -24,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels import BASELINE, canonical, config_key, config_of  # noqa: E402
-from tuner.execute.race import MARGIN, adapted, shortlist  # noqa: E402
+from tuner.execute.race import CHEAP_SPMVS, MARGIN, ROOF, Entrant, adapted, shortlist  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
+from tuner.measure.metrics import effective_bytes  # noqa: E402
 from tuner.select.evaluation import corpus_table, cv_folds  # noqa: E402
 from tuner.select.model import KernelSelector, RankedConfig  # noqa: E402
 
@@ -44,40 +47,85 @@ ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "cs
 
 def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
           shortlist_args: Mapping[str, Any] | None = None) -> dict[str, list[tuple[float, float, float]]]:
-    """Per strategy ('shortlist' alone, 'race' as plan() builds it): (tuned best / pick, nnz, the entrants'
-    expected preparation in SpMVs, cuSPARSE's left out) per matrix. With ``times`` (a corpus file of the same
-    matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant by the
-    config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
+    """Per strategy: (tuned best / pick, nnz, preparation in SpMVs) per matrix. 'shortlist' (alone) and 'race'
+    (as plan() builds it) prepare every entrant, and their preparation is what the selector expects of the
+    entrants; 'roof' is the race as :func:`~tuner.execute.race.race` runs it: the entrants expected to
+    prepare in more than :data:`CHEAP_SPMVS` wait, and join one at a time, cheapest first, while the fastest
+    so far moves the compulsory bytes under :data:`ROOF` of the corpus device's copy bandwidth; its
+    preparation is what the corpus measured of the entrants prepared (the expected where it measured none).
+    cuSPARSE's preparation is left out, and the SpMV is cuSPARSE's best time. With ``times`` (a corpus file of
+    the same matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant
+    by the config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
     :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults."""
     table = corpus_table(corpus, dtype=dtype)
     measured = table if times is None else corpus_table(times, dtype=dtype)
     timed = dict(zip(measured.fingerprints, measured.times, strict=True))
-    nnz, cols = FEATURE_NAMES.index("nnz"), FEATURE_NAMES.index("cols")
-    out: dict[str, list[tuple[float, float, float]]] = {"shortlist": [], "race": []}
+    prepared = dict(zip(measured.fingerprints, measured.prepare, strict=True))
+    nnz, rows, cols = (FEATURE_NAMES.index(n) for n in ("nnz", "rows", "cols"))
+    out: dict[str, list[tuple[float, float, float]]] = {"shortlist": [], "race": [], "roof": []}
     for test in cv_folds(table, "lofo"):
         train = np.setdiff1d(np.arange(len(table)), test)
         selector = KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
                                         device=table.device, prepare_times=[table.prepare[i] for i in train])
         keys = selector.config_keys()
         for i, expected in zip(test, selector.expected_times(table.X[test]), strict=True):
-            times = timed.get(table.fingerprints[i], {})
+            times, prepare_s = timed.get(table.fingerprints[i], {}), prepared.get(table.fingerprints[i], {})
             if not any(a in times for a in ALGORITHMS):
                 continue
+            base = min(times[a] for a in ALGORITHMS if a in times)
             ranking = [RankedConfig(*config_of(keys[j]), float(expected[j]), float(selector.prepare_spmvs_[j]), 0.0)
                        for j in np.argsort(expected, kind="stable")]
             short = shortlist(ranking, **(shortlist_args or {}))
             raced = adapted(short, ranking, cols=int(table.X[i, cols]), itemsize=np.dtype(dtype).itemsize,
                             l2_bytes=l2_bytes)
-            for name, entrants in (("shortlist", short), ("race", raced)):
-                ran = (config_key(e.kernel, p) for e in entrants for p in (e.params, canonical(e.kernel, e.params)))
-                laps = {k: times[k] for k in ran if k in times}
-                base = min(times[a] for a in ALGORITHMS if a in times)
-                pick = min(laps.values(), default=base)
-                prepare = sum(e.prepare_spmvs for e in entrants if e.kernel != BASELINE and e.prepare_spmvs is not None
-                              and np.isfinite(e.prepare_spmvs))
+            floor_s = effective_bytes(int(table.X[i, rows]), int(table.X[i, cols]), int(table.X[i, nnz]),
+                                      dtype) / (table.device.bandwidth_gbs * 1e9)
+            roofed, spent = _roofed(raced, times, prepare_s, base=base, floor_s=floor_s)
+            for name, entrants, cost in (("shortlist", short, _expected_spmvs(short)),
+                                         ("race", raced, _expected_spmvs(raced)), ("roof", roofed, spent)):
+                laps = [t for e in entrants if (t := _lap(e, times)[1]) is not None]
+                pick = min(laps, default=base)
                 out[name].append((min(times.values()) / (pick if pick < (1 - MARGIN) * base else base),
-                                  float(table.X[i, nnz]), prepare))
+                                  float(table.X[i, nnz]), cost))
     return out
+
+
+def _lap(entrant: Entrant, times: Mapping[str, float]) -> tuple[str | None, float | None]:
+    """The entrant's config key the corpus measured (its params, else the config that runs) and its time."""
+    for params in (entrant.params, canonical(entrant.kernel, entrant.params)):
+        if (key := config_key(entrant.kernel, params)) in times:
+            return key, times[key]
+    return None, None
+
+
+def _expected_spmvs(entrants: Sequence[Entrant]) -> float:
+    """The preparation the selector expects of the entrants, in SpMVs (cuSPARSE's left out)."""
+    return sum(e.prepare_spmvs for e in entrants if e.kernel != BASELINE and e.prepare_spmvs is not None
+               and np.isfinite(e.prepare_spmvs))
+
+
+def _roofed(entrants: Sequence[Entrant], times: Mapping[str, float], prepare_s: Mapping[str, float], *,
+            base: float, floor_s: float) -> tuple[list[Entrant], float]:
+    """The entrants :func:`~tuner.execute.race.race` prepares, by the corpus's times, and their preparation in
+    SpMVs (what the corpus measured of each, else what the selector expects)."""
+    def costly(e: Entrant) -> bool:
+        return e.kernel != BASELINE and e.prepare_spmvs is not None and e.prepare_spmvs > CHEAP_SPMVS
+
+    ran = [e for e in entrants if not costly(e)]
+    leader = min((t for e in ran if (t := _lap(e, times)[1]) is not None), default=base)
+    for e in sorted(filter(costly, entrants), key=lambda e: e.prepare_spmvs):
+        if leader <= floor_s / ROOF:
+            break
+        ran.append(e)
+        leader = min(leader, _lap(e, times)[1] or np.inf)
+
+    def spmvs(e: Entrant) -> float:
+        key = _lap(e, times)[0]
+        if key is not None and key in prepare_s:
+            return prepare_s[key] / base
+        return e.prepare_spmvs if e.prepare_spmvs is not None and np.isfinite(e.prepare_spmvs) else 0.0
+
+    return ran, sum(spmvs(e) for e in ran if e.kernel != BASELINE)
 
 
 def main() -> None:
@@ -99,15 +147,17 @@ def main() -> None:
     for dtype in args.dtype:
         for name, scores in picks(args.corpus, dtype, args.l2_mb << 20, args.times, shortlist_args).items():
             a = np.array(scores)
-            large = a[a[:, 1] >= 1e6, 0]
+            large = a[a[:, 1] >= 1e6]
             row = {"dtype": dtype, "strategy": name, "matrices": len(a),
                    "geomean": float(np.exp(np.log(a[:, 0]).mean())), "worst5": float(np.percentile(a[:, 0], 5)),
-                   "large_matrices": len(large), "large_geomean": float(np.exp(np.log(large).mean())),
-                   "prepare_spmvs_median": float(np.median(a[:, 2]))}
+                   "large_matrices": len(large), "large_geomean": float(np.exp(np.log(large[:, 0]).mean())),
+                   "prepare_spmvs_median": float(np.median(a[:, 2])),
+                   "large_prepare_spmvs_median": float(np.median(large[:, 2]))}
             rows.append(row)
-            print(f"{dtype} {name:9s}: pick / tuned best {row['geomean']:.3f} (worst 5 % {row['worst5']:.3f}); "
-                  f"on the {len(large)} of 1 M nonzeros and more {row['large_geomean']:.3f}; expected preparation "
-                  f"{row['prepare_spmvs_median']:.0f} SpMVs (median)", flush=True)
+            print(f"{dtype} {name:9s}: pick / tuned best {row['geomean']:.3f} (worst 5 % {row['worst5']:.3f}), "
+                  f"preparation {row['prepare_spmvs_median']:.0f} SpMVs (median); on the {len(large)} of 1 M "
+                  f"nonzeros and more {row['large_geomean']:.3f}, {row['large_prepare_spmvs_median']:.0f} SpMVs",
+                  flush=True)
     Path(args.out).write_text(json.dumps({"corpus": args.corpus, "times": args.times, "l2_mb": args.l2_mb,
                                           "shortlist": shortlist_args, "rows": rows}, indent=1) + "\n")
 
