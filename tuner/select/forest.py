@@ -146,11 +146,12 @@ class CompactForest:
 
 
 class _Walk:
-    """The forest as :meth:`CompactForest.apply` walks it: inner nodes then leaves in one numbering, each node
-    ``k`` at positions ``2k`` (its left child) and ``2k + 1`` (its right) of every array, so that a step is
-    ``child[node + (x > threshold[node])]`` (positions: ``2k``); a leaf splits on feature 0 at +inf with itself
-    as both children, so a walk takes ``depth`` steps with no bookkeeping of which pairs are done. ``values``:
-    each leaf's mean training targets (leaves x outputs), so a prediction gathers rows of it."""
+    """The forest as :meth:`CompactForest.apply` walks it: inner nodes then leaves in one numbering, node ``k``
+    at position ``2k``; every array holds two entries a node: ``child[2k]`` is the position of its left child
+    and ``child[2k + 1]`` of its right, the others repeat the node's feature, threshold and NaN direction, so a
+    step is ``node = child[node + (x > threshold[node])]``. A leaf splits on feature 0 at +inf with itself as
+    both children: every walk takes ``depth`` steps and no step tracks which are done. ``values``: each leaf's
+    mean training targets (leaves x outputs, float64), so a prediction gathers rows of it."""
 
     def __init__(self, forest: CompactForest) -> None:
         inner, leaves = len(forest.feature), len(forest.leaf_start) - 1
