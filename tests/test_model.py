@@ -401,6 +401,22 @@ def test_configs_the_registry_no_longer_knows_fall_back_to_the_default(store):
     assert choose("e" * 16, store=store, device=DEV_A, dtype=DTYPE, features=feats).source == "default"
 
 
+def test_a_ranking_leaves_out_the_configs_the_registry_no_longer_knows(store):
+    """A selector that ranks a retired config first: the ranking goes on from the configs still known."""
+    from tuner.execute.choice import rank_configs
+
+    table = ranking_table(store, device=DEV_A, dtype=DTYPE)
+    known = config_key("csr_scalar", get_family("csr_scalar").space.defaults())
+    times = [{config_key("retired_family", {}): 1e-6, known: 2e-6, config_key(BASELINE, {}): 4e-6}] * len(table)
+    sel = KernelSelector(n_estimators=5).fit(table.X, times, dtype=DTYPE, device=table.device)
+    assert sel.rank(dict(zip(FEATURE_NAMES, table.X[0], strict=True)))[0].kernel == "retired_family"
+    save_model(store, sel, device=DEV_A, dtype=DTYPE)
+    feats = dict(zip(FEATURE_NAMES, table.X[0], strict=True))
+    for _ in range(2):  # the second ranking asks the cache of which models rank retired configs
+        ranking, _ = rank_configs(store, device=DEV_A, dtype=DTYPE, features=feats)
+        assert [r.kernel for r in ranking] == ["csr_scalar", BASELINE]
+
+
 def test_a_model_pickled_by_an_older_version_gives_the_default_and_a_log_line(store, caplog):
     old = _store_selector(store)
     del old.forest_  # as the classifier-based KernelSelector of before, which had no forest_

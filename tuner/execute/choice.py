@@ -13,6 +13,7 @@ service's ``/recommend`` asks :func:`choose`, which measures nothing.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -89,10 +90,23 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
         return None, "no selector for this GPU's architecture and dtype"
     model, spec, basis = found
     try:
-        ranking = [r for r in model.rank(features, device=spec) if _valid(r.kernel, r.params)]
+        ranking = model.rank(features, device=spec)
     except InvalidConfigError:  # a selector trained on other features: unusable until retrained
         return None, f"{basis} cannot rank this matrix"
+    if not _ranks_valid_configs_only(model):
+        ranking = [r for r in ranking if _valid(r.kernel, r.params)]
     return ranking or None, basis
+
+
+_ALL_VALID: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _ranks_valid_configs_only(model: Any) -> bool:
+    """Whether every config ``model`` ranks is in the registry still (once a model and process: the usual case,
+    where no config of a ranking needs checking)."""
+    if (known := _ALL_VALID.get(model)) is None:
+        known = _ALL_VALID[model] = all(_valid(kernel, params) for kernel, params in model.configs_)
+    return known
 
 
 def _valid(kernel: str, params: Mapping[str, Any]) -> bool:
