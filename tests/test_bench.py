@@ -198,3 +198,17 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
     assert found["best_s"] > 0 and found["cusparse_best_s"] > 0
     assert found["ratio_to_cusparse"] == pytest.approx(found["cusparse_best_s"] / found["best_s"])
     assert 0 < found["bandwidth_fraction"] < float("inf")
+
+
+@pytest.mark.parametrize("script", ["convergence", "loadtest", "profile_plan", "race_lofo", "spmspv", "unseen"])
+def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
+    """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{script}.py"
+    done = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage:") and path.read_text().split('"""')[1].splitlines()[0][:40] in \
+        " ".join(done.stdout.split())
