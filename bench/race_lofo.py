@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels import BASELINE, canonical, config_key, config_of  # noqa: E402
-from tuner.execute.race import CHEAP_SPMVS, MARGIN, ROOF, Entrant, adapted, shortlist  # noqa: E402
+from tuner.execute.race import MARGIN, ROOF, Entrant, adapted, shortlist, waits  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
 from tuner.select.evaluation import corpus_table, cv_folds  # noqa: E402
@@ -49,13 +49,13 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
           shortlist_args: Mapping[str, Any] | None = None) -> dict[str, list[tuple[float, float, float]]]:
     """Per strategy: (tuned best / pick, nnz, preparation in SpMVs) per matrix. 'shortlist' (alone) and 'race'
     (as plan() builds it) prepare every entrant, and their preparation is what the selector expects of the
-    entrants; 'roof' is the race as :func:`~tuner.execute.race.race` runs it: the entrants expected to
-    prepare in more than :data:`CHEAP_SPMVS` wait, and join one at a time, cheapest first, while the fastest
-    so far moves the compulsory bytes under :data:`ROOF` of the corpus device's copy bandwidth; its
-    preparation is what the corpus measured of the entrants prepared (the expected where it measured none).
-    cuSPARSE's preparation is left out, and the SpMV is cuSPARSE's best time. With ``times`` (a corpus file of
-    the same matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant
-    by the config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
+    entrants; 'roof' is the race as :func:`~tuner.execute.race.race` runs it: the entrants that wait
+    (:func:`~tuner.execute.race.waits`) join one at a time, cheapest first, while the fastest so far moves
+    the compulsory bytes under :data:`ROOF` of the corpus device's copy bandwidth; its preparation is what
+    the corpus measured of the entrants prepared (the expected where it measured none). cuSPARSE's
+    preparation is left out, and the SpMV is cuSPARSE's best time. With ``times`` (a corpus file of the same
+    matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant by the
+    config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
     :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults."""
     table = corpus_table(corpus, dtype=dtype)
     measured = table if times is None else corpus_table(times, dtype=dtype)
@@ -108,12 +108,9 @@ def _roofed(entrants: Sequence[Entrant], times: Mapping[str, float], prepare_s: 
             base: float, floor_s: float) -> tuple[list[Entrant], float]:
     """The entrants :func:`~tuner.execute.race.race` prepares, by the corpus's times, and their preparation in
     SpMVs (what the corpus measured of each, else what the selector expects)."""
-    def costly(e: Entrant) -> bool:
-        return e.kernel != BASELINE and e.prepare_spmvs is not None and e.prepare_spmvs > CHEAP_SPMVS
-
-    ran = [e for e in entrants if not costly(e)]
+    ran = [e for e in entrants if not waits(e)]
     leader = min((t for e in ran if (t := _lap(e, times)[1]) is not None), default=base)
-    for e in sorted(filter(costly, entrants), key=lambda e: e.prepare_spmvs):
+    for e in sorted(filter(waits, entrants), key=lambda e: e.prepare_spmvs):
         if leader <= floor_s / ROOF:
             break
         ran.append(e)

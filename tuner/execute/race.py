@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from tuner.select.model import RankedConfig
 
 __all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "ROOF", "STUDY", "Entrant", "Lap", "RaceResult",
-           "adapted", "race", "record_race", "search_seeds", "shortlist"]
+           "adapted", "race", "record_race", "search_seeds", "shortlist", "waits"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -320,8 +320,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         seconds["time"] += time.perf_counter() - start
         return leader
 
-    costly = sorted((e for e in entrants if floor_s is not None and e.prepare_spmvs is not None
-                     and e.prepare_spmvs > cheap and e.kernel != BASELINE), key=lambda e: e.prepare_spmvs)
+    costly = sorted((e for e in entrants if floor_s is not None and waits(e, cheap)), key=lambda e: e.prepare_spmvs)
     enter([e for e in entrants if not any(e is c for c in costly)])
     skipped: list[Entrant] = []
     screened = bool(costly and ready)  # the screening round counts as the first
@@ -354,6 +353,12 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     prepared = ready.pop(win)[0] if win is not None else None
     ready.clear()
     return RaceResult(laps, laps[win] if win is not None else None, prepared, seconds, skipped=skipped)
+
+
+def waits(entrant: Entrant, cheap: float = CHEAP_SPMVS) -> bool:
+    """Whether :func:`race` holds ``entrant`` back until the cheap entrants are timed: it is expected to prepare
+    in more than ``cheap`` SpMVs (never cuSPARSE)."""
+    return entrant.kernel != BASELINE and entrant.prepare_spmvs is not None and entrant.prepare_spmvs > cheap
 
 
 def _runner(backend: Backend, kernel: str, prepared: Prepared, out: Any, x: Any) -> Callable[[], object]:
