@@ -185,7 +185,6 @@ def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percen
     assert module.convergence([float("inf"), 2.0, 2.0], early=30)["improved"] == [2]
 
 
-
 def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> None:
     """``cold`` on the CPU reference backend: the three configs timed, the ratio and bandwidth from them."""
     import scipy.sparse as sp
