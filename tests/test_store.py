@@ -111,6 +111,18 @@ def test_schema_has_every_table_and_column(tmp_path: Path) -> None:
         assert store.schema_version() == Store.SCHEMA_VERSION == len(Store.MIGRATIONS) == 4
 
 
+def test_a_table_lookup_asks_sqlite_only_what_it_needs(tmp_path: Path) -> None:
+    """A store holds no views, so ``db[name]`` does not ask for their names (sqlite-utils would, twice)."""
+    store = Store(tmp_path / "s.db")
+    sent: list[str] = []
+    store.db.conn.set_trace_callback(sent.append)
+    assert store.best("f" * 32, device="d", dtype="float64") is None
+    assert store.db["models"].count_where("task = 'spmv'") == 0
+    store.db.conn.set_trace_callback(None)
+    assert any('from "best"' in s for s in sent) and not any("type = 'view'" in s for s in sent)
+    assert store.db.view_names() == [] and "best" in store.db.table_names()
+
+
 def test_memory_store_skips_wal() -> None:
     with Store(memory=True) as store:
         assert store.db.journal_mode == "memory"
