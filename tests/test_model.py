@@ -515,6 +515,17 @@ def test_evaluation_on_two_families(cv: str) -> None:
     assert "powerlaw" in ev.format_table() and "race4" in ev.format_table()
 
 
+def test_evaluation_scores_what_predict_runs() -> None:
+    """``predict``: the first config expected to prepare within ``cheap`` SpMVs (here every one takes 3), else
+    cuSPARSE."""
+    table, make = _ranking_table(), lambda: KernelSelector(n_estimators=20)
+    scores = {r.strategy: r for r in evaluate_selector(table, cv="kfold", ks=(2,), make=make, cheap=5.0).rows}
+    assert list(scores) == ["first", "predict", "race2", "cusparse"]
+    assert scores["predict"].geomean == scores["first"].geomean and scores["predict"].worst5 == scores["first"].worst5
+    none_cheap = {r.strategy: r for r in evaluate_selector(table, cv="kfold", ks=(2,), make=make, cheap=1.0).rows}
+    assert none_cheap["predict"].geomean == pytest.approx(none_cheap["cusparse"].geomean)
+
+
 def test_evaluation_rejects_unknown_cv_and_one_family() -> None:
     table = _ranking_table()
     with pytest.raises(InvalidConfigError, match="lofo"):

@@ -381,6 +381,7 @@ def train(
 ) -> None:
     """Train the kernel selector (or the SpMSpV mode selector) from the store on a device; save it as a new model."""
     from db.store import Store
+    from tuner.execute.race import CHEAP_SPMVS
     from tuner.select.evaluation import evaluate_selector, ranking_table
     from tuner.select.model import KernelSelector, pick_device, save_model, ship_model
 
@@ -406,12 +407,15 @@ def train(
             if kind == "lofo" and len(set(table.families)) < 2:
                 console.print(f"no structure family to leave out: every matrix is {table.families[0]!r}")
                 continue
-            result = evaluate_selector(table, cv=kind, folds=cv, make=lambda: KernelSelector(random_state=seed))
+            result = evaluate_selector(table, cv=kind, folds=cv, make=lambda: KernelSelector(random_state=seed),
+                                       cheap=CHEAP_SPMVS)
             _print_evaluation(result)
             metrics["evaluation"][kind] = result.as_metrics()
         if metrics["evaluation"]:
-            console.print("first: the selector's first config; race<k>: the best of its first k configs and "
-                          "cuSPARSE's two algorithms; cusparse: its best algorithm (tuner.select.evaluation)")
+            console.print("first: the selector's first config; predict: its first config expected to prepare "
+                          f"within {CHEAP_SPMVS:g} SpMVs (what plan(effort='predict') runs); race<k>: the best of its "
+                          "first k configs and cuSPARSE's two algorithms; cusparse: its best algorithm "
+                          "(tuner.select.evaluation)")
         model = KernelSelector(random_state=seed).fit(table.X, table.times, dtype=dtype, device=table.device,
                                                       prepare_times=table.prepare)
         model_id = save_model(store, model, device=device, dtype=dtype, metrics=metrics)

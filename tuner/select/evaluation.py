@@ -13,6 +13,9 @@ Strategies:
 - ``first``: the selector's first config. When the store holds no time for it on the matrix
   (it failed there), it counts as the matrix's slowest measured time times 2,
   as in training; ``unmeasured`` counts those;
+- ``predict`` (where a bound ``cheap`` is given): what ``plan(effort="predict")`` runs, the first config
+  expected to prepare within ``cheap`` SpMVs (counted as ``first`` is where unmeasured), else cuSPARSE
+  (its best algorithm);
 - ``race<k>``: the race of its first k configs beside cuSPARSE csr_alg1 and csr_alg2 (always
   raced): the best time measured among them. ``prepare_spmvs`` is the race's
   expected preparation cost, the sum of the raced configs' ``prepare_spmvs``
@@ -276,8 +279,10 @@ def _fraction(best: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3, 4, 5),
-                      make: Callable[[], KernelSelector] = KernelSelector, folds: int = 5) -> Evaluation:
-    """Out-of-fold scores of the selector's first config, races of its first ``ks`` configs and cuSPARSE on
+                      make: Callable[[], KernelSelector] = KernelSelector, folds: int = 5,
+                      cheap: float | None = None) -> Evaluation:
+    """Out-of-fold scores of the selector's first config, its first config cheap to prepare (with ``cheap``,
+    the SpMVs of ``plan(effort="predict")``'s bound), races of its first ``ks`` configs and cuSPARSE on
     ``table`` under ``cv`` (:data:`CV_KINDS`; ``folds`` for kfold); see the module's doc."""
     if len(table) < 2:
         raise InvalidConfigError(f"evaluation needs at least 2 matrices, got {len(table)}")
@@ -288,6 +293,13 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
     unmeasured = ~np.isfinite(first_t)
     first_t = np.where(unmeasured, [2 * max(t.values()) for t in table.times], first_t)
     fractions: dict[str, np.ndarray] = {"first": _fraction(best, first_t)}
+    cusparse = np.array([min((s for c, s in times.items() if c.startswith("cusparse{")), default=nan)
+                         for times in table.times])
+    if cheap is not None:
+        picked = [next((k for k in r.keys if r.prepare_spmvs.get(k, nan) <= cheap), None) for r in rankings]
+        fractions["predict"] = _fraction(best, np.array([
+            base if key is None else times.get(key, 2 * max(times.values()))
+            for key, times, base in zip(picked, table.times, cusparse, strict=True)]))
     prepare: dict[str, float] = {}
     for k in ks:
         raced = [[*r.keys[:k], *(c for c in RACED_ALWAYS if c not in r.keys[:k])] for r in rankings]
@@ -297,8 +309,7 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
         cost = [np.nansum([r.prepare_spmvs.get(c, nan) for c in keys]) for r, keys in zip(rankings, raced,
                                                                                          strict=True)]
         prepare[f"race{k}"] = float(np.mean(cost))
-    fractions["cusparse"] = _fraction(best, np.array(
-        [min((s for c, s in times.items() if c.startswith("cusparse{")), default=nan) for times in table.times]))
+    fractions["cusparse"] = _fraction(best, cusparse)
 
     def score(name: str, f: np.ndarray) -> StrategyScore:
         ok = f[np.isfinite(f)]
