@@ -36,7 +36,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels import BASELINE, canonical, config_key, config_of  # noqa: E402
-from tuner.execute.race import MARGIN, ROOF, Entrant, adapted, shortlist, waits  # noqa: E402
+from tuner.execute.race import (  # noqa: E402
+    MARGIN,
+    ROOF,
+    SEED_CONFIGS,
+    Entrant,
+    adapted,
+    search_seeds,
+    shortlist,
+    waits,
+)
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
 from tuner.select.evaluation import corpus_table, cv_folds  # noqa: E402
@@ -46,7 +55,8 @@ ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "cs
 
 
 def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
-          shortlist_args: Mapping[str, Any] | None = None) -> dict[str, list[tuple[float, float, float]]]:
+          shortlist_args: Mapping[str, Any] | None = None,
+          seed_configs: int = SEED_CONFIGS) -> dict[str, list[tuple[float, float, float]]]:
     """Per strategy: (tuned best / pick, nnz, preparation in SpMVs) per matrix. 'shortlist' (alone) and 'race'
     (as plan() builds it) prepare every entrant, and their preparation is what the selector expects of the
     entrants; 'roof' is the race as :func:`~tuner.execute.race.race` runs it: the entrants that wait
@@ -56,13 +66,15 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
     preparation is left out, and the SpMV is cuSPARSE's best time. With ``times`` (a corpus file of the same
     matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant by the
     config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
-    :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults."""
+    :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults. 'seeds': the
+    configs a search measures first (:func:`~tuner.execute.race.search_seeds` of ``seed_configs``), the best
+    of them (no cuSPARSE margin; preparation 0): how near a search starts to the best."""
     table = corpus_table(corpus, dtype=dtype)
     measured = table if times is None else corpus_table(times, dtype=dtype)
     timed = dict(zip(measured.fingerprints, measured.times, strict=True))
     prepared = dict(zip(measured.fingerprints, measured.prepare, strict=True))
     nnz, rows, cols = (FEATURE_NAMES.index(n) for n in ("nnz", "rows", "cols"))
-    out: dict[str, list[tuple[float, float, float]]] = {"shortlist": [], "race": [], "roof": []}
+    out: dict[str, list[tuple[float, float, float]]] = {"shortlist": [], "race": [], "roof": [], "seeds": []}
     for test in cv_folds(table, "lofo"):
         train = np.setdiff1d(np.arange(len(table)), test)
         selector = KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
@@ -87,6 +99,10 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
                 pick = min(laps, default=base)
                 out[name].append((min(times.values()) / (pick if pick < (1 - MARGIN) * base else base),
                                   float(table.X[i, nnz]), cost))
+            seeds = search_seeds(ranking, size=seed_configs, cols=int(table.X[i, cols]),
+                                 itemsize=np.dtype(dtype).itemsize, l2_bytes=l2_bytes)
+            laps = [t for k, p in seeds if (t := _lap(Entrant(k, p), times)[1]) is not None]
+            out["seeds"].append((min(times.values()) / min(laps, default=np.inf), float(table.X[i, nnz]), 0.0))
     return out
 
 
@@ -136,27 +152,33 @@ def main() -> None:
                     "shortlist()'s)")
     ap.add_argument("--per-family", type=int, help="the shortlist's configs of one family at most (default: "
                     "shortlist()'s)")
+    ap.add_argument("--seed-configs", type=int, default=SEED_CONFIGS, help="the selector's first configs a search "
+                    "measures first (strategy 'seeds')")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     given = {"prepare_budget": args.prepare_budget, "per_family": args.per_family}
     shortlist_args = {k: v for k, v in given.items() if v is not None}
     rows = []
     for dtype in args.dtype:
-        for name, scores in picks(args.corpus, dtype, args.l2_mb << 20, args.times, shortlist_args).items():
+        for name, scores in picks(args.corpus, dtype, args.l2_mb << 20, args.times, shortlist_args,
+                                  args.seed_configs).items():
             a = np.array(scores)
             large = a[a[:, 1] >= 1e6]
             row = {"dtype": dtype, "strategy": name, "matrices": len(a),
                    "geomean": float(np.exp(np.log(a[:, 0]).mean())), "worst5": float(np.percentile(a[:, 0], 5)),
                    "large_matrices": len(large), "large_geomean": float(np.exp(np.log(large[:, 0]).mean())),
                    "prepare_spmvs_median": float(np.median(a[:, 2])),
-                   "large_prepare_spmvs_median": float(np.median(large[:, 2]))}
+                   "large_prepare_spmvs_median": float(np.median(large[:, 2])),
+                   "within_3pc": float(np.mean(a[:, 0] >= 1 / 1.03)),
+                   "large_within_3pc": float(np.mean(large[:, 0] >= 1 / 1.03))}
             rows.append(row)
             print(f"{dtype} {name:9s}: pick / tuned best {row['geomean']:.3f} (worst 5 % {row['worst5']:.3f}), "
-                  f"preparation {row['prepare_spmvs_median']:.0f} SpMVs (median); on the {len(large)} of 1 M "
-                  f"nonzeros and more {row['large_geomean']:.3f}, {row['large_prepare_spmvs_median']:.0f} SpMVs",
-                  flush=True)
+                  f"{row['within_3pc']:.0%} within 3 %, preparation {row['prepare_spmvs_median']:.0f} SpMVs "
+                  f"(median); on the {len(large)} of 1 M nonzeros and more {row['large_geomean']:.3f}, "
+                  f"{row['large_within_3pc']:.0%}, {row['large_prepare_spmvs_median']:.0f} SpMVs", flush=True)
     Path(args.out).write_text(json.dumps({"corpus": args.corpus, "times": args.times, "l2_mb": args.l2_mb,
-                                          "shortlist": shortlist_args, "rows": rows}, indent=1) + "\n")
+                                          "shortlist": shortlist_args, "seed_configs": args.seed_configs,
+                                          "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def tune(
 
     from db.store import Store
     from tuner.execute.choice import rank_configs
-    from tuner.execute.race import search_seeds
+    from tuner.execute.race import SEED_CONFIGS, search_seeds
     from tuner.matrix.features import extract_features
     from tuner.matrix.io import matrix_name
     from tuner.measure.backend import GpuBackend, get_backend
@@ -126,7 +126,8 @@ def tune(
     gpu = backend if isinstance(backend, GpuBackend) else None
     ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype,
                                   features=extract_features(backend.matrix(A)), backend=gpu)
-    seeds = search_seeds(ranking, size=4, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
+    seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A.shape[1], itemsize=A.dtype.itemsize,
+                         l2_bytes=backend.info.l2_bytes)
     if seeds:
         console.print(f"the search starts with the first configs of {basis} ({len(seeds)})")
     failures = 0

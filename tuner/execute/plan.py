@@ -39,7 +39,16 @@ from db.store import Store
 from kernels._cuda import gpu_available
 from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
 from tuner.execute.executor import Executor
-from tuner.execute.race import CHEAP_SPMVS, RaceResult, adapted, race, record_race, search_seeds, shortlist
+from tuner.execute.race import (
+    CHEAP_SPMVS,
+    SEED_CONFIGS,
+    RaceResult,
+    adapted,
+    race,
+    record_race,
+    search_seeds,
+    shortlist,
+)
 from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
 from tuner.matrix.io import as_csr, as_device_csr
@@ -111,8 +120,8 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend)
         if effort == "tune":
             with steps("tune"):
-                seeds = search_seeds(ranking, size=race_size, cols=A_dev.shape[1], itemsize=A_dev.dtype.itemsize,
-                                     l2_bytes=backend.info.l2_bytes)
+                seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A_dev.shape[1],
+                                     itemsize=A_dev.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
                 choice = _tuned(A_dev, store=store, backend=backend, dtype=dtype, fp=fp,
                                 trials=DEFAULT_TRIALS if trials is None else trials, seeds=seeds)
         elif effort == "predict":
