@@ -42,8 +42,7 @@ if TYPE_CHECKING:
     from tuner.select.model import RankedConfig
 
 __all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "ROOF", "SEED_CONFIGS", "STUDY", "Entrant", "Lap",
-           "RaceResult",
-           "adapted", "race", "record_race", "search_seeds", "shortlist", "waits"]
+           "RaceResult", "adapted", "race", "record_race", "search_seeds", "shortlist", "waits"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
