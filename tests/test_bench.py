@@ -162,20 +162,20 @@ def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
     assert _git_commit() != "f" * 40
 
 
-def _convergence_module():
-    """bench/convergence.py, a script, loaded as a module."""
+def _bench_module(script: str):
+    """``bench/<script>.py``, a script, loaded as a module."""
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("bench_convergence",
-                                                  Path(__file__).resolve().parents[1] / "bench" / "convergence.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{script}",
+                                                  Path(__file__).resolve().parents[1] / "bench" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percent() -> None:
-    module = _convergence_module()
+    module = _bench_module("convergence")
     found = module.convergence([5.0, float("inf"), 4.0, 3.05, 3.2, 3.0], early=4)
     assert found["best_s"] == 3.0 and found["trials_to_within"] == 4  # 3.05 <= 1.03 * 3.0; a failure is inf
     assert found["best_after_4_over_best"] == pytest.approx(3.0 / 3.05)
@@ -191,7 +191,7 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
 
     from tuner.measure.backend import CpuReferenceBackend
 
-    module = _convergence_module()
+    module = _bench_module("convergence")
     A = sp.random(300, 200, density=0.05, format="csr", random_state=3)
     found = module.cold(CpuReferenceBackend(), A, {"kernel": "csr_scalar", "params": {"block_size": 128}})
     assert found["best_s"] > 0 and found["cusparse_best_s"] > 0
@@ -215,16 +215,10 @@ def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str)
 
 def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under_the_roof() -> None:
     """bench/race_lofo.py's ``roof``: the entrants that wait join cheapest first, each as the leader allows."""
-    import importlib.util
-    from pathlib import Path
-
     from kernels import BASELINE, config_key
     from tuner.execute.race import ROOF, Entrant
 
-    spec = importlib.util.spec_from_file_location("bench_race_lofo",
-                                                  Path(__file__).resolve().parents[1] / "bench" / "race_lofo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _bench_module("race_lofo")
     cheap = Entrant("csr_scalar", {"block_size": 128}, prepare_spmvs=0.5)
     nut = Entrant("nut", {"slabs": 1}, prepare_spmvs=40.0)
     csr5 = Entrant("csr5", {"sigma": 16}, prepare_spmvs=8.0)
