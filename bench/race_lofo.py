@@ -136,7 +136,7 @@ def _roofed(entrants: Sequence[Entrant], times: Mapping[str, float], prepare_s: 
         key = _lap(e, times)[0]
         if key is not None and key in prepare_s:
             return prepare_s[key] / base
-        return e.prepare_spmvs if e.prepare_spmvs is not None and np.isfinite(e.prepare_spmvs) else 0.0
+        return _expected_spmvs([e])
 
     return ran, sum(spmvs(e) for e in ran if e.kernel != BASELINE)
 
