@@ -10,11 +10,13 @@ seconds: where a search found its best, and what it ran before), and the best's 
 :func:`tuner.measure.metrics.gbps`) as a fraction of the copy bandwidth measured in the same process.
 Times are the search's own (:func:`tuner.measure.evaluate.evaluate`: warm, products back to back); then
 the best and cuSPARSE's two algorithms are timed again cold and interleaved (``cold``: the ratio and the
-bandwidth as the benchmarks measure them).
+bandwidth as the benchmarks measure them). ``--reference`` judges a short search against the best a longer
+one found on the same kind of GPU (its result files): the first trial within 3 % of the better of the two.
 
     python bench/convergence.py --trials 200 --out bench/results
     python bench/convergence.py --trials 100 --only communities,perm27 --scale 0.5
     python bench/convergence.py --suite large --trials 60 --dtype float32
+    python bench/convergence.py --suite large --trials 30 --reference bench/results/<200-trial run>.json
 """
 
 from __future__ import annotations
@@ -50,21 +52,30 @@ WITHIN = 0.03
 EARLY = 30
 
 
-def convergence(times: list[float], *, within: float = WITHIN, early: int = EARLY) -> dict[str, Any]:
+def convergence(times: list[float], *, within: float = WITHIN, early: int = EARLY,
+                reference_s: float | None = None) -> dict[str, Any]:
     """From the trials' times in the order they ran (inf: failed): the best, the first trial (1-based)
     whose running best is within ``within`` of it, the running best after ``early`` trials / the best, and
-    the trials (1-based) that improved the running best."""
+    the trials (1-based) that improved the running best. With ``reference_s`` (the best of a longer search
+    of the same matrix on the same kind of GPU), also the first trial within ``within`` of the better of the
+    two (``trials_to_within_reference``; None if none is)."""
     times = np.asarray(times, dtype=float)
     running = np.minimum.accumulate(times)
     best = float(running[-1])
     first = int(np.argmax(running <= (1 + within) * best)) + 1
     at_early = float(running[min(early, len(running)) - 1])
     improved = np.flatnonzero(times < np.concatenate([[np.inf], running[:-1]])) + 1
-    return {"best_s": best, "trials_to_within": first, f"best_after_{early}_over_best": best / at_early,
-            "improved": improved.tolist()}
+    found = {"best_s": best, "trials_to_within": first, f"best_after_{early}_over_best": best / at_early,
+             "improved": improved.tolist()}
+    if reference_s is not None:
+        close = np.flatnonzero(running <= (1 + within) * min(best, reference_s))
+        found |= {"reference_best_s": reference_s,
+                  "trials_to_within_reference": int(close[0]) + 1 if close.size else None}
+    return found
 
 
-def one(backend: GpuBackend, name: str, A_host: Any, dtype: str, trials: int) -> dict[str, Any]:
+def one(backend: GpuBackend, name: str, A_host: Any, dtype: str, trials: int,
+        reference_s: float | None = None) -> dict[str, Any]:
     import cupyx.scipy.sparse as cusp
 
     A = cusp.csr_matrix(A_host.astype(dtype))
@@ -75,7 +86,7 @@ def one(backend: GpuBackend, name: str, A_host: Any, dtype: str, trials: int) ->
         store.close()
     times = [r["time_s"] if r["state"] == "ok" and r["time_s"] else float("inf") for r in rows]
     cusparse = min((t for t, r in zip(times, rows, strict=True) if r["kernel"] == BASELINE), default=None)
-    found = convergence(times)
+    found = convergence(times, reference_s=reference_s)
     best = rows[int(np.argmin(times))]
     rate = gbps(A.shape[0], A.shape[1], A.nnz, dtype, found["best_s"])
     improved = found.pop("improved")
@@ -87,7 +98,9 @@ def one(backend: GpuBackend, name: str, A_host: Any, dtype: str, trials: int) ->
     print(f"{name:18s} {dtype} {len(rows):4d} trials: within {WITHIN:.0%} at trial {found['trials_to_within']:4d}, "
           f"after {EARLY}: {found[f'best_after_{EARLY}_over_best']:.3f} of the best; best {best['kernel']} "
           f"{row['ratio_to_cusparse'] or float('nan'):.3f}x cuSPARSE, {row['bandwidth_fraction']:.0%} of copy "
-          f"(warm); cold {row['cold']['ratio_to_cusparse']:.3f}x, {row['cold']['bandwidth_fraction']:.0%}", flush=True)
+          f"(warm); cold {row['cold']['ratio_to_cusparse']:.3f}x, {row['cold']['bandwidth_fraction']:.0%}"
+          + (f"; within {WITHIN:.0%} of the reference at trial {found['trials_to_within_reference']}"
+             if reference_s is not None else ""), flush=True)
     return row
 
 
@@ -104,6 +117,16 @@ def cold(backend: GpuBackend, A: Any, best: dict[str, Any]) -> dict[str, float]:
             "bandwidth_fraction": rate / backend.copy_bandwidth_gbs()}
 
 
+def reference_bests(paths: list[Path]) -> dict[tuple[str, str], float]:
+    """(matrix, dtype) -> the best time any of these result files found for it."""
+    best: dict[tuple[str, str], float] = {}
+    for path in paths:
+        for row in json.loads(path.read_text())["rows"]:
+            key = (row["matrix"], row["dtype"])
+            best[key] = min(best.get(key, float("inf")), row["best_s"])
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results")
@@ -114,7 +137,11 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated matrix names of the suite")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor of the unseen matrices")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
+    ap.add_argument("--reference", nargs="+", default=[], type=Path,
+                    help="result files of a longer search on this kind of GPU: each row is also judged against "
+                    "the best they found for its matrix and dtype")
     args = ap.parse_args()
+    reference = reference_bests(args.reference)
     backend = GpuBackend()
     env = environment(backend)
     out = Path(args.out)
@@ -130,7 +157,7 @@ def main() -> None:
             continue
         A = make()
         for dtype in args.dtype:
-            rows.append(one(backend, matrix, A, dtype, args.trials))
+            rows.append(one(backend, matrix, A, dtype, args.trials, reference.get((matrix, dtype))))
             path.write_text(json.dumps({"env": env, "suite": args.suite, "scale": args.scale, "within": WITHIN,
                                         "rows": rows}, indent=1) + "\n")
 

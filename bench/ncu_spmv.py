@@ -1,58 +1,176 @@
-"""One SpMV per (matrix, kernel) inside an NVTX range "spmv", for Nsight Compute.
+"""Why a tuned best runs at the bandwidth it does: its hardware counters and cuSPARSE's, for Nsight Compute (issue #21).
 
-Why cuSPARSE and the families run at the speed they do on large irregular
-matrices: the L2 and DRAM traffic and throughput of each kernel, read from the
-hardware counters. Run on a GPU (the matrices are generated, float64):
+For each row of one or more ``bench/convergence.py`` result files (a matrix of a suite, a dtype, the
+search's best config): the best and cuSPARSE's two algorithms, each run once to warm up and then once inside
+an NVTX range ``spmv-<i>`` of its own, so Nsight Compute profiles that product alone and its counters name
+the config. Three steps, on a GPU:
 
-    ncu --nvtx --nvtx-include "spmv/" --clock-control none --csv --metrics \\
-        gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,\\
-lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,l1tex__t_sector_hit_rate.pct,\\
-lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,\\
-sm__warps_active.avg.pct_of_peak_sustained_active \\
-        python bench/ncu_spmv.py > ncu.csv
+    F=bench/results/<a convergence run>.json
+    ncu --nvtx $(python bench/ncu_spmv.py ranges $F) --clock-control none --csv --log-file ncu.csv \\
+        --metrics $(python bench/ncu_spmv.py metrics) python bench/ncu_spmv.py run $F --labels labels.json
+    python bench/ncu_spmv.py summary ncu.csv labels.json --out counters.json
 
-Every configuration runs once before its profiled run, so compilation and the
-first-touch costs stay outside the range.
+The summary adds the kernels of each product up: its time, DRAM bytes, the L2 sectors its loads read
+(each a 32-byte sector: a gathered 4- or 8-byte x value costs a whole one), the throughputs of the L2 and
+DRAM as a share of their peaks, the active warps, and the bytes moved over the compulsory ones
+(:func:`tuner.measure.metrics.effective_bytes`), and the compulsory bandwidth it would reach with the L2 at
+its peak throughput and the same traffic (``compulsory_gbs_at_l2_peak``: a ceiling where the L2 bounds it).
 """
 
 from __future__ import annotations
 
-import numpy as np
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
-from kernels import get_family
-from kernels._cuda import require_cupy
-from tuner.matrix.generate import generate
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-MATRICES = (("powerlaw", 2_000_000), ("uniform", 2_000_000), ("fewhuge", 4_000_000))
-CONFIGS = (
-    ("cusparse", {}),
-    ("ipcsr", {"long_chunks": 1}),
-    ("specsum", {}),
-    ("suraa", {"layout": "sorted"}),
-    ("suraa", {}),
+from kernels import BASELINE  # noqa: E402
+from tuner.measure.metrics import effective_bytes  # noqa: E402
+
+METRICS = (
+    "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+    "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sector_op_read_hit_rate.pct", "l1tex__t_sector_hit_rate.pct",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
 )
+SUMMED = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+          "lts__t_sectors_srcunit_tex_op_read.sum")
+"""Counts added over the kernels of one product; the other metrics are averaged, weighted by each kernel's time."""
+CUSPARSE = tuple((BASELINE, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2"))
 
 
-def main() -> None:
+def labels(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Each product to profile, in the order ``run`` makes them: per result row its best, then cuSPARSE's two;
+    the rows of one matrix together (the files may split the dtypes), so each matrix is built once."""
+    rows = [(data["suite"], data.get("scale", 1.0), row) for path in paths
+            for data in [json.loads(Path(path).read_text())] for row in data["rows"]]
+    rows.sort(key=lambda r: (r[0], r[1], r[2]["matrix"]))
+    out: list[dict[str, Any]] = []
+    for suite_name, scale, row in rows:
+        for kernel, params in ((row["best_kernel"], row["best_params"]), *CUSPARSE):
+            out.append({"range": f"spmv-{len(out)}", "suite": suite_name, "scale": scale,
+                        "matrix": row["matrix"], "dtype": row["dtype"], "kernel": kernel, "params": params,
+                        "rows": row["rows"], "cols": row["cols"], "nnz": row["nnz"],
+                        "compulsory_bytes": effective_bytes(row["rows"], row["cols"], row["nnz"], row["dtype"])})
+    return out
+
+
+def run(products: list[dict[str, Any]]) -> None:
+    """Build each matrix once (the suite's generator), then each product warm, then inside its range."""
+    import numpy as np
+
+    from kernels import get_family
+    from kernels._cuda import require_cupy
+    from tuner.matrix.suites import suite
+
     cupy = require_cupy()
     import cupyx.scipy.sparse as cusp
     from cupy.cuda import nvtx
 
-    for kind, rows in MATRICES:
-        S = generate(kind, rows=rows)
-        A = cusp.csr_matrix(S)
-        x = cupy.asarray(np.random.default_rng(1).uniform(-1, 1, S.shape[1]))
-        y = cupy.empty(S.shape[0])
-        for name, params in CONFIGS:
-            family = get_family(name)
-            prepared = family.prepare(A, params)
-            family.run(prepared, x, y)
-            cupy.cuda.Device().synchronize()
-            nvtx.RangePush("spmv")
-            family.run(prepared, x, y)
-            cupy.cuda.Device().synchronize()
-            nvtx.RangePop()
-            print(f"ran {kind}-{rows} {name} {params}", flush=True)
+    host, built = None, None
+    for p in products:
+        if built != (p["suite"], p["matrix"], p["scale"]):
+            host, built = None, (p["suite"], p["matrix"], p["scale"])  # one matrix in memory at a time
+            if p["suite"] == "unseen":
+                sys.path.insert(0, str(REPO / "bench"))
+                from unseen import MATRICES
+                host = next(m for m in MATRICES if m.name == p["matrix"]).make(p["scale"])
+            else:
+                host = next(m for m in suite(p["suite"]) if m.name == p["matrix"]).build()
+        A = cusp.csr_matrix(host.astype(p["dtype"]))
+        x = cupy.asarray(np.random.default_rng(1).uniform(-1, 1, host.shape[1]).astype(p["dtype"]))
+        y = cupy.empty(host.shape[0], dtype=p["dtype"])
+        family = get_family(p["kernel"])
+        prepared = family.prepare(A, p["params"])
+        family.run(prepared, x, y)
+        cupy.cuda.Device().synchronize()
+        nvtx.RangePush(p["range"])
+        family.run(prepared, x, y)
+        cupy.cuda.Device().synchronize()
+        nvtx.RangePop()
+        print(f"{p['range']}: {p['matrix']} {p['dtype']} {p['kernel']} {p['params']}", file=sys.stderr, flush=True)
+        del prepared, A
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "")) if text.strip() not in ("", "n/a") else float("nan")
+
+
+def summary(csv_path: Path, products: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Nsight Compute's CSV (lines before its header skipped) joined to the products by their ranges."""
+    lines = Path(csv_path).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    kernels: dict[tuple[str, str], dict[str, float]] = {}
+    for rec in csv.DictReader(lines[start:]):
+        stack = rec["thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"]
+        name = next((p["range"] for p in products if f":{p['range']}:" in stack), None)
+        if name is not None:
+            kernels.setdefault((name, rec["ID"]), {})[rec["Metric Name"]] = _number(rec["Metric Value"])
+    out = []
+    for p in products:
+        mine = [m for (name, _), m in kernels.items() if name == p["range"]]
+        if not mine:
+            continue
+        total = {k: sum(m[k] for m in mine) for k in SUMMED}
+        weights = [m["gpu__time_duration.sum"] for m in mine]
+        mean = {k: sum(w * m[k] for w, m in zip(weights, mine, strict=True)) / sum(weights)
+                for k in METRICS if k not in SUMMED}
+        seconds = total["gpu__time_duration.sum"] * 1e-9
+        dram = total["dram__bytes_read.sum"] + total["dram__bytes_write.sum"]
+        sectors = total["lts__t_sectors_srcunit_tex_op_read.sum"]
+        out.append({**{k: p[k] for k in ("matrix", "dtype", "kernel", "params", "nnz")}, "kernels": len(mine),
+                    "time_s": seconds, "compulsory_gbs": p["compulsory_bytes"] / seconds / 1e9,
+                    "dram_over_compulsory": dram / p["compulsory_bytes"],
+                    "l2_read_over_compulsory": 32 * sectors / p["compulsory_bytes"],
+                    "l2_sectors_per_nonzero": sectors / max(p["nnz"], 1),
+                    "l2_throughput_pct": mean["lts__throughput.avg.pct_of_peak_sustained_elapsed"],
+                    "compulsory_gbs_at_l2_peak": p["compulsory_bytes"] / seconds / 1e9
+                    * 100 / mean["lts__throughput.avg.pct_of_peak_sustained_elapsed"],
+                    "dram_throughput_pct": mean["dram__throughput.avg.pct_of_peak_sustained_elapsed"],
+                    "l2_hit_pct": mean["lts__t_sector_op_read_hit_rate.pct"],
+                    "l1_hit_pct": mean["l1tex__t_sector_hit_rate.pct"],
+                    "warps_active_pct": mean["sm__warps_active.avg.pct_of_peak_sustained_active"]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    sub.add_parser("metrics", help="the --metrics list for ncu")
+    for step, what in (("ranges", "the --nvtx-include options for ncu"), ("run", "the products, to run under ncu")):
+        one = sub.add_parser(step, help=what)
+        one.add_argument("results", nargs="+", type=Path, help="bench/convergence.py result files")
+        if step == "run":
+            one.add_argument("--labels", type=Path, required=True, help="where to write the products' labels")
+    last = sub.add_parser("summary", help="the counters of each product, from ncu's CSV")
+    last.add_argument("csv", type=Path)
+    last.add_argument("labels", type=Path)
+    last.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.step == "metrics":
+        print(",".join(METRICS))
+    elif args.step == "ranges":
+        print(" ".join(f"--nvtx-include {p['range']}/" for p in labels(args.results)))
+    elif args.step == "run":
+        products = labels(args.results)
+        args.labels.write_text(json.dumps(products, indent=1) + "\n")
+        run(products)
+    else:
+        rows = summary(args.csv, json.loads(args.labels.read_text()))
+        for r in rows:
+            print(f"{r['matrix']:20s} {r['dtype']} {r['kernel']:9s} {r['time_s'] * 1e6:8.1f} us "
+                  f"{r['compulsory_gbs']:6.0f} GB/s  L2 {r['l2_throughput_pct']:5.1f}% "
+                  f"({r['l2_sectors_per_nonzero']:.2f} sectors/nz, hit {r['l2_hit_pct']:.0f}%)  "
+                  f"DRAM {r['dram_throughput_pct']:5.1f}% ({r['dram_over_compulsory']:.2f}x)  "
+                  f"warps {r['warps_active_pct']:.0f}%")
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -183,6 +183,56 @@ def test_convergence_counts_the_trials_until_the_running_best_is_within_3_percen
     assert module.convergence([2.0], early=30) == {"best_s": 2.0, "trials_to_within": 1, "best_after_30_over_best": 1.0,
                                                    "improved": [1]}
     assert module.convergence([float("inf"), 2.0, 2.0], early=30)["improved"] == [2]
+    # against a longer search's best: the better of the two is the mark
+    assert module.convergence([5.0, 3.2, 3.05, 3.0], reference_s=2.97)["trials_to_within_reference"] == 3
+    assert module.convergence([5.0, 3.2, 3.0], reference_s=3.5)["trials_to_within_reference"] == 3
+    assert module.convergence([5.0, 3.2], reference_s=2.0)["trials_to_within_reference"] is None
+
+
+def test_convergence_reads_the_best_of_each_matrix_and_dtype_from_reference_files(tmp_path) -> None:
+    module = _bench_module("convergence")
+    rows = [{"matrix": "a", "dtype": "float64", "best_s": 2.0}, {"matrix": "a", "dtype": "float32", "best_s": 1.0}]
+    for i, factor in enumerate((1.0, 0.9)):
+        (tmp_path / f"{i}.json").write_text(json.dumps({"rows": [r | {"best_s": r["best_s"] * factor} for r in rows]}))
+    assert module.reference_bests([tmp_path / "0.json", tmp_path / "1.json"]) == \
+        {("a", "float64"): pytest.approx(1.8), ("a", "float32"): pytest.approx(0.9)}
+
+
+def test_ncu_summary_adds_up_each_products_kernels_and_names_its_config(tmp_path) -> None:
+    """bench/ncu_spmv.py: a range per product (the best, then cuSPARSE's two); ncu's CSV rows joined to them,
+    counts summed over a product's kernels, shares weighted by each kernel's time; lines before the header
+    and kernels outside the ranges ignored."""
+    from tuner.measure.metrics import effective_bytes
+
+    module = _bench_module("ncu_spmv")
+    result = tmp_path / "conv.json"
+    result.write_text(json.dumps({"suite": "large", "scale": 1.0, "rows": [
+        {"matrix": "m", "dtype": "float32", "rows": 100, "cols": 80, "nnz": 1000, "best_kernel": "csr5",
+         "best_params": {"sigma": 16}}]}))
+    products = module.labels([result])
+    assert [(p["range"], p["kernel"]) for p in products] == [("spmv-0", "csr5"), ("spmv-1", BASELINE),
+                                                             ("spmv-2", BASELINE)]
+    assert products[0]["compulsory_bytes"] == effective_bytes(100, 80, 1000, "float32")
+    header = ["ID", "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "Kernel Name",
+              "Metric Name", "Metric Value"]
+    counters = {"spmv-0": [(2000, 300, 40, 1.0), (1000, 60, 70, 2.0)], "spmv-12": [(9, 9, 9, 9.0)]}
+    lines = ["==PROF== Connected to process", ",".join(f'"{h}"' for h in header)]
+    kid = 0
+    for name, kernels in counters.items():
+        for time_ns, sectors, l2_pct, warps in kernels:
+            for metric in module.METRICS:
+                value = {"gpu__time_duration.sum": time_ns, "lts__t_sectors_srcunit_tex_op_read.sum": sectors,
+                         "lts__throughput.avg.pct_of_peak_sustained_elapsed": l2_pct,
+                         "sm__warps_active.avg.pct_of_peak_sustained_active": warps}.get(metric, 1)
+                lines.append(f'"{kid}","1  ""<default domain>:{name}:none:none:none:none:none:none"" ","k",'
+                             f'"{metric}","{value:,}"')
+            kid += 1
+    (tmp_path / "ncu.csv").write_text("\n".join(lines) + "\n")
+    (row,) = module.summary(tmp_path / "ncu.csv", products)
+    assert row["kernel"] == "csr5" and row["kernels"] == 2 and row["time_s"] == pytest.approx(3e-6)
+    assert row["l2_sectors_per_nonzero"] == pytest.approx(0.36)
+    assert row["l2_read_over_compulsory"] == pytest.approx(32 * 360 / products[0]["compulsory_bytes"])
+    assert row["l2_throughput_pct"] == pytest.approx(50.0) and row["warps_active_pct"] == pytest.approx(4 / 3)
 
 
 def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> None:
@@ -199,7 +249,8 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
     assert 0 < found["bandwidth_fraction"] < float("inf")
 
 
-@pytest.mark.parametrize("script", ["convergence", "loadtest", "profile_plan", "race_lofo", "spmspv", "unseen"])
+@pytest.mark.parametrize("script", ["convergence", "loadtest", "ncu_spmv", "profile_plan", "race_lofo", "spmspv",
+                                    "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
     import subprocess
