@@ -1,7 +1,8 @@
 """``csr_scalar``: one thread per row, the simplest CSR SpMV (a baseline).
 
 Fast when rows are short and even; slow on long or uneven rows (one thread
-walks a whole row, and a warp waits for its longest row).
+walks a whole row, and a warp waits for its longest row). ``unroll`` loads a
+row's first entries at once (csr_scalar.cu says why).
 """
 
 from __future__ import annotations
@@ -15,19 +16,26 @@ from kernels._family import Family, Prepared
 from kernels._reference import RowSumReference
 from kernels._space import Param, Space
 
+UNROLL = (1, 2, 4, 8)
+
 
 class CsrScalar(RowSumReference, Family):
     name = "csr_scalar"
     summary = "one thread per row"
     source = "baseline (Bell & Garland, 2008: CSR scalar)"
     cu_file = "csr_scalar.cu"
-    space = Space((Param("block_size", (64, 128, 256, 512, 1024), 256, "threads per block"),))
+    space = Space((
+        Param("block_size", (64, 128, 256, 512, 1024), 256, "threads per block"),
+        Param("unroll", UNROLL, 4, "entries of a row a thread loads before it gathers their x (more loads in "
+              "flight on short rows; 1: the plain loop, what configs recorded before this parameter ran)"),
+    ))
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return (f"csr_scalar<{c_type(dtype)}>",)
+        return tuple(f"csr_scalar<{c_type(dtype)}, {u}>" for u in UNROLL)
 
     def _prepare(self, prepared: Prepared) -> None:
-        (prepared.extra["kernel"],) = get_kernels(self.cu_file, self.name_expressions(prepared.dtype)).values()
+        kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
+        prepared.extra["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {prepared.params['unroll']}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         A, block = prepared.A, prepared.params["block_size"]

@@ -808,7 +808,7 @@ def test_a_stored_selector_answers_predicted_for_a_complete_feature_vector(setti
         _, features = vector_of(mtx)
         body = client.post("/recommend", json=features).json()
         assert body["source"] == "predicted" and body["kernel"] == "csr_vector"
-        assert body["params"] == {"threads_per_row": 16, "block_size": 64}
+        assert body["params"] == {"threads_per_row": 16, "block_size": 64, "indices": "narrow"}  # what runs
         assert body["confidence"] == 1.0  # one config only: every tree ranks it first
         partial = client.post("/recommend", json={k: features[k] for k in ("rows", "cols", "nnz")}).json()
         assert partial["source"] == "default" and partial["confidence"] is None  # the model needs every feature

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import InvalidConfigError
 from db.store import Store
-from kernels import BASELINE, get_family
+from kernels import BASELINE, canonical, get_family
 from tuner.execute.race import MARGIN
 from tuner.execute.race import STUDY as RACE_STUDY
 from tuner.matrix.features import FEATURE_NAMES
@@ -126,7 +126,8 @@ def _valid_key(kernel: str, params: tuple[tuple[str, Any], ...]) -> bool:
 
 def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float,
                   prepare_budget: float | None = None) -> Choice:
-    """The selector's first config, as a prediction (for a matrix of ``nnz`` nonzeros); with
+    """The selector's first config, as a prediction (for a matrix of ``nnz`` nonzeros), with the family's
+    defaults filled in where the selector learned it before a parameter was added (what runs); with
     ``prepare_budget``, the first whose preparation is expected to cost at most that many SpMVs
     (cuSPARSE's default when none is known to)."""
     if prepare_budget is not None:
@@ -135,7 +136,7 @@ def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float,
             return default_choice()
     first = ranking[0]
     gflops = 2 * nnz / first.expected_s / 1e9 if first.expected_s else None
-    return Choice(first.kernel, dict(first.params), "predicted", expected_gflops=gflops,
+    return Choice(first.kernel, canonical(first.kernel, first.params), "predicted", expected_gflops=gflops,
                   confidence=first.votes, basis=basis)
 
 
