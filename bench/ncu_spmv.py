@@ -10,6 +10,9 @@ the config. Three steps, on a GPU:
         --metrics $(python bench/ncu_spmv.py metrics) python bench/ncu_spmv.py run $F --labels labels.json
     python bench/ncu_spmv.py summary ncu.csv labels.json --out counters.json
 
+``--only a,b`` (to ``ranges`` and ``run`` alike) profiles those matrices alone: a GPU takes 4-6 minutes for the
+60 products of the large suite in both dtypes.
+
 The summary adds the kernels of each product up: its time, DRAM bytes, the L2 sectors its loads read
 (each a 32-byte sector: a gathered 4- or 8-byte x value costs a whole one), the throughputs of the L2 and
 DRAM as a share of their peaks, the active warps, and the bytes moved over the compulsory ones
@@ -45,11 +48,14 @@ SUMMED = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.s
 CUSPARSE = tuple((BASELINE, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2"))
 
 
-def labels(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Each product to profile, in the order ``run`` makes them: per result row its best, then cuSPARSE's two;
-    the rows of one matrix together (the files may split the dtypes), so each matrix is built once."""
+def labels(paths: Iterable[Path], only: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Each product to profile, in the order ``run`` makes them: per result row (of the matrices ``only`` names,
+    where it names any) its best, then cuSPARSE's two; the rows of one matrix together (the files may split
+    the dtypes), so each matrix is built once."""
+    only = set(only)
     rows = [(data["suite"], data.get("scale", 1.0), row) for path in paths
-            for data in [json.loads(Path(path).read_text())] for row in data["rows"]]
+            for data in [json.loads(Path(path).read_text())] for row in data["rows"]
+            if not only or row["matrix"] in only]
     rows.sort(key=lambda r: (r[0], r[1], r[2]["matrix"]))
     out: list[dict[str, Any]] = []
     for suite_name, scale, row in rows:
@@ -139,6 +145,10 @@ def summary(csv_path: Path, products: list[dict[str, Any]]) -> list[dict[str, An
     return out
 
 
+def _names(only: str) -> list[str]:
+    return [name for name in only.split(",") if name]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -146,6 +156,7 @@ def main() -> None:
     for step, what in (("ranges", "the --nvtx-include options for ncu"), ("run", "the products, to run under ncu")):
         one = sub.add_parser(step, help=what)
         one.add_argument("results", nargs="+", type=Path, help="bench/convergence.py result files")
+        one.add_argument("--only", default="", help="comma-separated matrix names (the same for both steps)")
         if step == "run":
             one.add_argument("--labels", type=Path, required=True, help="where to write the products' labels")
     last = sub.add_parser("summary", help="the counters of each product, from ncu's CSV")
@@ -156,9 +167,9 @@ def main() -> None:
     if args.step == "metrics":
         print(",".join(METRICS))
     elif args.step == "ranges":
-        print(" ".join(f"--nvtx-include {p['range']}/" for p in labels(args.results)))
+        print(" ".join(f"--nvtx-include {p['range']}/" for p in labels(args.results, _names(args.only))))
     elif args.step == "run":
-        products = labels(args.results)
+        products = labels(args.results, _names(args.only))
         args.labels.write_text(json.dumps(products, indent=1) + "\n")
         run(products)
     else:
