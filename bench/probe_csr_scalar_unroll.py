@@ -1,10 +1,12 @@
-"""csr_scalar's ``unroll`` on the large suite: is loading a row's first entries at once ever slower?
+"""csr_scalar's ``unroll`` and ``indices`` on the large suite: is either default ever slower than the plain loop?
 
 For each matrix of ``tuner.matrix.suites`` ``large`` and each dtype: csr_scalar at every unroll (1, 2, 4, 8) and
-block size 128, 256 and 512, beside cuSPARSE's CSR_ALG1 and CSR_ALG2, timed cold (L2 flushed before every
-product) and interleaved; per unroll the best block size's ratio to cuSPARSE's best and its effective bandwidth
-as a fraction of the copy bandwidth, and unroll 4 (the default) over unroll 1 (the plain loop). The result of
-08e8bb3 on an H100: ``bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_csr_scalar_unroll-08e8bb3.txt``.
+block size 128, 256 and 512, with int32 columns (and with narrow ones at unroll 1 and 4), beside cuSPARSE's
+CSR_ALG1 and CSR_ALG2, timed cold (L2 flushed before every product) and interleaved; per unroll and columns the
+best block size's ratio to cuSPARSE's best and its effective bandwidth as a fraction of the copy bandwidth
+(compulsory bytes with 4-byte columns), then the defaults (unroll 4, narrow) over the plain loop (unroll 1,
+int32). Results: ``bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_csr_scalar_unroll-*.txt`` (08e8bb3:
+unroll alone, before ``indices``).
 
     python bench/probe_csr_scalar_unroll.py --only tallskinny-20000000,poisson2d-2000
 """
@@ -46,17 +48,19 @@ def main() -> None:
         host = m.build()
         for dtype in ("float64", "float32"):
             A = cusp.csr_matrix(host.astype(dtype))
-            configs = [(scalar, {"block_size": b, "unroll": u}) for u in UNROLL for b in BLOCKS]
+            variants = [(u, "int32") for u in UNROLL] + [(1, "narrow"), (4, "narrow")]
+            configs = [(scalar, {"block_size": b, "unroll": u, "indices": i}) for u, i in variants for b in BLOCKS]
             configs += [(cusparse, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
             timed = time_interleaved(backend, configs, A, Reference.build(A, dtype).x, flush_l2=True, rounds=3,
                                      max_duration=0.1)
             seconds = [t.median_s for t, _ in timed]
-            best = {u: min(s for (_, p), s in zip(configs, seconds, strict=False) if p.get("unroll") == u)
-                    for u in UNROLL}
+            best = {v: min(s for (_, p), s in zip(configs, seconds, strict=False)
+                           if (p.get("unroll"), p.get("indices")) == v) for v in variants}
             base = min(seconds[-2:])
             print(f"{m.name:20s} {dtype}: " + "  ".join(
-                f"u{u} {base / s:.3f}x {gbps(*A.shape, A.nnz, dtype, s) / copy:.0%}" for u, s in best.items())
-                + f"  | u4/u1 {best[1] / best[4]:.3f}", flush=True)
+                f"u{u}{'n' if i == 'narrow' else ''} {base / s:.3f}x {gbps(*A.shape, A.nnz, dtype, s) / copy:.0%}"
+                for (u, i), s in best.items())
+                + f"  | u4n/u1 {best[(1, 'int32')] / best[(4, 'narrow')]:.3f}", flush=True)
 
 
 if __name__ == "__main__":

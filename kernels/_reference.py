@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels._narrow import reference_columns
+
 
 def row_ids(indptr: np.ndarray) -> np.ndarray:
     """The row of every stored entry (int32), from a CSR row pointer."""
@@ -26,11 +28,13 @@ class RowSumReference:
     """The reference of a family whose decomposition is one sequential sum per row.
 
     Mixed into such a family (``class CsrScalar(RowSumReference, Family)``) it
-    provides both reference hooks: the entries' rows once, then the row sums.
+    provides both reference hooks: the entries' rows once, then the row sums, each entry's column as the
+    product reads it (narrow columns where the family's preparation attached them).
     """
 
     def _prepare_reference(self, prepared) -> None:
         prepared.extra["rows"] = row_ids(prepared.A.indptr)
 
     def _run_reference(self, prepared, x: np.ndarray) -> np.ndarray:
-        return segment_sums(prepared.extra["rows"], products(prepared.A, x), prepared.shape[0])
+        A, ex = prepared.A, prepared.extra
+        return segment_sums(ex["rows"], products(A, x, reference_columns(ex, A.indptr, A.indices)), prepared.shape[0])

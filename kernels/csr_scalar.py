@@ -2,7 +2,9 @@
 
 Fast when rows are short and even; slow on long or uneven rows (one thread
 walks a whole row, and a warp waits for its longest row). ``unroll`` loads a
-row's first entries at once (csr_scalar.cu says why).
+row's first entries at once, ``indices`` reads a row's columns as 16-bit offsets
+where they span fewer than 65,536 (narrow columns, as csr_vector; csr_scalar.cu
+says why).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from kernels._cuda import c_type, get_kernels, grid
 from kernels._family import Family, Prepared
+from kernels._narrow import attach, indices_param, launch_columns
 from kernels._reference import RowSumReference
 from kernels._space import Param, Space
 
@@ -28,18 +31,26 @@ class CsrScalar(RowSumReference, Family):
         Param("block_size", (64, 128, 256, 512, 1024), 256, "threads per block"),
         Param("unroll", UNROLL, 4, "entries of a row a thread loads before it gathers their x (more loads in "
               "flight on short rows; 1: the plain loop, what configs recorded before this parameter ran)"),
+        indices_param("row"),
     ))
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return tuple(f"csr_scalar<{c_type(dtype)}, {u}>" for u in UNROLL)
+        return tuple(f"csr_scalar<{c_type(dtype)}, {u}, {n}>" for u in UNROLL for n in ("true", "false"))
 
     def _prepare(self, prepared: Prepared) -> None:
+        A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        prepared.extra["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {prepared.params['unroll']}>"]
+        narrow = "true" if attach(ex, p, A.indptr, A.indices) else "false"
+        ex["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {p['unroll']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         A, block = prepared.A, prepared.params["block_size"]
         m = prepared.shape[0]
         prepared.extra["kernel"](
-            (grid(m, block),), (block,), (np.int32(m), A.indptr, A.indices, A.data, x, out)
+            (grid(m, block),), (block,),
+            (np.int32(m), A.indptr, A.indices, *launch_columns(prepared.extra, A.indices), A.data, x, out),
         )
+
+    def _prepare_reference(self, prepared: Prepared) -> None:
+        super()._prepare_reference(prepared)
+        attach(prepared.extra, prepared.params, prepared.A.indptr, prepared.A.indices)

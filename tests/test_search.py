@@ -98,7 +98,8 @@ def test_wrong_answers_and_crashes_are_recorded_and_the_search_goes_on(A, store,
     monkeypatch.setitem(REGISTRY, "csr_scalar", _Wrong())
     monkeypatch.setitem(REGISTRY, "csr_vector", _Crash())
     storage = open_storage(str(tmp_path / "j.log"))
-    result = run(A, store, storage, trials=25, kernels=["csr_scalar", "csr_vector"])
+    result = run(A, store, storage, trials=25, kernels=["csr_scalar", "csr_vector"],
+                 enqueue=[("csr_scalar", {"block_size": 64})])  # the broken config surely measured
     rows = store.trials(result.fingerprint)
     kinds = {r["error_kind"] for r in rows if r["state"] == "failed"}
     assert "out_of_memory" in kinds
@@ -203,7 +204,7 @@ def test_verification_catches_a_dropped_entry_and_admits_subnormal_rounding():
 def test_enqueued_configs_are_measured_once_each_before_the_defaults(A, store, tmp_path):
     storage = open_storage(str(tmp_path / "j.log"))
     extra = [("csr_vector", {"threads_per_row": 2, "block_size": 64, "indices": "int32"}),
-             ("csr_scalar", {"block_size": 1024, "unroll": 2}),
+             ("csr_scalar", {"block_size": 1024, "unroll": 2, "indices": "int32"}),
              ("csr_vector", {"threads_per_row": 32, "block_size": 1024, "indices": "narrow"})]
     first = run(A, store, storage, trials=len(REGISTRY) + len(extra) - 2, enqueue=extra)
     measured = [(t.kernel, t.params) for t in first.trials]
