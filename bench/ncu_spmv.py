@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kernels import BASELINE  # noqa: E402
+from kernels import BASELINE, canonical  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
 
 METRICS = (
@@ -50,8 +50,8 @@ CUSPARSE = tuple((BASELINE, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2"))
 
 def labels(paths: Iterable[Path], only: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Each product to profile, in the order ``run`` makes them: per result row (of the matrices ``only`` names,
-    where it names any) its best, then cuSPARSE's two; the rows of one matrix together (the files may split
-    the dtypes), so each matrix is built once."""
+    where it names any) its best, then cuSPARSE's two, each config as it runs; the rows of one matrix together
+    (the files may split the dtypes), so each matrix is built once."""
     only = set(only)
     rows = [(data["suite"], data.get("scale", 1.0), row) for path in paths
             for data in [json.loads(Path(path).read_text())] for row in data["rows"]
@@ -61,7 +61,8 @@ def labels(paths: Iterable[Path], only: Iterable[str] = ()) -> list[dict[str, An
     for suite_name, scale, row in rows:
         for kernel, params in ((row["best_kernel"], row["best_params"]), *CUSPARSE):
             out.append({"range": f"spmv-{len(out)}", "suite": suite_name, "scale": scale,
-                        "matrix": row["matrix"], "dtype": row["dtype"], "kernel": kernel, "params": params,
+                        "matrix": row["matrix"], "dtype": row["dtype"], "kernel": kernel,
+                        "params": canonical(kernel, params),  # as it runs (a parameter added since: its default)
                         "rows": row["rows"], "cols": row["cols"], "nnz": row["nnz"],
                         "compulsory_bytes": effective_bytes(row["rows"], row["cols"], row["nnz"], row["dtype"])})
     return out

@@ -213,6 +213,7 @@ def test_ncu_summary_adds_up_each_products_kernels_and_names_its_config(tmp_path
     assert [(p["range"], p["kernel"]) for p in products] == [("spmv-0", "csr5"), ("spmv-1", BASELINE),
                                                              ("spmv-2", BASELINE)]
     assert products[0]["compulsory_bytes"] == effective_bytes(100, 80, 1000, "float32")
+    assert products[0]["params"] == {"sigma": 16, "block_size": 128, "indices": "narrow"}  # as it runs
     assert module.labels([result], only=["another"]) == [] and module.labels([result], only=["m"]) == products
     header = ["ID", "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "Kernel Name",
               "Metric Name", "Metric Value"]
