@@ -26,6 +26,7 @@ import functools
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,14 @@ def cold(backend: GpuBackend, A: Any, best: dict[str, Any]) -> dict[str, float]:
             "bandwidth_fraction": rate / backend.copy_bandwidth_gbs()}
 
 
+def makers(suite_name: str, scale: float = 1.0) -> dict[str, Callable[[], Any]]:
+    """Each matrix of a suite by name, to build on the host: 'unseen' (bench/unseen.py's, at ``scale``) or a
+    suite of :mod:`tuner.matrix.suites`."""
+    if suite_name == "unseen":
+        return {m.name: functools.partial(m.make, scale) for m in MATRICES}
+    return {m.name: m.build for m in suite(suite_name)}
+
+
 def reference_bests(paths: list[Path]) -> dict[tuple[str, str], float]:
     """(matrix, dtype) -> the best time any of these result files found for it."""
     best: dict[tuple[str, str], float] = {}
@@ -149,10 +158,8 @@ def main() -> None:
     name = "convergence" + ("" if args.suite == "unseen" else f"-{args.suite}") \
         + (f"-{args.label}" if args.label else "")
     path = out / f"{env['date'][:10]}_{slug(env['device'])}_{name}.json"
-    makers = {m.name: functools.partial(m.make, args.scale) for m in MATRICES} if args.suite == "unseen" else \
-        {m.name: m.build for m in suite(args.suite)}
     rows: list[dict[str, Any]] = []
-    for matrix, make in makers.items():
+    for matrix, make in makers(args.suite, args.scale).items():
         if args.only and matrix not in args.only.split(","):
             continue
         A = make()

@@ -32,6 +32,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from kernels import BASELINE, canonical  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
@@ -71,10 +72,10 @@ def labels(paths: Iterable[Path], only: Iterable[str] = ()) -> list[dict[str, An
 def run(products: list[dict[str, Any]]) -> None:
     """Build each matrix once (the suite's generator), then each product warm, then inside its range."""
     import numpy as np
+    from convergence import makers
 
     from kernels import get_family
     from kernels._cuda import require_cupy
-    from tuner.matrix.suites import suite
 
     cupy = require_cupy()
     import cupyx.scipy.sparse as cusp
@@ -84,12 +85,7 @@ def run(products: list[dict[str, Any]]) -> None:
     for p in products:
         if built != (p["suite"], p["matrix"], p["scale"]):
             host, built = None, (p["suite"], p["matrix"], p["scale"])  # one matrix in memory at a time
-            if p["suite"] == "unseen":
-                sys.path.insert(0, str(REPO / "bench"))
-                from unseen import MATRICES
-                host = next(m for m in MATRICES if m.name == p["matrix"]).make(p["scale"])
-            else:
-                host = next(m for m in suite(p["suite"]) if m.name == p["matrix"]).build()
+            host = makers(p["suite"], p["scale"])[p["matrix"]]()
         A = cusp.csr_matrix(host.astype(p["dtype"]))
         x = cupy.asarray(np.random.default_rng(1).uniform(-1, 1, host.shape[1]).astype(p["dtype"]))
         y = cupy.empty(host.shape[0], dtype=p["dtype"])
