@@ -35,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kernels import BASELINE, canonical, config_key, config_of  # noqa: E402
+from kernels import BASELINE, canonical, config_key  # noqa: E402
 from tuner.execute.race import (  # noqa: E402
     MARGIN,
     ROOF,
@@ -49,14 +49,14 @@ from tuner.execute.race import (  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
 from tuner.select.evaluation import corpus_table, cv_folds  # noqa: E402
-from tuner.select.model import KernelSelector, RankedConfig  # noqa: E402
+from tuner.select.model import KernelSelector  # noqa: E402
 
 ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
 
 
 def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
           shortlist_args: Mapping[str, Any] | None = None,
-          seed_configs: int = SEED_CONFIGS) -> dict[str, list[tuple[float, float, float]]]:
+          seed_configs: int = SEED_CONFIGS, rank_order: bool = False) -> dict[str, list[tuple[float, float, float]]]:
     """Per strategy: (tuned best / pick, nnz, preparation in SpMVs) per matrix. 'shortlist' (alone) and 'race'
     (as plan() builds it) prepare every entrant, and their preparation is what the selector expects of the
     entrants; 'roof' is the race as :func:`~tuner.execute.race.race` runs it: the entrants that wait
@@ -68,7 +68,9 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
     config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
     :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults. 'seeds': the
     configs a search measures first (:func:`~tuner.execute.race.search_seeds` of ``seed_configs``), the best
-    of them (no cuSPARSE margin; preparation 0): how near a search starts to the best."""
+    of them (no cuSPARSE margin; preparation 0): how near a search starts to the best. ``rank_order``: the
+    shortlist fills its places in the ranking's order, as before it drew them by the outcomes of the training
+    matrices nearest (:meth:`~tuner.select.model.KernelSelector.outcomes`)."""
     table = corpus_table(corpus, dtype=dtype)
     measured = table if times is None else corpus_table(times, dtype=dtype)
     timed = dict(zip(measured.fingerprints, measured.times, strict=True))
@@ -79,14 +81,12 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
         train = np.setdiff1d(np.arange(len(table)), test)
         selector = KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
                                         device=table.device, prepare_times=[table.prepare[i] for i in train])
-        keys = selector.config_keys()
-        for i, expected in zip(test, selector.expected_times(table.X[test]), strict=True):
+        for i in test:
             times, prepare_s = timed.get(table.fingerprints[i], {}), prepared.get(table.fingerprints[i], {})
             if not any(a in times for a in ALGORITHMS):
                 continue
             base = min(times[a] for a in ALGORITHMS if a in times)
-            ranking = [RankedConfig(*config_of(keys[j]), float(expected[j]), float(selector.prepare_spmvs_[j]), 0.0)
-                       for j in np.argsort(expected, kind="stable")]
+            ranking = selector.rank(table.X[i], outcomes=not rank_order)
             short = shortlist(ranking, **(shortlist_args or {}))
             raced = adapted(short, ranking, cols=int(table.X[i, cols]), itemsize=np.dtype(dtype).itemsize,
                             l2_bytes=l2_bytes)
@@ -154,6 +154,8 @@ def main() -> None:
                     "shortlist()'s)")
     ap.add_argument("--seed-configs", type=int, default=SEED_CONFIGS, help="the selector's first configs a search "
                     "measures first (strategy 'seeds')")
+    ap.add_argument("--rank-order", action="store_true", help="fill the shortlist in the ranking's order, not by "
+                    "the outcomes of the nearest training matrices (the shortlist before they were used)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     given = {"prepare_budget": args.prepare_budget, "per_family": args.per_family}
@@ -161,7 +163,7 @@ def main() -> None:
     rows = []
     for dtype in args.dtype:
         for name, scores in picks(args.corpus, dtype, args.l2_mb << 20, args.times, shortlist_args,
-                                  args.seed_configs).items():
+                                  args.seed_configs, args.rank_order).items():
             a = np.array(scores)
             large = a[a[:, 1] >= 1e6]
             row = {"dtype": dtype, "strategy": name, "matrices": len(a),
@@ -178,6 +180,7 @@ def main() -> None:
                   f"{row['large_within_3pc']:.0%}, {row['large_prepare_spmvs_median']:.0f} SpMVs", flush=True)
     Path(args.out).write_text(json.dumps({"corpus": args.corpus, "times": args.times, "l2_mb": args.l2_mb,
                                           "shortlist": shortlist_args, "seed_configs": args.seed_configs,
+                                          "rank_order": args.rank_order,
                                           "rows": rows}, indent=1) + "\n")
 
 

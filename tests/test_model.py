@@ -30,6 +30,7 @@ from tuner.select.forest import CompactForest
 from tuner.select.model import (
     DERIVED_FEATURES,
     MISSING_PENALTY,
+    OUTCOME_SAMPLES,
     DeviceSpec,
     KernelSelector,
     compulsory_bytes,
@@ -222,6 +223,26 @@ def test_rank_is_sorted_with_votes(fitted) -> None:
         selector.rank(feats[:2])
 
 
+def test_outcomes_are_the_configs_ratios_on_the_nearest_training_matrices(fitted) -> None:
+    """Drawn by the forest's proximity: on a matrix of one structure they are those of its own (A fast where
+    npr_cv > 1), each row a training matrix, so the configs' outcomes are joint: one of A and B is 1 in each."""
+    selector, _, _ = fitted
+    rng = np.random.default_rng(5)
+    feats = [_features(rng, 1.8), _features(rng, 0.2)]
+    drawn = selector.outcomes(feats)
+    assert drawn.shape == (2, OUTCOME_SAMPLES, 4)
+    keys = selector.config_keys()
+    a, b = keys.index(A), keys.index(B)
+    assert np.median(drawn[0, :, a]) == pytest.approx(0, abs=1e-6) and np.median(drawn[1, :, b]) == pytest.approx(
+        0, abs=1e-6)
+    np.testing.assert_allclose(drawn.min(axis=2), 0.0, atol=1e-6)  # each drawn matrix has its best among them
+    assert np.median(drawn[0, :, b]) == pytest.approx(np.log(3.0 / 1.2), rel=1e-3)
+    ranking = selector.rank(feats[0], outcomes=True)
+    assert [len(r.outcomes) for r in ranking] == [OUTCOME_SAMPLES] * 4
+    assert ranking[0].outcomes == tuple(drawn[0, :, keys.index(config_key(ranking[0].kernel, ranking[0].params))])
+    assert all(r.outcomes == () for r in selector.rank(feats[0]))  # only when asked: predict() needs none
+
+
 def test_predict_details(fitted) -> None:
     selector, feats, _ = fitted
     details = selector.predict_details(feats[:3])
@@ -295,6 +316,21 @@ def test_the_compact_forest_predicts_as_the_sklearn_forest(leaf: int) -> None:
     np.testing.assert_allclose(compact.tree_outputs(test), per_tree.reshape(compact.tree_outputs(test).shape),
                                rtol=1e-6, atol=1e-6)
     assert compact.n_trees == 40 and compact.feature.dtype == np.int16 and compact.threshold.dtype == np.float32
+
+
+def test_the_proximity_weights_give_the_forests_prediction() -> None:
+    """Each row's weights over the training rows sum to 1, fall on the rows that share its leaves, and average
+    the training targets into the forest's own prediction (Meinshausen's quantile regression forests)."""
+    forest, X, Y = _sklearn_forest(leaf=3)
+    compact = CompactForest.from_sklearn(forest, X, Y)
+    test = np.random.default_rng(4).random((30, 8)) * np.logspace(0, 5, 8)
+    W = compact.proximity(compact.apply(test))
+    assert W.shape == (30, len(X)) and (W >= 0).all()
+    np.testing.assert_allclose(W.sum(axis=1), 1.0)
+    np.testing.assert_allclose(W @ Y, forest.predict(test), rtol=1e-5, atol=1e-5)
+    # a training row shares every leaf with itself: its own weight is at least one over the largest leaf
+    own = compact.proximity(compact.apply(X[:5]))[np.arange(5), np.arange(5)]
+    assert (own >= 1 / np.diff(compact.leaf_start).max()).all()
 
 
 def test_a_compact_forest_pickles_without_the_tables_it_builds_to_predict() -> None:

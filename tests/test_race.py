@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -89,6 +90,33 @@ def test_the_shortlist_always_has_what_predict_would_run() -> None:
         "nut", "csr_vector", "cusparse", "cusparse"]  # ipcsr's 100 SpMVs are over the budget
     assert [e.kernel for e in shortlist(ranking, size=4, cheap=0.6, prepare_budget=120.0)] == [
         "nut", "ipcsr", "csr_scalar", "cusparse", "cusparse"]
+
+
+def test_the_shortlist_races_what_covers_the_nearest_matrices_where_the_ranking_carries_outcomes() -> None:
+    """On the training matrices nearest (here four), nut and csr_vector fail together on the last two and
+    csr_scalar is best there: with outcomes the third place goes to csr_scalar, not to the second
+    csr_vector the ranking puts next; without them, to the ranking's order. A config that covers nothing
+    more leaves its place to the ranking's order."""
+    def with_outcomes(r: RankedConfig, *outcomes: float) -> RankedConfig:
+        return dataclasses.replace(r, outcomes=outcomes)
+
+    ranking = [with_outcomes(ranked("nut", {}, 1.0, prepare=250.0), 0, 0, 1, 1),
+               with_outcomes(ranked("csr_vector", {"threads_per_row": 4}, 1.1, 0.8), 0.1, 0.1, 1, 1),
+               with_outcomes(ranked("csr_vector", {"threads_per_row": 8}, 1.15, 0.8), 0.1, 0.05, 0.9, 0.9),
+               with_outcomes(ranked("csr_scalar", {}, 1.3, prepare=0.5), 1, 1, 0, 0),
+               with_outcomes(ranked("cusparse", {"algorithm": "csr_alg1"}, 2.0), 0.5, 0.5, 0.5, 0.5),
+               *(with_outcomes(r, 2, 2, 2, 2) for r in KNOWN)]
+    covered = shortlist(ranking, size=3)
+    assert [(e.kernel, e.params.get("threads_per_row")) for e in covered[:3]] == [
+        ("nut", None), ("csr_vector", 4), ("csr_scalar", None)]
+    plain = shortlist([dataclasses.replace(r, outcomes=()) for r in ranking], size=3)
+    assert [(e.kernel, e.params.get("threads_per_row")) for e in plain[:3]] == [
+        ("nut", None), ("csr_vector", 4), ("csr_vector", 8)]
+    # csr_scalar expected over 1.2x the first is not admitted; nothing else covers more: the ranking's order
+    assert [e.kernel for e in shortlist(ranking, size=3, slack=1.2)][:3] == ["nut", "csr_vector", "csr_vector"]
+    # where cuSPARSE already covers what nut and csr_vector miss, nothing gains: the ranking's order
+    level = [dataclasses.replace(r, outcomes=(0,) * 4) if r.kernel == "cusparse" else r for r in ranking]
+    assert [e.params.get("threads_per_row") for e in shortlist(level, size=3)[:3]] == [None, 4, 8]
 
 
 def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:

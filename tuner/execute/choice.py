@@ -72,9 +72,11 @@ def default_choice() -> Choice:
 
 
 def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapping[str, float],
-                 backend: GpuBackend | None = None) -> tuple[list[RankedConfig] | None, str]:
+                 backend: GpuBackend | None = None, outcomes: bool = False) -> tuple[list[RankedConfig] | None, str]:
     """The configs by the time the selector expects on ``device`` (fastest first), and which selector
-    ranked them; ``(None, reason)`` without one for this device's architecture and dtype.
+    ranked them; ``(None, reason)`` without one for this device's architecture and dtype. ``outcomes``: with
+    each config's outcomes on the nearest training matrices (what a race's shortlist draws on,
+    :meth:`tuner.select.model.KernelSelector.rank`).
 
     The selector is the store's newest for exactly this device and dtype, else the one shipped for it,
     else one shipped for another GPU of the same architecture, whose expectations are then carried over
@@ -90,7 +92,7 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
         return None, "no selector for this GPU's architecture and dtype"
     model, spec, basis = found
     try:
-        ranking = model.rank(features, device=spec)
+        ranking = model.rank(features, device=spec, outcomes=outcomes)
     except InvalidConfigError:  # a selector trained on other features: unusable until retrained
         return None, f"{basis} cannot rank this matrix"
     if not _ranks_valid_configs_only(model):

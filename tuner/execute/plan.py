@@ -117,7 +117,8 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         reference = Reference.build(A_dev, dtype, npr_max=int(features["npr_max"]), behind=True) \
             if effort == "race" else None
         with steps("rank"):
-            ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend)
+            ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend,
+                                          outcomes=effort == "race")
         if effort == "tune":
             with steps("tune"):
                 seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A_dev.shape[1],
@@ -173,7 +174,7 @@ def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: di
         features = extract_features(A)
     if ranking is None and basis is None:
         ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype, features=features,
-                                      backend=backend if isinstance(backend, GpuBackend) else None)
+                                      backend=backend if isinstance(backend, GpuBackend) else None, outcomes=True)
     start = time.perf_counter()
     if reference is None:
         reference = Reference.build(A, dtype)

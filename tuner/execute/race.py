@@ -154,19 +154,19 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (fastest expected
     first), then cuSPARSE's two algorithms.
 
-    From the ranking: the first (the selector's answer) and the first that prepares within ``cheap``
-    SpMVs (what ``plan(effort="predict")`` runs, so a race never does worse than a prediction), then
-    others in rank order: at most ``per_family`` of one family (a second family often wins where the
-    selector is wrong), none expected slower than ``slack`` times the first or expected to miss beating
-    cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their preparation within
-    ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it costs); then,
-    beyond ``size``, the default of every family the selector ranks no config of (one added to the
-    registry after it was trained: it cannot be ranked, so it is measured), or the config its family
-    races on a matrix of these ``features`` with values of ``itemsize`` bytes
-    (:meth:`kernels.Family.unranked_config`: rcm only where renumbering can pay), with what its family says
-    a preparation costs (:attr:`kernels.Family.prepare_spmvs`: csr5's and rcm's wait for the roof in
-    :func:`race`). cuSPARSE's configs in the
-    ranking are left for the two always raced. Without a ranking (no selector for this GPU):
+    From the ranking: the first (the selector's answer) and the first that prepares within ``cheap`` SpMVs (what
+    ``plan(effort="predict")`` runs, so a race never does worse than a prediction), then others, each the one
+    that covers most of what those chosen miss on the training matrices nearest this one where the ranking
+    carries their outcomes (:func:`_next_entrant`), else in rank order: at most ``per_family`` of one family (a
+    second family often wins where the selector is wrong), none expected slower than ``slack`` times the first
+    or expected to miss beating cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their
+    preparation within ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it
+    costs); then, beyond ``size``, the default of every family the selector ranks no config of (one added to the
+    registry after it was trained: it cannot be ranked, so it is measured), or the config its family races on a
+    matrix of these ``features`` with values of ``itemsize`` bytes (:meth:`kernels.Family.unranked_config`: rcm
+    only where renumbering can pay), with what its family says a preparation costs
+    (:attr:`kernels.Family.prepare_spmvs`: csr5's and rcm's wait for the roof in :func:`race`). cuSPARSE's
+    configs in the ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
     """
     if size < 1:
@@ -180,12 +180,13 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
                                and ranked and anchor is not ranked[0] and size > 1 else [])
         spent = sum(_cost(r) for r in chosen[1:])
         bar = (1 - margin) * min((r.expected_s for r in ranking if r.kernel == BASELINE), default=float("inf"))
-        for r in ranked:
-            if len(chosen) == size or r.expected_s > slack * chosen[0].expected_s or r.expected_s >= bar:
-                break
-            if (any(r is c for c in chosen) or sum(c.kernel == r.kernel for c in chosen) >= per_family
-                    or spent + _cost(r) > prepare_budget):
-                continue
+
+        def admits(r: RankedConfig) -> bool:
+            return (r.expected_s <= slack * chosen[0].expected_s and r.expected_s < bar
+                    and not any(r is c for c in chosen) and sum(c.kernel == r.kernel for c in chosen) < per_family
+                    and spent + _cost(r) <= prepare_budget)
+
+        while len(chosen) < size and (r := _next_entrant(ranking, ranked, chosen, admits)) is not None:
             chosen.append(r)
             spent += _cost(r)
         order = {id(r): i for i, r in enumerate(ranked)}
@@ -200,6 +201,24 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
         r = expected.get((kernel, _key(params)))
         picked.append(Entrant(kernel, dict(params), r.expected_s if r else None, r.prepare_spmvs if r else None))
     return picked
+
+
+def _next_entrant(ranking: Sequence[RankedConfig], ranked: Sequence[RankedConfig], chosen: Sequence[RankedConfig],
+                  admits: Callable[[RankedConfig], bool]) -> RankedConfig | None:
+    """The config ``admits`` lets join ``chosen`` that covers most of what they miss: where the ranking carries
+    :meth:`~tuner.select.model.KernelSelector.outcomes`, the one that lowers most the mean over those training
+    matrices of the best ``log(t / t_best)`` among the chosen and cuSPARSE (raced always); where none does
+    (or without outcomes), the first in ``ranked`` order."""
+    if ranked and all(r.outcomes for r in ranking):
+        raced = [*chosen, *(r for r in ranking if r.kernel == BASELINE)]
+        covered = np.min([r.outcomes for r in raced], axis=0)
+        gains = np.maximum(covered - np.array([r.outcomes for r in ranked]), 0.0).mean(axis=1)
+        for j in np.argsort(-gains, kind="stable"):
+            if gains[j] <= 0:
+                break
+            if admits(ranked[j]):
+                return ranked[j]
+    return next((r for r in ranked if admits(r)), None)
 
 
 def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None = None, *, cols: int,

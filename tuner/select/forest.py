@@ -111,6 +111,21 @@ class CompactForest:
             node = walk.child[node + right]
         return (node // 2 - walk.inner).reshape(len(X), self.n_trees)
 
+    def proximity(self, leaves: np.ndarray) -> np.ndarray:
+        """How near the rows whose leaves (:meth:`apply`'s) are given are to each training row in the forest's
+        eyes: the share of the trees in which they fall in one leaf, each leaf's share split evenly among its
+        training rows (rows x training rows, each row summing to 1). The weights of Meinshausen's quantile
+        regression forests: the training targets' mean under them is the forest's prediction, and they give
+        the spread around it."""
+        start, size = self.leaf_start[leaves], np.diff(self.leaf_start)[leaves]
+        size, start = size.ravel(), start.ravel()
+        offsets = np.repeat(start - np.cumsum(size) + size, size) + np.arange(size.sum())
+        row = np.repeat(np.repeat(np.arange(len(leaves)), self.n_trees), size)
+        n = len(self.targets)
+        out = np.bincount(row * n + self.members[offsets], weights=np.repeat(1.0 / (size * self.n_trees), size),
+                          minlength=len(leaves) * n)
+        return out.reshape(len(leaves), n)
+
     def _walk(self) -> _Walk:
         """:class:`_Walk`, built on the first prediction (a pickle leaves it out)."""
         if (walk := self.__dict__.get("_walk_cache")) is None:
@@ -130,7 +145,11 @@ class CompactForest:
 
     def tree_outputs(self, X: np.ndarray) -> np.ndarray:
         """Each tree's prediction for each row of X: (trees, rows, outputs)."""
-        return self._walk().values[self.apply(X)].transpose(1, 0, 2)
+        return self.outputs_of(self.apply(X))
+
+    def outputs_of(self, leaves: np.ndarray) -> np.ndarray:
+        """Each tree's prediction for the rows whose leaves (:meth:`apply`'s) are given: (trees, rows, outputs)."""
+        return self._walk().values[leaves].transpose(1, 0, 2)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The forest's prediction (the mean of its trees'): (rows, outputs)."""

@@ -47,7 +47,7 @@ import math
 import pickle
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,7 @@ __all__ = [
     "DERIVED_FEATURES",
     "LARGE_NNZ",
     "MISSING_PENALTY",
+    "OUTCOME_SAMPLES",
     "DeviceSpec",
     "KernelSelector",
     "Prediction",
@@ -96,6 +97,9 @@ _log = logging.getLogger(__name__)
 
 MISSING_PENALTY = math.log(2.0)
 """A config not measured on a training matrix is taken as that matrix's slowest candidate times 2."""
+
+OUTCOME_SAMPLES = 64
+"""How many training matrices :meth:`KernelSelector.outcomes` draws for a matrix."""
 
 LARGE_NNZ = 1_000_000
 """Preparation costs are estimated on matrices at least this large, where launch overheads do not dominate."""
@@ -218,6 +222,8 @@ class RankedConfig:
     expected_s: float  # expected time of one SpMV on the device asked for
     prepare_spmvs: float  # median prepare time / SpMV time on the training matrices (NaN: never measured)
     votes: float  # share of the forest's trees that rank this config first
+    outcomes: tuple[float, ...] = field(default=(), repr=False)
+    """log(t / t_best) of this config on the training matrices most like this one (KernelSelector.outcomes)"""
 
 
 @dataclass(frozen=True)
@@ -324,10 +330,11 @@ class KernelSelector(BaseEstimator):
         """Fitted by this version of the class (a pickle of the classifier-based selector before it is not)."""
         return all(hasattr(self, a) for a in ("forest_", "configs_", "device_", "prepare_spmvs_"))
 
-    def _expected(self, X: Any, device: DeviceSpec | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _expected(self, X: Any, device: DeviceSpec | None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validated feature rows, the expected seconds of every config (columns) for them on ``device``
-        (default: the training one) and the votes: the share of the trees whose own prediction puts each
-        config first."""
+        (default: the training one), the votes (the share of the trees whose own prediction puts each
+        config first) and the leaf each row ends in in each tree (:meth:`CompactForest.apply`)."""
         check_is_fitted(self)
         names = list(self.feature_names_in_)
         rows = np.atleast_2d(_as_rows(X, names))
@@ -339,34 +346,54 @@ class KernelSelector(BaseEstimator):
             raise ValueError(f"features hold NaN or infinity: {bad}")
         device = self.device_ if device is None else device
         design, _ = design_matrix(rows, dtype=self.dtype_, device=device, feature_names=names)
-        trees = self.forest_.tree_outputs(design)  # (trees, rows, outputs)
+        leaves = self.forest_.apply(design)
+        trees = self.forest_.outputs_of(leaves)  # (trees, rows, outputs)
         out = trees.mean(axis=0)
         firsts = trees[:, :, 1:].argmin(axis=2)  # (trees, rows)
         configs = len(self.configs_)
         counts = np.bincount((firsts + configs * np.arange(len(rows))).ravel(), minlength=len(rows) * configs)
         votes = counts.reshape(len(rows), configs) / len(trees)
         t_bytes = bytes_time(rows, dtype=self.dtype_, device=device, feature_names=names)
-        return rows, t_bytes[:, None] * np.exp(out[:, :1] + out[:, 1:]), votes
+        return rows, t_bytes[:, None] * np.exp(out[:, :1] + out[:, 1:]), votes, leaves
 
     def expected_times(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
         """Expected seconds of every config in :attr:`configs_` (columns) for each row of X (arrays, or feature
         mappings) on ``device`` (default: the training device)."""
         return self._expected(X, device)[1]
 
-    def rank(self, features: Any, *, device: DeviceSpec | None = None) -> list[RankedConfig]:
+    def rank(self, features: Any, *, device: DeviceSpec | None = None, outcomes: bool = False
+             ) -> list[RankedConfig]:
         """Every config for ONE matrix (a mapping, or one row in ``feature_names_in_`` order), fastest expected
         first, on ``device`` (default: the training device). ``votes``: the share of the forest's trees whose
-        own prediction puts the config first."""
-        rows, expected, votes = self._expected(features, device)
+        own prediction puts the config first; with ``outcomes`` (what a race's shortlist draws on; a tenth
+        of a millisecond), each config's :meth:`outcomes`."""
+        rows, expected, votes, leaves = self._expected(features, device)
         if len(rows) != 1:
             raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
         seconds, prepare, shares = expected[0].tolist(), self.prepare_spmvs_.tolist(), votes[0].tolist()
-        return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), seconds[j], prepare[j], shares[j])
+        drawn = [tuple(o) for o in self._outcomes(leaves)[0].T.tolist()] if outcomes else [()] * len(seconds)
+        return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), seconds[j], prepare[j], shares[j],
+                             drawn[j])
                 for j in np.argsort(expected[0], kind="stable").tolist()]
+
+    def outcomes(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
+        """For each row of X, :data:`OUTCOME_SAMPLES` training matrices drawn by their nearness to it in the
+        forest (:meth:`CompactForest.proximity`, systematically: a matrix of weight w is drawn about
+        w x :data:`OUTCOME_SAMPLES` times) and each config's ``log(t / t_best)`` on them: (rows, samples,
+        configs). What each config would have cost on the matrices most like this one, jointly: which
+        configs fail together, which cover each other (:func:`tuner.execute.race.shortlist` races a set that
+        covers them)."""
+        return self._outcomes(self._expected(X, device)[3])
+
+    def _outcomes(self, leaves: np.ndarray) -> np.ndarray:
+        weights = np.cumsum(self.forest_.proximity(leaves), axis=1)
+        at = (np.arange(OUTCOME_SAMPLES) + 0.5) / OUTCOME_SAMPLES
+        drawn = np.minimum([np.searchsorted(w, at * w[-1]) for w in weights], len(self.forest_.targets) - 1)
+        return self.forest_.targets[drawn, 1:].astype(np.float64)
 
     def predict_details(self, X: Any, *, device: DeviceSpec | None = None) -> list[Prediction]:
         """The first config of each row's ranking as a :class:`Prediction` (confidence: its votes)."""
-        rows, expected, votes = self._expected(X, device)
+        rows, expected, votes, _ = self._expected(X, device)
         nnz = rows[:, list(self.feature_names_in_).index("nnz")]
         out = []
         for i, j in enumerate(np.argmin(expected, axis=1)):
