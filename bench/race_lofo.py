@@ -68,7 +68,8 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
     config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to
     :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults. 'seeds': the
     configs a search measures first (:func:`~tuner.execute.race.search_seeds` of ``seed_configs``), the best
-    of them (no cuSPARSE margin; preparation 0): how near a search starts to the best. ``rank_order``: the
+    of them (no cuSPARSE margin; preparation 0; matrices where ``times`` measured none of them left out): how
+    near a search starts to the best. ``rank_order``: the
     shortlist fills its places in the ranking's order, as before it drew them by the outcomes of the training
     matrices nearest (:meth:`~tuner.select.model.KernelSelector.outcomes`)."""
     table = corpus_table(corpus, dtype=dtype)
@@ -101,8 +102,8 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
                                   float(table.X[i, nnz]), cost))
             seeds = search_seeds(ranking, size=seed_configs, cols=int(table.X[i, cols]),
                                  itemsize=np.dtype(dtype).itemsize, l2_bytes=l2_bytes)
-            laps = [t for k, p in seeds if (t := _lap(Entrant(k, p), times)[1]) is not None]
-            out["seeds"].append((min(times.values()) / min(laps, default=np.inf), float(table.X[i, nnz]), 0.0))
+            if laps := [t for k, p in seeds if (t := _lap(Entrant(k, p), times)[1]) is not None]:
+                out["seeds"].append((min(times.values()) / min(laps), float(table.X[i, nnz]), 0.0))
     return out
 
 
