@@ -249,7 +249,7 @@ def test_the_race_times_a_second_round_only_while_two_are_close(A, vector_s: flo
 @pytest.mark.parametrize(("floor_s", "rounds", "winner"), [(0.9, [2, 2], "csr_vector"), (0.5, [2, 1], "nut")])
 def test_a_cheap_entrant_at_the_roof_leaves_the_costly_ones_unprepared(A, floor_s: float, rounds: list[int],
                                                                        winner: str) -> None:
-    """csr_vector (prepared in 1 SpMV) takes 1.0: at or under floor / ROOF (0.9 / 0.85) it is at the roof and
+    """csr_vector (prepared in 1 SpMV) takes 1.0: at or under floor / ROOF (floor 0.9) it is at the roof and
     NuT (50 SpMVs) is never prepared; over it (floor 0.5) NuT is prepared after the first round and timed as it
     joins: the others, 25 % behind it, leave, and it has won."""
     backend = Scripted({"csr_vector": 1.0, "cusparse": 1.04, "nut": 0.8})  # cuSPARSE close: timed again
