@@ -235,11 +235,12 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       a NuT preparation costs 30-40 SpMVs on the 8 M-column graph of the unseen benchmark, and in every race
       recorded there (both GPUs, both dtypes) the fitted config beat the one it was fitted from (by 2-30 %).
       (:func:`search_seeds` gives no preparation costs: a search measures both.)
-    - before cuSPARSE, for each family of ``ranking`` whose default does not fit this matrix (NuT where x
+    - before cuSPARSE, for each family of ``ranking`` that names what it fits first
+      (:attr:`kernels.Family.adapt_first`: NuT's slabs), whose default does not fit this matrix (NuT where x
       outgrows its share of the L2) and none of whose entrants fits it, the best-ranked config that has
-      right what the family fits first (:attr:`kernels.Family.adapt_first`: NuT's slabs), fitted further
-      (NuT's panels): on a matrix like that, the one family that keeps the gathers of x out of DRAM races
-      even where the selector, never having seen such an x, ranks it behind cuSPARSE.
+      that right, fitted further (NuT's panels): on a matrix like that, the one family that keeps the gathers
+      of x out of DRAM races even where the selector, never having seen such an x, ranks it behind cuSPARSE.
+      (csr_scalar's variant, int32 columns in float64, races only beside a csr_scalar first.)
     """
     configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
                            l2_bytes=l2_bytes)
@@ -256,14 +257,14 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
         return get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
 
     def leads(kernel: str, params: dict[str, Any]) -> bool:
-        """Whether ``params`` have right what their family fits first (all it fits, where it names nothing)."""
+        """Whether ``params`` have right what their family fits first."""
         family, fit = get_family(kernel), fitted(kernel, params)
         first = family.adapt_first
-        return fit is None or (first is not None
-                               and fit[first] == family.space.validate(params, family=kernel)[first])
+        return fit is None or fit[first] == family.space.validate(params, family=kernel)[first]
 
     for kernel in dict.fromkeys(r.kernel for r in ranking or ()):
-        if fitted(kernel, get_family(kernel).space.defaults()) is None or any(
+        family = get_family(kernel)
+        if family.adapt_first is None or fitted(kernel, family.space.defaults()) is None or any(
                 e.kernel == kernel and fitted(kernel, e.params) is None for e in out):
             continue
         best = next((r for r in ranking or () if r.kernel == kernel and leads(kernel, r.params)), None)
