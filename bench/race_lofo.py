@@ -69,9 +69,9 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
     :func:`shortlist` (its size, per_family, prepare_budget, ...) in place of its defaults. 'seeds': the
     configs a search measures first (:func:`~tuner.execute.race.search_seeds` of ``seed_configs``), the best
     of them (no cuSPARSE margin; preparation 0; matrices where ``times`` measured none of them left out): how
-    near a search starts to the best. ``rank_order``: the
-    shortlist fills its places in the ranking's order, as before it drew them by the outcomes of the training
-    matrices nearest (:meth:`~tuner.select.model.KernelSelector.outcomes`)."""
+    near a search starts to the best. ``rank_order``: the shortlist fills its places in the ranking's order, as
+    before it drew them by the outcomes of the nearest training matrices
+    (:meth:`~tuner.select.model.KernelSelector.outcomes`)."""
     table = corpus_table(corpus, dtype=dtype)
     measured = table if times is None else corpus_table(times, dtype=dtype)
     timed = dict(zip(measured.fingerprints, measured.times, strict=True))

@@ -225,7 +225,7 @@ def test_rank_is_sorted_with_votes(fitted) -> None:
 
 def test_outcomes_are_the_configs_ratios_on_the_nearest_training_matrices(fitted) -> None:
     """Drawn by the forest's proximity: on a matrix of one structure they are those of its own (A fast where
-    npr_cv > 1), each row a training matrix, so the configs' outcomes are joint: one of A and B is 1 in each."""
+    npr_cv > 1), each row one training matrix, so the configs' outcomes are joint: each row's best is at 0."""
     selector, _, _ = fitted
     rng = np.random.default_rng(5)
     feats = [_features(rng, 1.8), _features(rng, 0.2)]
