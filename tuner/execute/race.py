@@ -189,9 +189,14 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
                     and not any(r is c for c in chosen) and sum(c.kernel == r.kernel for c in chosen) < per_family
                     and spent + _cost(r) <= prepare_budget)
 
-        while len(chosen) < size and (r := _next_entrant(ranking, ranked, chosen, admits)) is not None:
-            chosen.append(r)
-            spent += _cost(r)
+        outcomes = np.array([r.outcomes for r in ranked]) if ranked and all(r.outcomes for r in ranking) else None
+        covered = None if outcomes is None else \
+            np.min([r.outcomes for r in (*chosen, *(r for r in ranking if r.kernel == BASELINE))], axis=0)
+        while len(chosen) < size and (j := _next_entrant(ranked, outcomes, covered, admits)) is not None:
+            chosen.append(ranked[j])
+            spent += _cost(ranked[j])
+            if outcomes is not None:
+                covered = np.minimum(covered, outcomes[j])
         order = {id(r): i for i, r in enumerate(ranked)}
         picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
@@ -206,22 +211,21 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     return picked
 
 
-def _next_entrant(ranking: Sequence[RankedConfig], ranked: Sequence[RankedConfig], chosen: Sequence[RankedConfig],
-                  admits: Callable[[RankedConfig], bool]) -> RankedConfig | None:
-    """The config ``admits`` lets join ``chosen`` that covers most of what they miss: where the ranking carries
-    :meth:`~tuner.select.model.KernelSelector.outcomes`, the one that lowers most the mean over those training
-    matrices of the best ``log(t / t_best)`` among the chosen and cuSPARSE (raced always); where none does
-    (or without outcomes), the first in ``ranked`` order."""
-    if ranked and all(r.outcomes for r in ranking):
-        raced = [*chosen, *(r for r in ranking if r.kernel == BASELINE)]
-        covered = np.min([r.outcomes for r in raced], axis=0)
-        gains = np.maximum(covered - np.array([r.outcomes for r in ranked]), 0.0).mean(axis=1)
+def _next_entrant(ranked: Sequence[RankedConfig], outcomes: np.ndarray | None, covered: np.ndarray | None,
+                  admits: Callable[[RankedConfig], bool]) -> int | None:
+    """The index in ``ranked`` of the config ``admits`` lets join that covers most of what those chosen miss:
+    with ``outcomes`` (each ranked config's :meth:`~tuner.select.model.KernelSelector.outcomes`, a row each)
+    and ``covered`` (the best outcome among the chosen and cuSPARSE, raced always, on each training matrix
+    drawn), the one that lowers most their mean; where none does (or without outcomes), the first in
+    ``ranked`` order."""
+    if outcomes is not None:
+        gains = np.maximum(covered - outcomes, 0.0).mean(axis=1)
         for j in np.argsort(-gains, kind="stable"):
             if gains[j] <= 0:
                 break
             if admits(ranked[j]):
-                return ranked[j]
-    return next((r for r in ranked if admits(r)), None)
+                return int(j)
+    return next((j for j, r in enumerate(ranked) if admits(r)), None)
 
 
 def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None = None, *, cols: int,
