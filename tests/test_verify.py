@@ -104,8 +104,8 @@ def test_the_gpu_reference_sums_rows_that_span_many_threads_and_warps() -> None:
 
     rng = np.random.default_rng(3)
     lengths = np.where(rng.random(4000) < 0.4, 0, rng.integers(1, 3000, 4000))
-    ragged = sp.csr_matrix((rng.uniform(-1, 1, lengths.sum()), rng.integers(0, 5000, lengths.sum()),
-                            np.concatenate([[0], np.cumsum(lengths)])), shape=(4000, 5000))
+    ragged = as_csr(sp.csr_matrix((rng.uniform(-1, 1, lengths.sum()), rng.integers(0, 5000, lengths.sum()),
+                                   np.concatenate([[0], np.cumsum(lengths)])), shape=(4000, 5000)))
     for A in (arrow(300_000), ragged):
         for dtype in ("float64", "float32"):
             ref = Reference.build(cusp.csr_matrix(A.astype(dtype)), dtype)
