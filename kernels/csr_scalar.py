@@ -21,6 +21,7 @@ from kernels._reference import RowSumReference
 from kernels._space import Param, Space
 
 UNROLL = (1, 2, 4, 8)
+ROWS = (1, 2, 4)
 
 
 class CsrScalar(RowSumReference, Family):
@@ -33,6 +34,9 @@ class CsrScalar(RowSumReference, Family):
         Param("unroll", UNROLL, 4, "entries of a row a thread loads before it gathers their x (more loads in "
               "flight on short rows; 1: the plain loop, what configs recorded before this parameter ran)"),
         indices_param("row"),
+        Param("rows", ROWS, 1, "rows a thread sums, a block apart, the first entries of all of them loaded at "
+              "once (more bytes in flight where every thread of an SM is resident already; 1: what configs "
+              "recorded before this parameter ran)"),
     ))
 
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
@@ -45,19 +49,20 @@ class CsrScalar(RowSumReference, Family):
         return {**config, "indices": "int32"} if itemsize >= 8 and config["indices"] == "narrow" else None
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return tuple(f"csr_scalar<{c_type(dtype)}, {u}, {n}>" for u in UNROLL for n in ("true", "false"))
+        return tuple(f"csr_scalar<{c_type(dtype)}, {u}, {n}, {r}>" for u in UNROLL for n in ("true", "false")
+                     for r in ROWS)
 
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
         narrow = "true" if attach(ex, p, A.indptr, A.indices) else "false"
-        ex["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {p['unroll']}, {narrow}>"]
+        ex["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {p['unroll']}, {narrow}, {p['rows']}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         A, block = prepared.A, prepared.params["block_size"]
         m = prepared.shape[0]
         prepared.extra["kernel"](
-            (grid(m, block),), (block,),
+            (grid(-(-m // prepared.params["rows"]), block),), (block,),
             (np.int32(m), A.indptr, A.indices, *launch_columns(prepared.extra, A.indices), A.data, x, out),
         )
 
