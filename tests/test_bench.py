@@ -251,8 +251,8 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
     assert 0 < found["bandwidth_fraction"] < float("inf")
 
 
-@pytest.mark.parametrize("script", ["convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll", "profile_plan",
-                                    "race_lofo", "spmspv", "unseen"])
+@pytest.mark.parametrize("script", ["convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll", "probe_reference",
+                                    "profile_plan", "race_lofo", "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
     import subprocess
