@@ -4,7 +4,7 @@
 ``bench/unseen.py`` chosen and each dtype: the host seconds to queue it and the GPU seconds it takes
 (CUDA events), median of 10, at 4, 8, 16 and 32 entries a thread; then the path it replaced (A and x
 copied to float64, y = A·x and |A|·|x| by cuSPARSE), and the largest difference of the two y and scale,
-relative to |A|·|x|. Result: ``bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_reference-4169fbc.txt``.
+relative to |A|·|x|. Result: ``bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_reference-0a2d3a4.txt``.
 
     python bench/probe_reference.py --only rgg,blockdiag,communities-large
 """
