@@ -82,10 +82,10 @@ def narrow_columns_on_gpu(ptr: Any, indices: Any) -> tuple[Any, Any] | None:
     cupy = require_cupy()
     segments = ptr.size - 1
     base, offsets = cupy.empty(segments, dtype=np.int32), cupy.empty(indices.size, dtype=np.uint16)
+    narrow_entries = cupy.zeros(1, dtype=np.uint64)
     kernel = get_kernels(CU_FILE, KERNELS)["narrow_offsets"]
-    kernel((grid(32 * segments, 256),), (256,), (np.int32(segments), ptr, indices, base, offsets))
-    narrow_entries = int(cupy.diff(ptr)[base >= 0].sum(dtype=np.int64))
-    return (base, offsets) if _pays(narrow_entries, segments) else None
+    kernel((grid(32 * segments, 256),), (256,), (np.int32(segments), ptr, indices, base, offsets, narrow_entries))
+    return (base, offsets) if _pays(int(narrow_entries.get()[0]), segments) else None
 
 
 def columns(ptr: np.ndarray, base: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:

@@ -2,13 +2,15 @@
 // A warp a segment (entries ptr[s] .. ptr[s+1]-1): its lowest and highest column; where they are fewer than
 // 65,536 apart (or the segment is empty), base[s] = the lowest (0 for an empty one) and offsets[j] =
 // indices[j] - base[s] for its entries; otherwise base[s] = -1 and its offsets are left unwritten (never
-// read). A segment's columns need not be sorted.
+// read). A segment's columns need not be sorted. narrow_entries (zeroed by the caller) gets the entries of the
+// narrow segments: whether the offsets pay is then one read-back.
 
 __global__ void narrow_offsets(const int segments,
                                const int* __restrict__ ptr,
                                const int* __restrict__ indices,
                                int* __restrict__ base,
-                               unsigned short* __restrict__ offsets)
+                               unsigned short* __restrict__ offsets,
+                               unsigned long long* __restrict__ narrow_entries)
 {
     const long long s = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
@@ -26,7 +28,10 @@ __global__ void narrow_offsets(const int segments,
     }
     const bool fits = start == end || (long long)hi - lo < 65536;
     const int lowest = start == end ? 0 : lo;
-    if (lane == 0) base[s] = fits ? lowest : -1;
+    if (lane == 0) {
+        base[s] = fits ? lowest : -1;
+        if (fits && end > start) atomicAdd(narrow_entries, (unsigned long long)(end - start));
+    }
     if (fits) {
         for (int j = start + lane; j < end; j += 32) offsets[j] = (unsigned short)(indices[j] - lowest);
     }
