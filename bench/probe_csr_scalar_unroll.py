@@ -1,9 +1,7 @@
-"""csr_scalar's ``unroll``, ``indices`` and ``rows`` on the large suite: is either default ever slower than the
-plain loop, and do more rows a thread pay?
+"""csr_scalar's ``unroll`` and ``indices`` on the large suite: is either default ever slower than the plain loop?
 
 For each matrix of ``tuner.matrix.suites`` ``large`` and each dtype: csr_scalar at every unroll (1, 2, 4, 8) and
-block size 128, 256 and 512, with int32 columns (and with narrow ones at unroll 1 and 4; and at unroll 4 both
-with 2 and 4 rows a thread, printed ``r2``, ``r4``), beside cuSPARSE's
+block size 128, 256 and 512, with int32 columns (and with narrow ones at unroll 1 and 4), beside cuSPARSE's
 CSR_ALG1 and CSR_ALG2, timed cold (L2 flushed before every product) and interleaved; per unroll and columns the
 best block size's ratio to cuSPARSE's best and its effective bandwidth as a fraction of the copy bandwidth
 (compulsory bytes with 4-byte columns), then the defaults (unroll 4, narrow) over the plain loop (unroll 1,
@@ -23,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels import BASELINE, get_family  # noqa: E402
-from kernels.csr_scalar import ROWS, UNROLL  # noqa: E402
+from kernels.csr_scalar import UNROLL  # noqa: E402
 from tuner.matrix.suites import suite  # noqa: E402
 from tuner.measure.metrics import gbps  # noqa: E402
 
@@ -50,21 +48,19 @@ def main() -> None:
         host = m.build()
         for dtype in ("float64", "float32"):
             A = cusp.csr_matrix(host.astype(dtype))
-            variants = [(u, "int32", 1) for u in UNROLL] + [(1, "narrow", 1), (4, "narrow", 1)] + [
-                (4, i, r) for i in ("narrow", "int32") for r in ROWS[1:]]
-            configs = [(scalar, {"block_size": b, "unroll": u, "indices": i, "rows": r}) for u, i, r in variants
-                       for b in BLOCKS]
+            variants = [(u, "int32") for u in UNROLL] + [(1, "narrow"), (4, "narrow")]
+            configs = [(scalar, {"block_size": b, "unroll": u, "indices": i}) for u, i in variants for b in BLOCKS]
             configs += [(cusparse, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
             timed = time_interleaved(backend, configs, A, Reference.build(A, dtype).x, flush_l2=True, rounds=3,
                                      max_duration=0.1)
             seconds = [t.median_s for t, _ in timed]
             best = {v: min(s for (_, p), s in zip(configs, seconds, strict=False)
-                           if (p.get("unroll"), p.get("indices"), p.get("rows")) == v) for v in variants}
+                           if (p.get("unroll"), p.get("indices")) == v) for v in variants}
             base = min(seconds[-2:])
             print(f"{m.name:20s} {dtype}: " + "  ".join(
-                f"u{u}{'n' if i == 'narrow' else ''}{f'r{r}' if r > 1 else ''} {base / s:.3f}x "
-                f"{gbps(*A.shape, A.nnz, dtype, s) / copy:.0%}" for (u, i, r), s in best.items())
-                + f"  | u4n/u1 {best[(1, 'int32', 1)] / best[(4, 'narrow', 1)]:.3f}", flush=True)
+                f"u{u}{'n' if i == 'narrow' else ''} {base / s:.3f}x {gbps(*A.shape, A.nnz, dtype, s) / copy:.0%}"
+                for (u, i), s in best.items())
+                + f"  | u4n/u1 {best[(1, 'int32')] / best[(4, 'narrow')]:.3f}", flush=True)
 
 
 if __name__ == "__main__":

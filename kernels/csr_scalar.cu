@@ -1,5 +1,5 @@
 // csr_scalar: the textbook CSR kernel, one thread per row (baseline).
-// Instantiated per value type, unroll, columns and rows a thread: csr_scalar<double, 4, true, 1>, ...
+// Instantiated per value type, unroll and columns: csr_scalar<double, 4, true>, ...
 //
 // UNROLL: the first UNROLL entries of a row are loaded (predicated) before the first x is gathered, so a
 // thread has that many loads in flight where the plain loop has one entry's: on rows of a few entries the
@@ -11,44 +11,35 @@
 // (base[row] == -1) reads the CSR's int32 columns. Bytes an entry: 10 instead of 12 in float64, 6 instead of
 // 8 in float32, and 4 more a row.
 
-// The sums of ROWS rows, row r's entries start[r] .. end[r] - 1, the column of its entry k column(r, k): the
-// first UNROLL entries of every row loaded before the first x is gathered, then each row's others in order.
-// One call a kind of column, so that no branch splits the loads of the unrolled first entries.
-template <typename T, int UNROLL, int ROWS, typename Column>
-__device__ __forceinline__ void row_sums(const int (&start)[ROWS], const int (&end)[ROWS],
-                                         const T* __restrict__ data, const T* __restrict__ x, const Column column,
-                                         T (&sum)[ROWS])
+// The sum of entries j .. end - 1, the column of entry k column(k). One call a kind of column, so that no
+// branch splits the loads of the unrolled first entries.
+template <typename T, int UNROLL, typename Column>
+__device__ __forceinline__ T row_sum(int j, const int end, const T* __restrict__ data, const T* __restrict__ x,
+                                     const Column column)
 {
-    int col[ROWS][UNROLL];
-    T val[ROWS][UNROLL];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int k = start[r] + u;
-            const bool here = k < end[r];
-            col[r][u] = here ? column(r, k) : 0;
-            val[r][u] = here ? data[k] : T(0);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        sum[r] = 0;
+    T sum = 0;
+    if (UNROLL > 1) {
+        int col[UNROLL];
+        T val[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            if (start[r] + u < end[r]) sum[r] += val[r][u] * __ldg(&x[col[r][u]]);
+            const bool here = j + u < end;
+            col[u] = here ? column(j + u) : 0;
+            val[u] = here ? data[j + u] : T(0);
         }
-        for (int k = start[r] + UNROLL; k < end[r]; ++k) {
-            sum[r] += data[k] * __ldg(&x[column(r, k)]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (j + u < end) sum += val[u] * __ldg(&x[col[u]]);
         }
+        j += UNROLL;
     }
+    for (; j < end; ++j) {
+        sum += data[j] * __ldg(&x[column(j)]);
+    }
+    return sum;
 }
 
-// ROWS: a thread sums rows first, first + blockDim.x, ..., first + (ROWS-1) * blockDim.x (a block's rows stay
-// contiguous, its loads coalesced), their first entries all in flight at once: on an H200, whose bandwidth needs
-// more bytes in flight than a thread of one short row has, with every thread of an SM resident already.
-// A thread whose rows mix narrow and int32 columns sums them a row at a time.
-template <typename T, int UNROLL, bool NARROW, int ROWS>
+template <typename T, int UNROLL, bool NARROW>
 __global__ void csr_scalar(const int m,
                            const int* __restrict__ indptr,
                            const int* __restrict__ indices,
@@ -58,42 +49,14 @@ __global__ void csr_scalar(const int m,
                            const T* __restrict__ x,
                            T* __restrict__ y)
 {
-    const long long first = (long long)blockIdx.x * blockDim.x * ROWS + threadIdx.x;
-    int start[ROWS], end[ROWS], lowest[ROWS];
-    bool narrow = NARROW, wide = true;  // every row narrow (or past the end: no entries); every row int32
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        const long long row = first + (long long)r * blockDim.x;
-        const bool in = row < m;
-        start[r] = in ? indptr[row] : 0;
-        end[r] = in ? indptr[row + 1] : 0;
-        lowest[r] = !NARROW ? -1 : in ? base[row] : 0;
-        narrow = narrow && lowest[r] >= 0;
-        wide = wide && lowest[r] < 0;
-    }
-    T sum[ROWS];
-    if (NARROW && narrow) {
-        row_sums<T, UNROLL, ROWS>(start, end, data, x, [&](int r, int k) { return lowest[r] + (int)offsets[k]; },
-                                  sum);
-    } else if (wide) {
-        row_sums<T, UNROLL, ROWS>(start, end, data, x, [&](int, int k) { return indices[k]; }, sum);
+    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= m) return;
+    const int start = indptr[row];
+    const int end = indptr[row + 1];
+    const int lowest = NARROW ? base[row] : -1;
+    if (lowest >= 0) {
+        y[row] = row_sum<T, UNROLL>(start, end, data, x, [=](int k) { return lowest + (int)offsets[k]; });
     } else {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            const int s[1] = {start[r]}, e[1] = {end[r]};
-            T one[1];
-            const int low = lowest[r];
-            if (low >= 0) {
-                row_sums<T, UNROLL, 1>(s, e, data, x, [=](int, int k) { return low + (int)offsets[k]; }, one);
-            } else {
-                row_sums<T, UNROLL, 1>(s, e, data, x, [=](int, int k) { return indices[k]; }, one);
-            }
-            sum[r] = one[0];
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        const long long row = first + (long long)r * blockDim.x;
-        if (row < m) y[row] = sum[r];
+        y[row] = row_sum<T, UNROLL>(start, end, data, x, [=](int k) { return indices[k]; });
     }
 }

@@ -3,8 +3,8 @@
 Fast when rows are short and even; slow on long or uneven rows (one thread
 walks a whole row, and a warp waits for its longest row). ``unroll`` loads a
 row's first entries at once, ``indices`` reads a row's columns as 16-bit offsets
-where they span fewer than 65,536 (narrow columns, as csr_vector), ``rows`` gives a
-thread several rows whose first entries it loads at once (csr_scalar.cu says why).
+where they span fewer than 65,536 (narrow columns, as csr_vector; csr_scalar.cu
+says why).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from kernels._reference import RowSumReference
 from kernels._space import Param, Space
 
 UNROLL = (1, 2, 4, 8)
-ROWS = (1, 2, 4)
 
 
 class CsrScalar(RowSumReference, Family):
@@ -34,42 +33,31 @@ class CsrScalar(RowSumReference, Family):
         Param("unroll", UNROLL, 4, "entries of a row a thread loads before it gathers their x (more loads in "
               "flight on short rows; 1: the plain loop, what configs recorded before this parameter ran)"),
         indices_param("row"),
-        Param("rows", ROWS, 1, "rows a thread sums, a block apart, the first entries of all of them loaded at "
-              "once (more bytes in flight where every thread of an SM is resident already; 1: what configs "
-              "recorded before this parameter ran)"),
     ))
 
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
-        """The variant a race times beside a csr_scalar first (and a search measures second), where it pays on
-        some matrices and GPUs and not on others:
-
-        - in float64, int32 columns where it reads narrow ones: an entry's 12 bytes become 10, and whether that
-          pays for each row's base word depends on the rows and the GPU (probes at unroll 4: int32 7.5 % faster
-          on tallskinny's 2.5 entries a row on both GPUs, narrow 6 % faster on poisson2d on the H100 and 3 %
-          slower on the H200);
-        - in float32, where narrow was as fast or faster on every matrix probed, two rows a thread where it sums
-          one: a thread of a short float32 row has few bytes in flight (H100, 65172bd: tallskinny 90 % -> 94 %
-          of the copy bandwidth, poisson2d 96 % -> 92 %; in float64 one row was as fast or faster)."""
+        """In float64, the same config with int32 columns where it reads narrow ones: an entry's 12 bytes
+        become 10, and whether that pays for each row's base word depends on the rows and the GPU (probes at
+        unroll 4: int32 7.5 % faster on tallskinny's 2.5 entries a row on both GPUs, narrow 6 % faster on
+        poisson2d on the H100 and 3 % slower on the H200), so a race times both and a search measures both
+        first. In float32 (8 bytes an entry become 6) narrow was as fast or faster on every matrix probed."""
         config = self.space.validate(params, family=self.name)
-        if itemsize >= 8:
-            return {**config, "indices": "int32"} if config["indices"] == "narrow" else None
-        return {**config, "rows": 2} if config["rows"] == 1 else None
+        return {**config, "indices": "int32"} if itemsize >= 8 and config["indices"] == "narrow" else None
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return tuple(f"csr_scalar<{c_type(dtype)}, {u}, {n}, {r}>" for u in UNROLL for n in ("true", "false")
-                     for r in ROWS)
+        return tuple(f"csr_scalar<{c_type(dtype)}, {u}, {n}>" for u in UNROLL for n in ("true", "false"))
 
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
         narrow = "true" if attach(ex, p, A.indptr, A.indices) else "false"
-        ex["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {p['unroll']}, {narrow}, {p['rows']}>"]
+        ex["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {p['unroll']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         A, block = prepared.A, prepared.params["block_size"]
         m = prepared.shape[0]
         prepared.extra["kernel"](
-            (grid(-(-m // prepared.params["rows"]), block),), (block,),
+            (grid(m, block),), (block,),
             (np.int32(m), A.indptr, A.indices, *launch_columns(prepared.extra, A.indices), A.data, x, out),
         )
 

@@ -204,7 +204,7 @@ def test_verification_catches_a_dropped_entry_and_admits_subnormal_rounding():
 def test_enqueued_configs_are_measured_once_each_before_the_defaults(A, store, tmp_path):
     storage = open_storage(str(tmp_path / "j.log"))
     extra = [("csr_vector", {"threads_per_row": 2, "block_size": 64, "indices": "int32"}),
-             ("csr_scalar", {"block_size": 1024, "unroll": 2, "indices": "int32", "rows": 2}),
+             ("csr_scalar", {"block_size": 1024, "unroll": 2, "indices": "int32"}),
              ("csr_vector", {"threads_per_row": 32, "block_size": 1024, "indices": "narrow"})]
     first = run(A, store, storage, trials=len(REGISTRY) + len(extra) - 2, enqueue=extra)
     measured = [(t.kernel, t.params) for t in first.trials]

@@ -64,7 +64,7 @@ def test_unique_valid_keeps_the_first_of_each_config_and_drops_what_no_longer_va
     configs = [("csr_vector", {"threads_per_row": 4}), ("csr_vector", {"threads_per_row": 4, "block_size": 256}),
                ("csr_vector", {"threads_per_row": 3}), ("nope", {}), ("csr_scalar", {})]
     assert unique_valid(configs) == [("csr_vector", {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}),
-                                     ("csr_scalar", {"block_size": 256, "unroll": 4, "indices": "narrow", "rows": 1})]
+                                     ("csr_scalar", {"block_size": 256, "unroll": 4, "indices": "narrow"})]
 
 
 def test_a_study_measures_the_other_dtypes_best_first(tmp_path) -> None:
