@@ -27,6 +27,8 @@ from kernels._space import Param
 CU_FILE, KERNELS = "narrow.cu", ("narrow_offsets",)
 OFFSET_LIMIT = 1 << 16
 """A segment's columns are stored as offsets where its highest and lowest are fewer than this apart."""
+_MAX_BLOCKS = 4096
+"""Blocks of narrow_offsets at most (its warps stride over the segments): a few waves on a Hopper GPU."""
 _BASE_BYTES, _SAVED_BYTES = 4, 2
 """Bytes of a segment's base word; bytes an offset saves against an int32 column."""
 
@@ -84,7 +86,8 @@ def narrow_columns_on_gpu(ptr: Any, indices: Any) -> tuple[Any, Any] | None:
     base, offsets = cupy.empty(segments, dtype=np.int32), cupy.empty(indices.size, dtype=np.uint16)
     narrow_entries = cupy.zeros(1, dtype=np.uint64)
     kernel = get_kernels(CU_FILE, KERNELS)["narrow_offsets"]
-    kernel((grid(32 * segments, 256),), (256,), (np.int32(segments), ptr, indices, base, offsets, narrow_entries))
+    blocks = min(grid(32 * segments, 256), _MAX_BLOCKS)
+    kernel((blocks,), (256,), (np.int32(segments), ptr, indices, base, offsets, narrow_entries))
     return (base, offsets) if _pays(int(narrow_entries.get()[0]), segments) else None
 
 
