@@ -18,6 +18,23 @@ nonzeros:
 - ``bursts``: 90 % empty rows, the others in bursts of heavy-tailed lengths whose
   columns cluster around the burst's centre.
 
+Set ``b``, added at stop 37 after the selectors, the race and its rules were
+settled on set ``a`` (so nothing was tuned to them):
+
+- ``incidence``: the edge-by-vertex incidence matrix of a random graph, edges
+  in source order: tall (10 edges a vertex), exactly 2 entries a row;
+- ``hubcols``: square, 4 to 8 entries a row, columns drawn from a Zipf law and
+  scattered by a random permutation: a few x entries read by many rows;
+- ``diagonals``: 11 wrapped diagonals at random offsets (a circulant pattern):
+  equal rows, 11 streams of x far apart;
+- ``denserows``: 4,000 rows of 4,000 random columns out of 2 M: few, long,
+  equal rows of a very wide matrix;
+- ``sawtooth``: row lengths 1, 2, ..., 64 over and over, columns within 2,000
+  of the diagonal;
+- ``kkt``: a saddle-point matrix [[K, Bᵀ], [B, 0]], K the 7-point 3-D Laplacian,
+  B a quarter as many rows of 24 entries near a random centre: stencil rows,
+  ragged rows and an empty block.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (a fresh store each, made before the clock starts
@@ -32,7 +49,8 @@ its first plan(): CuPy keeps compiled kernels on disk, so a machine pays it
 once) and the copy-bandwidth probe (once a process) come first, and are
 reported apart (``compile_s``).
 
-    python bench/unseen.py --out bench/results            # both dtypes, every effort
+    python bench/unseen.py --out bench/results            # both sets, both dtypes, every effort
+    python bench/unseen.py --set b --effort predict race   # the set added at stop 37
     python bench/unseen.py --dtype float32 --effort race --only rgg,perm27 --scale 0.25
 """
 
@@ -162,6 +180,60 @@ def bursts(n: int, rng: np.random.Generator, filled: float = 0.1, tail: float = 
     return _csr(rows, np.clip(cols, 0, n - 1).astype(np.int64), (n, n), rng)
 
 
+def incidence(n: int, rng: np.random.Generator, ratio: int = 10) -> sp.csr_matrix:
+    """``ratio`` x n edges between random vertices, sorted by source: row e has +-1 at its two ends."""
+    u = np.sort(rng.integers(0, n, ratio * n))
+    v = (u + rng.integers(1, n, u.size)) % n
+    rows = np.repeat(np.arange(u.size), 2)
+    return _csr(rows, np.column_stack([u, v]).ravel(), (u.size, n), rng)
+
+
+def hubcols(n: int, rng: np.random.Generator, zipf: float = 1.1) -> sp.csr_matrix:
+    """4 to 8 entries a row, each column a Zipf(``zipf``) rank on [1, n] sent through a random permutation."""
+    degrees = rng.integers(4, 9, n)
+    s = 1.0 - zipf
+    rank = ((n**s - 1.0) * rng.random(int(degrees.sum())) + 1.0) ** (1.0 / s)
+    cols = rng.permutation(n)[np.minimum(rank.astype(np.int64) - 1, n - 1)]
+    return _csr(np.repeat(np.arange(n), degrees), cols, (n, n), rng)
+
+
+def diagonals(n: int, rng: np.random.Generator, k: int = 11) -> sp.csr_matrix:
+    """The main diagonal and k - 1 others at random offsets, wrapped around (column (i + offset) mod n)."""
+    offsets = np.concatenate([[0], rng.integers(1, n, k - 1)])
+    rows = np.repeat(np.arange(n), k)
+    return _csr(rows, (rows + np.tile(offsets, n)) % n, (n, n), rng)
+
+
+def denserows(rows: int, rng: np.random.Generator, cols: int = 2_000_000, length: int = 4000) -> sp.csr_matrix:
+    """``rows`` rows of ``length`` random columns (of ``cols``) each."""
+    return _csr(np.repeat(np.arange(rows), length), rng.integers(0, cols, rows * length), (rows, cols), rng)
+
+
+def sawtooth(n: int, rng: np.random.Generator, period: int = 64, width: int = 2000) -> sp.csr_matrix:
+    """Row i has (i mod ``period``) + 1 entries, columns uniform within ``width`` of i."""
+    lengths = np.arange(n) % period + 1
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.clip(rows + rng.integers(-width, width + 1, rows.size), 0, n - 1)
+    return _csr(rows, cols, (n, n), rng)
+
+
+def kkt(n: int, rng: np.random.Generator, constraint: int = 24) -> sp.csr_matrix:
+    """[[K, B^T], [B, 0]]: K the 7-point Laplacian on a side^3 grid (side^3 about n), B n // 4 rows of
+    ``constraint`` entries normal around a random centre (sd 1 % of K's rows, wrapped around)."""
+    side = max(2, round(n ** (1 / 3)))
+    path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(side, side), format="csr")
+    eye = sp.identity(side, format="csr")
+    K = (sp.kron(sp.kron(path, eye), eye) + sp.kron(sp.kron(eye, path), eye) + sp.kron(sp.kron(eye, eye), path))
+    m, size = max(1, side**3 // 4), side**3
+    rows = np.repeat(np.arange(m), constraint)
+    cols = np.floor(np.repeat(rng.random(m) * size, constraint) + rng.normal(0.0, 0.01 * size, rows.size)
+                    ).astype(np.int64) % size
+    B = _csr(rows, cols, (m, size), rng)
+    A = sp.bmat([[K, B.T], [B, None]], format="csr")
+    A.data = _values(rng, A.nnz)
+    return A
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1."""
@@ -170,6 +242,7 @@ class Unseen:
     build: Callable[..., sp.csr_matrix]
     size: int
     seed: int
+    group: str = "a"  # the set: "a" the first seven, "b" those added after the race's rules were settled
 
     def make(self, scale: float) -> sp.csr_matrix:
         size = max(8, round(self.size * (scale ** (1 / 3) if self.build is perm27 else scale)))
@@ -184,6 +257,12 @@ MATRICES = (
     Unseen("skyline", skyline, 1_000_000, 15),         # ~35 M
     Unseen("bursts", bursts, 24_000_000, 16),          # ~18 M
     Unseen("communities-large", communities, 8_000_000, 17),  # ~160 M
+    Unseen("incidence", incidence, 2_000_000, 21, "b"),        # ~40 M
+    Unseen("hubcols", hubcols, 4_000_000, 22, "b"),            # ~24 M
+    Unseen("diagonals", diagonals, 3_000_000, 23, "b"),        # ~33 M
+    Unseen("denserows", denserows, 4_000, 24, "b"),            # ~16 M
+    Unseen("sawtooth", sawtooth, 1_000_000, 25, "b"),          # ~32 M
+    Unseen("kkt", kkt, 1_000_000, 26, "b"),                    # ~19 M
 )
 
 
@@ -227,7 +306,7 @@ def cold_times(backend: GpuBackend, fns: list[Callable[[], object]], *, rounds: 
     return [float(np.median(p)) for p in per]
 
 
-def bench_one(backend: GpuBackend, name: str, A_host: sp.csr_matrix, dtype: str, efforts: list[str],
+def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype: str, efforts: list[str],
               trials: int, warm_up: dict[str, Any]) -> list[dict[str, Any]]:
     import cupyx.scipy.sparse as cusp
 
@@ -245,8 +324,8 @@ def bench_one(backend: GpuBackend, name: str, A_host: sp.csr_matrix, dtype: str,
     outs = [backend.cp.empty(A.shape[0], dtype=dtype) for _ in base]
     fns = [lambda p=p, o=o: cus.run(p, x, o) for p, o in zip(base, outs, strict=True)]
     y_ref = cus.run(base[0], x).copy()
-    info = {"matrix": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz, "dtype": dtype,
-            "compile_s": compile_s, "upload_s": upload_s}
+    info = {"matrix": matrix.name, "set": matrix.group, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
+            "dtype": dtype, "compile_s": compile_s, "upload_s": upload_s}
     return [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up) for effort in efforts]
 
 
@@ -287,17 +366,25 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
 
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """Per dtype and effort: the ratios' geomean and lowest, the cost's median and highest; over every matrix
+    run, then over each set where more than one was run."""
+    sets = sorted({r.get("set", "a") for r in rows})
     out = []
-    for dtype in sorted({r["dtype"] for r in rows}):
-        for effort in EFFORTS:
-            mine = [r for r in rows if r["dtype"] == dtype and r["effort"] == effort]
-            if not mine:
-                continue
-            ratios = np.array([r["ratio_to_cusparse"] for r in mine])
-            spmvs = np.array([r["plan_spmvs"] for r in mine])
-            out.append(f"{dtype} {effort:8s}: geomean {np.exp(np.log(ratios).mean()):.3f}x, lowest {ratios.min():.3f}x "
-                       f"({len(mine)} matrices); cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}")
+    for group in ["all", *sets] if len(sets) > 1 else sets:
+        for dtype in sorted({r["dtype"] for r in rows}):
+            for effort in EFFORTS:
+                mine = [r for r in rows if r["dtype"] == dtype and r["effort"] == effort
+                        and group in ("all", r.get("set", "a"))]
+                if mine:
+                    out.append(f"set {group:3s} {_line(dtype, effort, mine)}")
     return out
+
+
+def _line(dtype: str, effort: str, mine: list[dict[str, Any]]) -> str:
+    ratios = np.array([r["ratio_to_cusparse"] for r in mine])
+    spmvs = np.array([r["plan_spmvs"] for r in mine])
+    return (f"{dtype} {effort:8s}: geomean {np.exp(np.log(ratios).mean()):.3f}x, lowest {ratios.min():.3f}x "
+            f"({len(mine)} matrices); cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}")
 
 
 def main() -> None:
@@ -307,11 +394,12 @@ def main() -> None:
     ap.add_argument("--effort", nargs="+", default=list(EFFORTS), choices=EFFORTS)
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
+    ap.add_argument("--set", nargs="+", default=["a", "b"], choices=["a", "b"], help="which sets of matrices")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")
     args = ap.parse_args()
-    chosen = [m for m in MATRICES if not args.only or m.name in args.only.split(",")]
+    chosen = [m for m in MATRICES if m.group in args.set and (not args.only or m.name in args.only.split(","))]
     backend = GpuBackend()
     env = environment(backend)
     start = time.perf_counter()
@@ -329,11 +417,11 @@ def main() -> None:
     # every matrix generated before the first is measured: generators running beside plan() took CPU from
     # it (its steps on the host ran up to twice as long)
     with cf.ProcessPoolExecutor(args.workers) as pool:
-        matrices = [(m.name, A) for m, A in zip(chosen, pool.map(functools.partial(Unseen.make, scale=args.scale),
+        matrices = [(m, A) for m, A in zip(chosen, pool.map(functools.partial(Unseen.make, scale=args.scale),
                                                                   chosen), strict=True)]
-    for name, A in matrices:
+    for matrix, A in matrices:
         for dtype in args.dtype:
-            rows += bench_one(backend, name, A, dtype, args.effort, args.trials, warm_up)
+            rows += bench_one(backend, matrix, A, dtype, args.effort, args.trials, warm_up)
         (out / f"{stem}.json").write_text(json.dumps(
             {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
     print("\n".join(summary(rows)))
