@@ -134,7 +134,7 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     # where their features say so, and not without features
     unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm")]
     assert [e.kernel for e in shortlist(unranked, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
-    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "npr_mean": 27.0}
+    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0}
     entrants = shortlist(unranked, size=2, features=scattered, itemsize=4)
     assert [e.kernel for e in entrants] == ["nut", "csr_vector", "rcm", "cusparse", "cusparse"]
     # Rcm.unranked_config, float32, costly to prepare as its family says

@@ -121,13 +121,17 @@ def test_a_race_enters_it_only_on_square_regular_scattered_matrices():
                                                      + sp.csr_matrix(([1.0] * 3000, ([5] * 3000, range(3000))),
                                                                      shape=(3000, 3000))), seed=3))
     assert heavy["npr_cv"] > 1 and f.unranked_config(heavy, 8) is None  # a heavy row: not csr_vector's
+    hub = extract_features(_shuffled(sp.csr_matrix(_random_graph(3000, 4, seed=7)
+                                                   + sp.csr_matrix(([1.0] * 3000, (range(3000), [5] * 3000)),
+                                                                   shape=(3000, 3000))), seed=8))
+    assert hub["npr_cv"] < 1 < hub["col_cv"] and f.unranked_config(hub, 8) is None  # a column every row reads
     assert f.unranked_config(None, 8) is None
 
 
 def test_a_race_gives_it_the_fewest_threads_whose_first_loads_cover_a_row():
     """27 entries a row (perm27): a lane's first loads are 4 doubles or 8 floats, so 8 threads in float64 and
     4 in float32 cover the row in one batch each (probe E on the H200: 1.62x and 2.27x cuSPARSE)."""
-    features = {"rows": 1e6, "cols": 1e6, "cf_128": 1.0, "npr_cv": 0.07, "npr_mean": 26.6}
+    features = {"rows": 1e6, "cols": 1e6, "cf_128": 1.0, "npr_cv": 0.07, "col_cv": 0.07, "npr_mean": 26.6}
     f = Rcm()
     assert f.unranked_config(features, 8) == {"threads_per_row": 8, "block_size": 256, "indices": "narrow"}
     assert f.unranked_config(features, 4) == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}

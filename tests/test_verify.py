@@ -137,10 +137,9 @@ def test_gpu_queued_timing_brackets_each_product() -> None:
 
 @pytest.mark.gpu
 def test_gpu_queued_cold_timing_of_short_products_keeps_host_time_out() -> None:
-    """The spin before a product runs only where the GPU has caught up with the host: a product of ~20 us
-    (one elementwise kernel: a launch of a few us), queued cold 20 times, times as it does alone with a spin
-    before every product. (Not a CuPy reduction: its launch outlasts the spin, and the lone timing counts
-    it, where the queue hides it.)"""
+    """A product of ~20 us (one elementwise kernel: a launch of a few us), queued cold 20 times behind the
+    gates, times as it does alone with a spin before every product. (Not a CuPy reduction: its launch
+    outlasts the spin, and the lone timing counts it, where the gate hides it.)"""
     import cupy
 
     from tuner.measure.backend import GpuBackend
@@ -153,6 +152,60 @@ def test_gpu_queued_cold_timing_of_short_products_keeps_host_time_out() -> None:
     alone = backend.time(fn, repeats=20, flush_l2=True).median_s
     queued = np.median(backend.time_queued([fn, fn], repeats=10, flush_l2=True))
     assert 0.8 < queued / alone < 1.25
+
+
+@pytest.mark.gpu
+def test_gpu_queued_timing_keeps_a_slow_host_out() -> None:
+    """A host that takes 2 ms before each launch (a busy host; the GIL held by another thread): the gate holds
+    the stream until the products are queued, so they time as the same product launched at once does, not
+    2 ms each."""
+    import time
+
+    import cupy
+
+    from tuner.measure.backend import GpuBackend
+
+    backend = GpuBackend()
+    a = cupy.ones(1 << 23, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+    fast = lambda: cupy.multiply(a, 1.5, out=b)  # noqa: E731
+
+    def slow() -> None:
+        time.sleep(0.002)
+        fast()
+
+    fast()
+    alone = backend.time(fast, repeats=20, flush_l2=True).median_s
+    queued = backend.time_queued([slow, fast, slow], repeats=6, flush_l2=True)
+    assert [len(s) for s in queued] == [6, 6, 6]
+    assert 0.8 < np.median(queued) / alone < 1.25 and max(map(max, queued)) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_queued_timing_of_a_product_that_waits_on_the_gpu_falls_back(monkeypatch) -> None:
+    """A product that synchronizes holds the gate until it times out; its samples would count host time,
+    so every product is timed again one at a time, and the next call's gates are clean."""
+    import cupy
+
+    import tuner.measure.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "GATE_TIMEOUT_NS", 20_000_000)
+    backend = backend_module.GpuBackend()
+    a = cupy.ones(1 << 23, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+    fast = lambda: cupy.multiply(a, 1.5, out=b)  # noqa: E731
+
+    def waits() -> None:
+        fast()
+        cupy.cuda.Device().synchronize()
+
+    fast()
+    alone = backend.time(fast, repeats=20, flush_l2=True).median_s
+    fell_back = backend.time_queued([fast, waits], repeats=4, flush_l2=True)
+    assert backend_module._gate_flags()[0, 1] == 1  # the gate timed out
+    assert [len(s) for s in fell_back] == [4, 4] and 0.8 < np.median(fell_back[0]) / alone < 1.25
+    clean = backend.time_queued([fast], repeats=4, flush_l2=True)
+    assert backend_module._gate_flags()[0, 1] == 0 and 0.8 < np.median(clean) / alone < 1.25
 
 
 @pytest.mark.gpu

@@ -31,6 +31,25 @@ extern "C" __global__ void spin_cycles(long long cycles) {
 }
 """
 
+GATE_PRODUCTS = 16
+"""Products :meth:`GpuBackend.time_queued` queues behind one gate: a few launches each, well within the depth of
+the launch queue (were it full, the host would wait on the GPU while the GPU waits on the host)."""
+GATE_SLOTS = 64
+"""Gates a process's pinned flags hold; a queue of more waits for the GPU after every ``GATE_SLOTS`` of them."""
+GATE_TIMEOUT_NS = 500_000_000
+"""How long a gate holds the stream at most (ns): a product that waits on the GPU itself would hold it forever."""
+_GATE = r"""
+extern "C" __global__ void wait_for_host(volatile int* flag, unsigned long long timeout_ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        if (flag[0] != 0) return;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < timeout_ns);
+    flag[1] = 1;  // timed out: the products behind it may have waited on the host
+}
+"""
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -161,12 +180,17 @@ class GpuBackend(Backend):
         not the Python that launches it, which ``cupyx.profiler.benchmark`` counts
         for kernels of a few microseconds.
         """
-        cp = self.cp
-        before = self._flush_l2 if flush_l2 else self._spin
         for _ in range(3):
             fn()
+        return Timing.from_samples(np.asarray(self._samples(fn, repeats, flush_l2, max_duration)))
+
+    def _samples(self, fn: Callable[[], object], repeats: int, flush_l2: bool,
+                 max_duration: float = float("inf")) -> list[float]:
+        """Seconds of each of ``repeats`` products, one at a time (at least 5, then until ``max_duration``)."""
+        cp = self.cp
+        before = self._flush_l2 if flush_l2 else self._spin
         start, end = cp.cuda.Event(), cp.cuda.Event()
-        samples = []
+        samples: list[float] = []
         deadline = time.perf_counter() + max_duration
         for i in range(repeats):
             before(i)
@@ -177,7 +201,7 @@ class GpuBackend(Backend):
             samples.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
             if time.perf_counter() > deadline and len(samples) >= 5:
                 break
-        return Timing.from_samples(np.asarray(samples))
+        return samples
 
     def _flush_l2(self, i: int, *, spin: bool = True) -> None:
         flush = _flush_buffer(self.cp.cuda.Device().id, self.info.l2_bytes)
@@ -194,29 +218,40 @@ class GpuBackend(Backend):
 
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
                     flush_l2: bool = False) -> list[list[float]]:
-        """CUDA events around every product, all recorded before one wait at the end. The spins that keep the
-        host's launches out of a product's time run only where the GPU has caught up with the host (the last
-        product's end event has passed): behind a queue the product waits anyway. In a race of fast products
-        (100 us) they were a third of the GPU's time."""
+        """CUDA events around every product, queued behind gates and waited for once at the end. A gate is a
+        kernel that holds the stream until the host has queued the next :data:`GATE_PRODUCTS` products (it
+        sets a flag in pinned memory), so they run back to back and no host time falls between a product's
+        events, however slow the host is. (Before, a spin after each flush had to outlast the host's next
+        launch: on a busy host it did not, and a race on the H100 timed cuSPARSE 1.5-2x slow and picked a
+        config 0.9x cuSPARSE's speed.) Where a gate timed out (a product that waits on the GPU itself holds
+        it), the products are timed again one at a time, as :meth:`time` times them."""
         cp = self.cp
-        marks = []
-        end = None
-        for i, fn in enumerate(fns):
-            if not flush_l2 and (end is None or end.done):  # a flush fills the queue before every product
-                self._spin(i, cycles=SPIN_CYCLES * repeats // 2)
-            events = []
-            for r in range(repeats):
+        queue = [(i, r) for i in range(len(fns)) for r in range(repeats)]
+        events: list[list[tuple[Any, Any]]] = [[] for _ in fns]
+        flags = _gate_flags()
+        end, used, timed_out = None, 0, False
+        for k, at in enumerate(range(0, len(queue), GATE_PRODUCTS)):
+            slot, used = k % GATE_SLOTS, min(k + 1, GATE_SLOTS)
+            if slot == 0 and end is not None:  # every slot used: wait for the gates behind them to pass
+                end.synchronize()
+                timed_out |= bool(flags[:, 1].any())
+            flags[slot] = 0
+            _gate_kernel()((1,), (1,), (np.uint64(flags[slot:].ctypes.data), np.uint64(GATE_TIMEOUT_NS)))
+            for i, r in queue[at:at + GATE_PRODUCTS]:
                 if flush_l2:
-                    self._flush_l2(r, spin=end is None or end.done)
+                    self._flush_l2(r, spin=False)
                 start, end = cp.cuda.Event(), cp.cuda.Event()
                 start.record()
-                fn()
+                fns[i]()
                 end.record()
-                events.append((start, end))
-            marks.append(events)
-        if marks and marks[-1]:
-            marks[-1][-1][1].synchronize()
-        return [[cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in events] for events in marks]
+                events[i].append((start, end))
+            flags[slot, 0] = 1
+        if end is None:
+            return [[] for _ in fns]
+        end.synchronize()
+        if timed_out or flags[:used, 1].any():
+            return [self._samples(fn, repeats, flush_l2) for fn in fns]
+        return [[cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in mine] for mine in events]
 
     def copy_bandwidth_gbs(self) -> float:
         device = self.cp.cuda.Device().id
@@ -260,6 +295,19 @@ def _flush_buffer(ordinal: int, l2_bytes: int) -> Any:
 @functools.cache
 def _spin_kernel() -> Any:
     return require_cupy().RawKernel(_SPIN, "spin_cycles")
+
+
+@functools.cache
+def _gate_kernel() -> Any:
+    return require_cupy().RawKernel(_GATE, "wait_for_host")
+
+
+@functools.cache
+def _gate_flags() -> np.ndarray:
+    """The gates' flags (released, timed out), a row a gate, in pinned host memory: one buffer a process. Under
+    unified addressing a kernel reads pinned host memory at the host's own address."""
+    memory = require_cupy().cuda.alloc_pinned_memory(GATE_SLOTS * 2 * 4)
+    return np.frombuffer(memory, dtype=np.int32, count=GATE_SLOTS * 2).reshape(GATE_SLOTS, 2)
 
 
 class CpuReferenceBackend(Backend):
