@@ -16,6 +16,7 @@ from tuner.execute.race import (
     BASELINE_ENTRANTS,
     CHEAP_SPMVS,
     DEFAULT_ENTRANTS,
+    EARLY_SPMVS,
     ROOF,
     STUDY,
     Entrant,
@@ -24,6 +25,7 @@ from tuner.execute.race import (
     record_race,
     search_seeds,
     shortlist,
+    waits,
 )
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import CpuReferenceBackend
@@ -127,7 +129,8 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     entrants = shortlist(ranking, size=2)
     assert [e.kernel for e in entrants] == ["nut", "csr_vector", "csr5", "cusparse", "cusparse"]
     assert entrants[2].params == get_family("csr5").space.defaults() and entrants[2].expected_s is None
-    assert entrants[2].prepare_spmvs == get_family("csr5").prepare_spmvs > CHEAP_SPMVS  # it waits for the roof
+    assert CHEAP_SPMVS < entrants[2].prepare_spmvs == get_family("csr5").prepare_spmvs <= EARLY_SPMVS
+    assert not waits(entrants[2])  # costlier than predict's bound, yet raced from the first round
     assert get_family("merge_path").unranked_config({}, 8) is None
     assert [e.kernel for e in shortlist(RANKING, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
     # a family that races only on some matrices (rcm: square, regular rows, scattered gathers of x) races
@@ -268,10 +271,15 @@ def test_a_cheap_entrant_at_the_roof_leaves_the_costly_ones_unprepared(A, floor_
         once = race(backend, A, entrants, ref, ref.x, floor_s=floor_s, rounds=1)
         assert backend.rounds == [2, 1] and all(lap.result.ok for lap in once.laps)
     # two waiting: the cheaper to prepare joins first; at the roof then, the other is never prepared
-    backend = Scripted({"csr_vector": 1.0, "cusparse": 1.04, "nut": 0.8, "csr5": 0.55})
-    csr5 = Entrant("csr5", {}, prepare_spmvs=15.0)
-    result = race(backend, A, [nut, csr5, *entrants[1:]], ref, ref.x, floor_s=0.5)
-    assert backend.rounds == [2, 1] and result.skipped == [nut] and result.winner.entrant is csr5
+    backend = Scripted({"csr_vector": 1.0, "cusparse": 1.04, "nut": 0.8, "specsum": 0.55})
+    specsum = Entrant("specsum", {}, prepare_spmvs=15.0)
+    result = race(backend, A, [nut, specsum, *entrants[1:]], ref, ref.x, floor_s=0.5)
+    assert backend.rounds == [2, 1] and result.skipped == [nut] and result.winner.entrant is specsum
+    # csr5 (its family's EARLY_SPMVS or fewer) races from the first round: at the roof it still runs and wins
+    backend = Scripted({"csr_vector": 1.0, "cusparse": 1.04, "nut": 0.8, "csr5": 0.85})
+    csr5 = Entrant("csr5", {}, prepare_spmvs=get_family("csr5").prepare_spmvs)
+    result = race(backend, A, [nut, csr5, *entrants[1:]], ref, ref.x, floor_s=0.9)
+    assert backend.rounds[0] == 3 and result.skipped == [nut] and result.winner.entrant is csr5
     # no expected preparation (no selector, or a family it does not rank): raced as before, whatever the roof
     unranked = race(CpuReferenceBackend(), A, shortlist(None, size=3), ref, ref.x, floor_s=1.0)
     assert [lap.entrant for lap in unranked.laps] == shortlist(None, size=3) and not unranked.skipped

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from tuner.measure.verify import Reference
     from tuner.select.model import RankedConfig
 
-__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "ROOF", "SEED_CONFIGS", "STUDY", "Entrant", "Lap",
-           "RaceResult", "adapted", "race", "record_race", "search_seeds", "shortlist", "waits"]
+__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "ROOF", "SEED_CONFIGS", "STUDY",
+           "Entrant", "Lap", "RaceResult", "adapted", "race", "record_race", "search_seeds", "shortlist", "waits"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -61,11 +61,17 @@ CHEAP_SPMVS = 5.0
 """A preparation expected within this many SpMVs is cheap: ``plan(effort="predict")`` runs only those, and
 a race always has the first of them."""
 
+EARLY_SPMVS = 8.0
+"""An entrant expected to prepare within this many SpMVs races from the first round; a costlier one waits for
+the roof (:func:`race`, :data:`ROOF`). csr5 (:attr:`kernels.csr5.Csr5.prepare_spmvs`, 0.6-1.0 ms) is one of
+the first: on the unseen sawtooth in float32 (H100, 5c8b474) csr_vector at 80 % of the copy bandwidth put the
+race at the roof and left csr5 waiting, which in the race before had won at 1.33x cuSPARSE against 1.12x."""
+
 ROOF = 0.80
 """An entrant that moves a product's compulsory bytes (:func:`tuner.measure.metrics.effective_bytes`, 4-byte
 columns) at this fraction of the copy bandwidth or more is at the roof: the race then leaves out the entrants
 still waiting that are expected to be costly to prepare (:func:`race`). Every family that is (NuT, IPCSR, SURAA,
-specsum, csr5, rcm) reads at least those bytes but for its narrow columns, so none could win by much more than
+specsum, rcm) reads at least those bytes but for its narrow columns, so none could win by much more than
 1 / ROOF, and their preparations cost more SpMVs than the products they might save (NuT's 5-9 ms on matrices
 of 24-40 M nonzeros, where a product takes 70-190 us). In the 519 races of the unseen benchmark's runs of
 2026-11-26 (both GPUs), a costly entrant won by 3 % or more only where the cheap leader was at 72.5 % of the copy
@@ -168,7 +174,7 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     registry after it was trained: it cannot be ranked, so it is measured), or the config its family races on a
     matrix of these ``features`` with values of ``itemsize`` bytes (:meth:`kernels.Family.unranked_config`: rcm
     only where renumbering can pay), with what its family says a preparation costs
-    (:attr:`kernels.Family.prepare_spmvs`: csr5's and rcm's wait for the roof in :func:`race`). cuSPARSE's
+    (:attr:`kernels.Family.prepare_spmvs`: rcm's waits for the roof in :func:`race`, csr5's does not). cuSPARSE's
     configs in the ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
     """
@@ -299,7 +305,7 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Reference, x: Any, *,
          repeats: int = 2, rounds: int = 2, drop: float = 1.05, margin: float = MARGIN,
-         floor_s: float | None = None, cheap: float = CHEAP_SPMVS,
+         floor_s: float | None = None, early: float = EARLY_SPMVS,
          on_lap: Callable[[Lap], None] | None = None) -> RaceResult:
     """Prepare, check and time every entrant on ``A`` (on ``backend``'s device; ``x`` is ``reference.x``
     there); the winner stays prepared, the others are released.
@@ -313,11 +319,11 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
 
     ``floor_s``: the product's compulsory bytes at the copy bandwidth. Where given, the entrants expected to
-    prepare in more than ``cheap`` SpMVs wait: the others (cuSPARSE's always, and those with no expectation)
+    prepare in more than ``early`` SpMVs wait: the others (cuSPARSE's always, and those with no expectation)
     are prepared and timed in a first round; then the waiting ones join one at a time, the cheapest to
     prepare first, each timed as it joins, until the fastest so far takes at most ``floor_s / ROOF``
-    (:data:`ROOF`): those still waiting are left out unprepared (``skipped``): csr5 (about 1 ms) goes before NuT
-    (8 ms), and where csr5 is at the roof NuT is never prepared.
+    (:data:`ROOF`): those still waiting are left out unprepared (``skipped``): specsum (about 10 SpMVs) goes
+    before NuT (8 ms), and where csr5, raced from the first round, is at the roof neither is prepared.
     """
     seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
     laps: list[Lap] = []
@@ -353,7 +359,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         seconds["time"] += time.perf_counter() - start
         return leader
 
-    costly = sorted((e for e in entrants if floor_s is not None and waits(e, cheap)), key=lambda e: e.prepare_spmvs)
+    costly = sorted((e for e in entrants if floor_s is not None and waits(e, early)), key=lambda e: e.prepare_spmvs)
     enter([e for e in entrants if not any(e is c for c in costly)])
     skipped: list[Entrant] = []
     screened = bool(costly and ready)  # the screening round counts as the first
@@ -388,10 +394,10 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     return RaceResult(laps, laps[win] if win is not None else None, prepared, seconds, skipped=skipped)
 
 
-def waits(entrant: Entrant, cheap: float = CHEAP_SPMVS) -> bool:
-    """Whether :func:`race` holds ``entrant`` back until the cheap entrants are timed: it is expected to prepare
-    in more than ``cheap`` SpMVs (never cuSPARSE)."""
-    return entrant.kernel != BASELINE and entrant.prepare_spmvs is not None and entrant.prepare_spmvs > cheap
+def waits(entrant: Entrant, early: float = EARLY_SPMVS) -> bool:
+    """Whether :func:`race` holds ``entrant`` back until the others are timed: it is expected to prepare in more
+    than ``early`` SpMVs (never cuSPARSE)."""
+    return entrant.kernel != BASELINE and entrant.prepare_spmvs is not None and entrant.prepare_spmvs > early
 
 
 def _runner(backend: Backend, kernel: str, prepared: Prepared, out: Any, x: Any) -> Callable[[], object]:

@@ -208,7 +208,7 @@ class GpuBackend(Backend):
         # The driver's memset: 35 us for 100 MB on an H100 (a fill() writes a byte a thread: 470 us). Then a
         # spin, so that the host has queued the product before the GPU gets to it, even on a busy host (on the
         # memset alone, one race timed a 95 us product at 120 us, where host time falls in the sample);
-        # ``spin=False`` where the GPU is still busy with work queued before (the product waits behind it).
+        # ``spin=False`` behind a gate (:meth:`time_queued`: the product is queued before the GPU gets to it).
         self.cp.cuda.runtime.memsetAsync(flush.data.ptr, i & 0xFF, flush.nbytes, self.cp.cuda.get_current_stream().ptr)
         if spin:
             self._spin(i)
