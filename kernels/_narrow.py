@@ -64,6 +64,13 @@ def reference_columns(extra: Mapping[str, Any], ptr: np.ndarray, indices: np.nda
 def narrow_columns(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(base, offsets) of the segments ``ptr`` delimits over ``indices`` (int32 and uint16), or None where
     they do not pay (the reference)."""
+    base, offsets, narrow_entries = encode(ptr, indices)
+    return (base, offsets) if _pays(narrow_entries, ptr.size - 1) else None
+
+
+def encode(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Every segment's base (-1 where it is wide), the offsets (0 in wide segments) and the entries of the
+    narrow segments, whether they pay or not (the reference of :func:`encode_on_gpu`)."""
     segments = ptr.size - 1
     lengths = np.diff(ptr)
     filled = lengths > 0
@@ -72,23 +79,35 @@ def narrow_columns(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np
         lo[filled] = np.minimum.reduceat(indices, ptr[:-1][filled])
         hi[filled] = np.maximum.reduceat(indices, ptr[:-1][filled])
     fits = hi - lo < OFFSET_LIMIT
-    if not _pays(int(lengths[fits].sum()), segments):
-        return None
     owner = np.repeat(np.arange(segments), lengths)
     offsets = np.where(fits[owner], indices - lo[owner], 0).astype(np.uint16)
-    return np.where(fits, lo, -1).astype(np.int32), offsets
+    return np.where(fits, lo, -1).astype(np.int32), offsets, int(lengths[fits].sum())
 
 
 def narrow_columns_on_gpu(ptr: Any, indices: Any) -> tuple[Any, Any] | None:
     """The same on the GPU (CuPy arrays, one read-back: whether they pay)."""
+    base, offsets, narrow_entries = encode_on_gpu(ptr, indices)
+    return (base, offsets) if _pays(narrow_entries, ptr.size - 1) else None
+
+
+def encode_on_gpu(ptr: Any, indices: Any, lanes: int | None = None) -> tuple[Any, Any, int]:
+    """``narrow_offsets``: every segment's base, the offsets (unwritten in wide segments) and the entries of
+    the narrow segments; ``lanes`` threads a segment (default :func:`group_lanes`)."""
     cupy = require_cupy()
     segments = ptr.size - 1
     base, offsets = cupy.empty(segments, dtype=np.int32), cupy.empty(indices.size, dtype=np.uint16)
     narrow_entries = cupy.zeros(1, dtype=np.uint64)
     kernel = get_kernels(CU_FILE, KERNELS)["narrow_offsets"]
-    blocks = min(grid(32 * segments, 256), _MAX_BLOCKS)
-    kernel((blocks,), (256,), (np.int32(segments), ptr, indices, base, offsets, narrow_entries))
-    return (base, offsets) if _pays(int(narrow_entries.get()[0]), segments) else None
+    lanes = group_lanes(indices.size, segments) if lanes is None else lanes
+    blocks = min(grid(lanes * segments, 256), _MAX_BLOCKS)
+    kernel((blocks,), (256,), (np.int32(segments), np.int32(lanes), ptr, indices, base, offsets, narrow_entries))
+    return base, offsets, int(narrow_entries.get()[0])
+
+
+def group_lanes(entries: int, segments: int) -> int:
+    """Threads ``narrow_offsets`` gives a segment: the power of 2 (1 to 32) that covers the mean segment."""
+    mean = entries / max(segments, 1)
+    return next((lanes for lanes in (1, 2, 4, 8, 16) if lanes >= mean), 32)
 
 
 def columns(ptr: np.ndarray, base: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 from kernels import get_family
-from kernels._narrow import OFFSET_LIMIT, narrow_columns
+from kernels._narrow import OFFSET_LIMIT, encode, group_lanes, narrow_columns
 from kernels.csr5 import OMEGA, tile_bounds
 from kernels.rcm import renumbered
 from tests.kernel_cases import gpu_runs
@@ -131,6 +131,47 @@ def test_gpu_encodes_the_columns_as_the_reference_does(family, params, dtype):
         narrow = np.repeat(base, np.diff(_segments(family, cpu))) >= 0
         np.testing.assert_array_equal(gpu.extra["offsets"].get()[narrow], cpu.extra["offsets"][narrow])
         np.testing.assert_allclose(y, expected, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
+
+
+def test_a_segment_gets_the_fewest_threads_that_cover_the_mean_one():
+    assert [group_lanes(n, 100) for n in (0, 100, 150, 200, 400, 401, 1600, 3200, 10**6)] == \
+        [1, 1, 2, 2, 4, 8, 16, 32, 32]
+    assert group_lanes(0, 0) == 1
+
+
+def _short(mean: int, seed: int) -> sp.csr_matrix:
+    """5,000 rows of 1 to 2 x mean - 1 entries (a tenth empty, three of 30 x mean) near 40 x row, and a fifth
+    of the rows with one entry far off (wide)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.where(rng.random(5000) < 0.1, 0, rng.integers(1, max(2, 2 * mean), 5000))
+    lengths[[7, 2500, 4999]] = 30 * mean
+    rows = np.repeat(np.arange(5000), lengths)
+    cols = np.minimum(40 * rows + rng.integers(0, 4000, rows.size), COLS - 1)
+    far = rng.random(rows.size) < 0.2 / np.maximum(np.repeat(lengths, lengths), 1)
+    cols[far] = (cols[far] + 2 * OFFSET_LIMIT) % COLS
+    return as_csr(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(5000, COLS)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mean", [1, 2, 3, 6, 12, 40])
+def test_gpu_groups_of_any_size_encode_segments_as_the_reference_does(mean):
+    """narrow_offsets with 1 to 32 threads a segment (group_lanes picks by the mean: 1 to 32 here), long rows
+    among short ones taking the group's loop: the same base, offsets and count of narrow entries as the
+    reference."""
+    import cupy
+
+    from kernels._narrow import encode_on_gpu
+
+    A = _short(mean, seed=mean)
+    base, offsets, narrow_entries = encode(A.indptr, A.indices)
+    assert (base == -1).any() and (base >= 0).any()
+    narrow = np.repeat(base, np.diff(A.indptr)) >= 0
+    ptr, indices = cupy.asarray(A.indptr), cupy.asarray(A.indices)
+    for lanes in (1, 2, 4, 8, 16, 32):
+        gpu = encode_on_gpu(ptr, indices, lanes)
+        np.testing.assert_array_equal(gpu[0].get(), base)
+        np.testing.assert_array_equal(gpu[1].get()[narrow], offsets[narrow])
+        assert gpu[2] == narrow_entries
 
 
 @pytest.mark.gpu
