@@ -25,6 +25,7 @@ from tuner.execute.race import (
     record_race,
     search_seeds,
     shortlist,
+    unranked_entrants,
     waits,
 )
 from tuner.matrix.io import as_csr
@@ -353,6 +354,23 @@ def test_a_first_entrant_costly_to_prepare_races_fitted_only_and_a_search_seeds_
     seeds = search_seeds([ranked("nut", params, 1e-3, 150.0), *KNOWN], size=1, cols=8_000_000, itemsize=8,
                          l2_bytes=l2)
     assert [p["slabs"] for k, p in seeds if k == "nut"] == [1, 4]
+
+
+def test_a_search_also_measures_first_what_a_race_enters_unranked() -> None:
+    """The families a selector does not rank (csr5, and rcm where its features say it can pay) are what a race
+    enters beside the ranking; a search seeded from that ranking measures them too, after the ranked ones."""
+    ranking = [ranked("csr_vector", {"threads_per_row": 2}, 1.0, 0.5), ranked("nut", {}, 1.2, 150.0)]
+    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0}
+    seeds = search_seeds(ranking, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20, features=scattered)
+    unranked = [(e.kernel, e.params) for e in unranked_entrants(ranking, scattered, 4)]
+    assert {k for k, _ in unranked} >= {"csr5", "rcm"} and seeds == [
+        ("csr_vector", ranking[0].params), ("nut", ranking[1].params), *unranked]
+    assert ("csr5", get_family("csr5").unranked_config(scattered, 4)) in seeds
+    without = search_seeds(ranking, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20)
+    assert ("csr5", get_family("csr5").space.defaults()) in without and "rcm" not in [k for k, _ in without]
+    assert search_seeds(None, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20, features=scattered) == []
+    assert [k for k, _ in search_seeds(KNOWN, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20,
+                                       features=scattered)] == [KNOWN[0].kernel, KNOWN[1].kernel]
 
 
 def test_a_csr_scalar_first_races_beside_its_int32_variant_in_float64() -> None:

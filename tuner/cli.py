@@ -124,10 +124,10 @@ def tune(
     console.print(f"tuning {matrix_name(matrix)} ({A.shape[0]} x {A.shape[1]}, {A.nnz} nnz, {dtype}) "
                   f"on {backend.info.id}{label}")
     gpu = backend if isinstance(backend, GpuBackend) else None
-    ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype,
-                                  features=extract_features(backend.matrix(A)), backend=gpu)
+    features = extract_features(backend.matrix(A))
+    ranking, basis = rank_configs(store, device=backend.info.id, dtype=dtype, features=features, backend=gpu)
     seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A.shape[1], itemsize=A.dtype.itemsize,
-                         l2_bytes=backend.info.l2_bytes)
+                         l2_bytes=backend.info.l2_bytes, features=features)
     if seeds:
         console.print(f"the search starts with the first configs of {basis} ({len(seeds)})")
     failures = 0

@@ -122,7 +122,8 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         if effort == "tune":
             with steps("tune"):
                 seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A_dev.shape[1],
-                                     itemsize=A_dev.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
+                                     itemsize=A_dev.dtype.itemsize, l2_bytes=backend.info.l2_bytes,
+                                     features=features)
                 choice = _tuned(A_dev, store=store, backend=backend, dtype=dtype, fp=fp,
                                 trials=DEFAULT_TRIALS if trials is None else trials, seeds=seeds)
         elif effort == "predict":
