@@ -65,7 +65,7 @@ def test_tune_measures_the_selectors_first_configs_first(tmp_path, matrix, monke
     db = tmp_path / "s.db"
     result = invoke("tune", matrix, "--device", "cpu-reference", "--db", db, "--trials", "2")
     assert result.exit_code == 0, result.output
-    assert "the search starts with the first configs of a test selector (1)" in result.output
+    assert "the first of a test selector" in result.output
     (m,) = Store(db).matrices()
     assert [(t["kernel"], t["params"]) for t in Store(db).trials(m["fingerprint"])][:1] == [first]
 

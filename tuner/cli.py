@@ -129,7 +129,8 @@ def tune(
     seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A.shape[1], itemsize=A.dtype.itemsize,
                          l2_bytes=backend.info.l2_bytes, features=features)
     if seeds:
-        console.print(f"the search starts with the first configs of {basis} ({len(seeds)})")
+        console.print(f"the search starts with {len(seeds)} configs: the first of {basis}, then those a race "
+                      "fits to the matrix or enters unranked")
     failures = 0
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
