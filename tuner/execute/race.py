@@ -148,7 +148,8 @@ class RaceResult:
             if lap.result.ok:
                 mark = "*" if lap is self.winner else " "
                 low, high = min(lap.samples, default=0.0) * 1e6, max(lap.samples, default=0.0) * 1e6
-                spread = f" ({low:.1f}-{high:.1f} us, {len(lap.samples)} products)" if len(lap.samples) > 1 else ""
+                spread = f" ({low:.1f}-{high:.1f} us, {len(lap.samples)} products)" if len(lap.samples) > 1 else \
+                    " (1 product)"
                 prepared = f", prepared in {lap.result.prepare_s * 1e3:.1f} ms" if lap.result.prepare_s else ""
                 lines.append(f"{mark} {e.kernel} {e.params}: {lap.time_s * 1e6:.1f} us{spread}{expected}{prepared}")
             else:
@@ -317,19 +318,20 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Reference, x: Any, *,
-         repeats: int = 2, rounds: int = 2, drop: float = 1.05, margin: float = MARGIN,
+         repeats: int = 2, rounds: int = 2, screen: int = 1, drop: float = 1.05, margin: float = MARGIN,
          floor_s: float | None = None, early: float = EARLY_SPMVS,
          on_lap: Callable[[Lap], None] | None = None) -> RaceResult:
     """Prepare, check and time every entrant on ``A`` (on ``backend``'s device; ``x`` is ``reference.x``
     there); the winner stays prepared, the others are released.
 
-    Timing: up to ``rounds`` rounds of ``repeats`` products of each survivor, interleaved, each product after
-    an L2 flush and between two CUDA events (:meth:`~tuner.measure.backend.Backend.time_queued`): cold, as
-    the benchmarks time (warm, x stays in L2 and the order of configs can differ). After a round an entrant
-    slower than ``drop`` times the leader leaves, and the race ends when one is left: cold products vary
-    by well under 1 %, so one 5 % behind after two products does not catch up, and the products of the
-    race are most of its cost. A lap's time is the median of its products. The winner must beat
-    cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
+    Timing: up to ``rounds`` rounds, the first of ``screen`` products of each entrant, the others of
+    ``repeats`` products of each survivor, interleaved, each product after an L2 flush and between two CUDA
+    events (:meth:`~tuner.measure.backend.Backend.time_queued`, whose gates keep the host's time out of
+    them): cold, as the benchmarks time (warm, x stays in L2 and the order of configs can differ). After a
+    round an entrant slower than ``drop`` times the leader leaves, and the race ends when one is left: cold
+    products vary by about 1 % (a race's laps at 5c8b474 on the H100), so one 5 % behind after its first
+    does not catch up, and the products of the race are most of its cost. A lap's time is the median of its
+    products. The winner must beat cuSPARSE's best lap by ``margin``, else cuSPARSE wins.
 
     ``floor_s``: the product's compulsory bytes at the copy bandwidth. Where given, the entrants expected to
     prepare in more than ``early`` SpMVs wait: the others (cuSPARSE's always, and those with no expectation)
@@ -355,13 +357,13 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
             elif on_lap:
                 on_lap(laps[-1])
 
-    def lap_round(only: Sequence[int] | None = None) -> float:
-        """One round of ``repeats`` cold products of every entrant ready (or of ``only`` those), then those
+    def lap_round(only: Sequence[int] | None = None, products: int = repeats) -> float:
+        """One round of ``products`` cold products of every entrant ready (or of ``only`` those), then those
         ``drop`` times the leader or more behind dropped; the leader's median so far."""
         start = time.perf_counter()
         order = list(ready) if only is None else list(only)
         fns = [_runner(backend, laps[i].entrant.kernel, *ready[i], x) for i in order]
-        timed = backend.time_queued(fns, repeats=repeats, flush_l2=True)
+        timed = backend.time_queued(fns, repeats=products, flush_l2=True)
         for i, samples in zip(order, timed, strict=True):
             laps[i].samples += samples
         medians = {i: float(np.median(laps[i].samples)) for i in ready if laps[i].samples}
@@ -377,20 +379,20 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     skipped: list[Entrant] = []
     screened = bool(costly and ready)  # the screening round counts as the first
     if screened:
-        leader = lap_round()
+        leader = lap_round(products=screen)
         for k, entrant in enumerate(costly):  # the cheapest to prepare first, each timed as it joins
             if leader <= floor_s / ROOF:
                 skipped = costly[k:]
                 break
             enter([entrant])
             if len(laps) - 1 in ready:
-                leader = lap_round([len(laps) - 1])
+                leader = lap_round([len(laps) - 1], products=screen)
     else:
         enter(costly)
     for round_ in range(int(screened), rounds):
         if len(ready) <= (1 if round_ else 0):
             break  # nothing to time, or one left after a round: it has won
-        lap_round()
+        lap_round(products=repeats if round_ else screen)
     for lap in laps:
         if lap.samples:
             lap.result.timing = Timing.from_samples(np.asarray(lap.samples))
