@@ -182,6 +182,28 @@ def test_gpu_queued_timing_keeps_a_slow_host_out() -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_queued_timing_reuses_its_gates_past_the_last_slot(monkeypatch) -> None:
+    """More products than the slots hold gates for (here 2 slots of 4 products, 20 products): the queue waits
+    for the GPU after every 2 gates and uses the slots again; every product is timed, as alone."""
+    import cupy
+
+    import tuner.measure.backend as backend_module
+
+    backend_module._gate_flags()  # made with its slots before they are cut to 2
+    monkeypatch.setattr(backend_module, "GATE_PRODUCTS", 4)
+    monkeypatch.setattr(backend_module, "GATE_SLOTS", 2)
+    backend = backend_module.GpuBackend()
+    a = cupy.ones(1 << 23, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+    fast = lambda: cupy.multiply(a, 1.5, out=b)  # noqa: E731
+    fast()
+    alone = backend.time(fast, repeats=20, flush_l2=True).median_s
+    queued = backend.time_queued([fast, fast], repeats=10, flush_l2=True)
+    assert [len(s) for s in queued] == [10, 10] and 0.8 < np.median(queued) / alone < 1.25
+    assert not backend_module._gate_flags()[:, 1].any()
+
+
+@pytest.mark.gpu
 def test_gpu_queued_timing_of_a_product_that_waits_on_the_gpu_falls_back(monkeypatch) -> None:
     """A product that synchronizes holds the gate until it times out; its samples would count host time,
     so every product is timed again one at a time, and the next call's gates are clean."""

@@ -234,7 +234,7 @@ class GpuBackend(Backend):
             slot, used = k % GATE_SLOTS, min(k + 1, GATE_SLOTS)
             if slot == 0 and end is not None:  # every slot used: wait for the gates behind them to pass
                 end.synchronize()
-                timed_out |= bool(flags[:, 1].any())
+                timed_out |= bool(flags[:GATE_SLOTS, 1].any())
             flags[slot] = 0
             _gate_kernel()((1,), (1,), (np.uint64(flags[slot:].ctypes.data), np.uint64(GATE_TIMEOUT_NS)))
             for i, r in queue[at:at + GATE_PRODUCTS]:
