@@ -200,7 +200,7 @@ def test_gpu_queued_timing_reuses_its_gates_past_the_last_slot(monkeypatch) -> N
     alone = backend.time(fast, repeats=20, flush_l2=True).median_s
     queued = backend.time_queued([fast, fast], repeats=10, flush_l2=True)
     assert [len(s) for s in queued] == [10, 10] and 0.8 < np.median(queued) / alone < 1.25
-    assert not backend_module._gate_flags()[:, 1].any()
+    assert not backend_module._gate_flags()[:2, 1].any()  # its two slots passed (others may hold older calls')
 
 
 @pytest.mark.gpu
