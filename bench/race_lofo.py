@@ -88,7 +88,9 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
                 continue
             base = min(times[a] for a in ALGORITHMS if a in times)
             ranking = selector.rank(table.X[i], outcomes=not rank_order)
-            short = shortlist(ranking, **(shortlist_args or {}))
+            features = dict(zip(FEATURE_NAMES, table.X[i].tolist(), strict=True))
+            short = shortlist(ranking, features=features, itemsize=np.dtype(dtype).itemsize,
+                              **(shortlist_args or {}))
             raced = adapted(short, ranking, cols=int(table.X[i, cols]), itemsize=np.dtype(dtype).itemsize,
                             l2_bytes=l2_bytes)
             floor_s = effective_bytes(int(table.X[i, rows]), int(table.X[i, cols]), int(table.X[i, nnz]),
@@ -101,7 +103,7 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
                 out[name].append((min(times.values()) / (pick if pick < (1 - MARGIN) * base else base),
                                   float(table.X[i, nnz]), cost))
             seeds = search_seeds(ranking, size=seed_configs, cols=int(table.X[i, cols]),
-                                 itemsize=np.dtype(dtype).itemsize, l2_bytes=l2_bytes)
+                                 itemsize=np.dtype(dtype).itemsize, l2_bytes=l2_bytes, features=features)
             if laps := [t for k, p in seeds if (t := _lap(Entrant(k, p), times)[1]) is not None]:
                 out["seeds"].append((min(times.values()) / min(laps), float(table.X[i, nnz]), 0.0))
     return out
