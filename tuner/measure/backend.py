@@ -237,15 +237,17 @@ class GpuBackend(Backend):
                 timed_out |= bool(flags[:GATE_SLOTS, 1].any())
             flags[slot] = 0
             _gate_kernel()((1,), (1,), (np.uint64(flags[slot:].ctypes.data), np.uint64(GATE_TIMEOUT_NS)))
-            for i, r in queue[at:at + GATE_PRODUCTS]:
-                if flush_l2:
-                    self._flush_l2(r, spin=False)
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                fns[i]()
-                end.record()
-                events[i].append((start, end))
-            flags[slot, 0] = 1
+            try:
+                for i, r in queue[at:at + GATE_PRODUCTS]:
+                    if flush_l2:
+                        self._flush_l2(r, spin=False)
+                    start, end = cp.cuda.Event(), cp.cuda.Event()
+                    start.record()
+                    fns[i]()
+                    end.record()
+                    events[i].append((start, end))
+            finally:  # a product that raised leaves the stream free, not held until the timeout
+                flags[slot, 0] = 1
         if end is None:
             return [[] for _ in fns]
         end.synchronize()
