@@ -138,8 +138,7 @@ def test_gpu_queued_timing_brackets_each_product() -> None:
 @pytest.mark.gpu
 def test_gpu_queued_cold_timing_of_short_products_keeps_host_time_out() -> None:
     """A product of ~20 us (one elementwise kernel: a launch of a few us), queued cold 20 times behind the
-    gates, times as it does alone with a spin before every product. (Not a CuPy reduction: its launch
-    outlasts the spin, and the lone timing counts it, where the gate hides it.)"""
+    gates, times as it does alone (time(): a gate before each product)."""
     import cupy
 
     from tuner.measure.backend import GpuBackend
@@ -179,6 +178,36 @@ def test_gpu_queued_timing_keeps_a_slow_host_out() -> None:
     queued = backend.time_queued([slow, fast, slow], repeats=6, flush_l2=True)
     assert [len(s) for s in queued] == [6, 6, 6]
     assert 0.8 < np.median(queued) / alone < 1.25 and max(map(max, queued)) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_timing_keeps_the_host_out_from_between_a_products_launches() -> None:
+    """A product of two launches with 2 ms of host time between them (csr5's product and its fix-up on a busy
+    host): time() counts the kernels alone, as for the same two launched at once, cold and warm."""
+    import time
+
+    import cupy
+
+    from tuner.measure.backend import GpuBackend
+
+    backend = GpuBackend()
+    a = cupy.ones(1 << 23, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+
+    def both() -> None:
+        cupy.multiply(a, 1.5, out=b)
+        cupy.multiply(b, 1.5, out=a)
+
+    def apart() -> None:
+        cupy.multiply(a, 1.5, out=b)
+        time.sleep(0.002)
+        cupy.multiply(b, 1.5, out=a)
+
+    both()
+    for flush_l2 in (True, False):
+        fast = backend.time(both, repeats=20, flush_l2=flush_l2).median_s
+        slow = backend.time(apart, repeats=10, flush_l2=flush_l2).median_s
+        assert 0.8 < slow / fast < 1.25 and slow < 1e-3
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -172,13 +173,14 @@ class GpuBackend(Backend):
 
     def time(self, fn: Callable[[], object], *, repeats: int = 100, max_duration: float = 1.0,
              flush_l2: bool = False) -> Timing:
-        """GPU time of ``fn`` between two CUDA events, the queue kept busy before the first.
+        """GPU time of ``fn`` between two CUDA events, each product queued whole before the GPU starts it.
 
-        Before each repeat the stream gets work that outlasts the host's launch
-        overhead: a 2x-L2 memset when ``flush_l2`` (cold figures), else a short spin
-        kernel (warm figures). So the events bracket the kernel's execution alone,
-        not the Python that launches it, which ``cupyx.profiler.benchmark`` counts
-        for kernels of a few microseconds.
+        Each repeat is queued behind a gate (as :meth:`time_queued`'s): a kernel that holds the stream until
+        the host has queued the product (and, when ``flush_l2``, the 2x-L2 memset before it: cold figures),
+        so the events bracket the kernels' execution alone, not the Python that launches them, which
+        ``cupyx.profiler.benchmark`` counts for kernels of a few microseconds, nor the host's time between
+        a product's own launches (csr5's product and its fix-up: on a busy host the unseen benchmark timed
+        one at 216 us that its race, gated, had timed at 119 us).
         """
         for _ in range(3):
             fn()
@@ -186,18 +188,35 @@ class GpuBackend(Backend):
 
     def _samples(self, fn: Callable[[], object], repeats: int, flush_l2: bool,
                  max_duration: float = float("inf")) -> list[float]:
-        """Seconds of each of ``repeats`` products, one at a time (at least 5, then until ``max_duration``)."""
+        """Seconds of each of ``repeats`` products, one at a time (at least 5, then until ``max_duration``),
+        each behind a gate; where a gate times out (a product that waits on the GPU itself holds it), that
+        product and the rest behind a spin as long as a launch instead."""
         cp = self.cp
-        before = self._flush_l2 if flush_l2 else self._spin
+        flags = _gate_flags()
+        gated = True
         start, end = cp.cuda.Event(), cp.cuda.Event()
         samples: list[float] = []
         deadline = time.perf_counter() + max_duration
-        for i in range(repeats):
-            before(i)
-            start.record()
-            fn()
-            end.record()
+        while len(samples) < repeats:
+            i = len(samples)
+            if gated:
+                flags[0] = 0
+                _gate_kernel()((1,), (1,), (np.uint64(flags.ctypes.data), np.uint64(GATE_TIMEOUT_NS)))
+            try:
+                if flush_l2:
+                    self._flush_l2(i, spin=not gated)
+                elif not gated:
+                    self._spin(i)
+                start.record()
+                fn()
+                end.record()
+            finally:
+                if gated:
+                    flags[0, 0] = 1
             end.synchronize()
+            if gated and flags[0, 1]:
+                gated = False  # its host time may be in the sample: timed again, ungated
+                continue
             samples.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
             if time.perf_counter() > deadline and len(samples) >= 5:
                 break
@@ -252,7 +271,7 @@ class GpuBackend(Backend):
             return [[] for _ in fns]
         end.synchronize()
         if timed_out or flags[:used, 1].any():
-            return [self._samples(fn, repeats, flush_l2) for fn in fns]
+            return [self._samples(fn, repeats, flush_l2) for fn in fns]  # each product alone (time()'s way)
         return [[cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in mine] for mine in events]
 
     def copy_bandwidth_gbs(self) -> float:
@@ -304,10 +323,15 @@ def _gate_kernel() -> Any:
     return require_cupy().RawKernel(_GATE, "wait_for_host")
 
 
-@functools.cache
 def _gate_flags() -> np.ndarray:
-    """The gates' flags (released, timed out), a row a gate, in pinned host memory: one buffer a process. Under
-    unified addressing a kernel reads pinned host memory at the host's own address."""
+    """The gates' flags (released, timed out), a row a gate, in pinned host memory: one buffer a thread (two
+    threads timing at once keep out of each other's gates). Under unified addressing a kernel reads pinned
+    host memory at the host's own address."""
+    return _thread_gate_flags(threading.get_ident())
+
+
+@functools.cache
+def _thread_gate_flags(thread: int) -> np.ndarray:
     memory = require_cupy().cuda.alloc_pinned_memory(GATE_SLOTS * 2 * 4)
     return np.frombuffer(memory, dtype=np.int32, count=GATE_SLOTS * 2).reshape(GATE_SLOTS, 2)
 
