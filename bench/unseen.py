@@ -210,7 +210,8 @@ def denserows(rows: int, rng: np.random.Generator, cols: int = 2_000_000, length
 
 
 def sawtooth(n: int, rng: np.random.Generator, period: int = 64, width: int = 2000) -> sp.csr_matrix:
-    """Row i has (i mod ``period``) + 1 entries, columns uniform within ``width`` of i."""
+    """Row i has (i mod ``period``) + 1 entries, columns uniform within ``width`` of i (fewer where a column is
+    drawn twice, as near the first rows, whose columns are clipped at 0)."""
     lengths = np.arange(n) % period + 1
     rows = np.repeat(np.arange(n), lengths)
     cols = np.clip(rows + rng.integers(-width, width + 1, rows.size), 0, n - 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -163,13 +164,16 @@ def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
 
 
 def _bench_module(script: str):
-    """``bench/<script>.py``, a script, loaded as a module."""
+    """``bench/<script>.py``, a script, loaded as a module (registered, as its dataclasses need)."""
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(f"bench_{script}",
-                                                  Path(__file__).resolve().parents[1] / "bench" / f"{script}.py")
+    name = f"bench_{script}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -298,3 +302,25 @@ def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under
     times[key["csr5"]] = floor_s
     assert [e.kernel for e in module._roofed(entrants, times, prepare_s, base=base, floor_s=floor_s)[0]] == \
         ["csr_scalar", "csr5", BASELINE]
+
+
+def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set b at a small scale: each generator's defining trait, and every matrix canonical."""
+    module = _bench_module("unseen")
+    built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == "b"}
+    assert set(built) == {"incidence", "hubcols", "diagonals", "denserows", "sawtooth", "kkt"}
+    for A in built.values():
+        assert A.has_canonical_format and A.nnz > 0
+    lengths = {name: np.diff(A.indptr) for name, A in built.items()}
+    incidence = built["incidence"]
+    assert incidence.shape[0] == 10 * incidence.shape[1] and (lengths["incidence"] == 2).all()
+    columns = np.bincount(built["hubcols"].indices, minlength=built["hubcols"].shape[1])
+    assert lengths["hubcols"].max() <= 8 and columns.max() > 50 * columns.mean()  # a few columns read by many rows
+    assert (lengths["diagonals"] == 11).all()
+    assert built["denserows"].shape[0] == 40 and lengths["denserows"].min() > 3900
+    sawtooth = np.arange(lengths["sawtooth"].size) % 64 + 1  # at most: columns drawn twice are one entry
+    assert (lengths["sawtooth"] <= sawtooth).all() and lengths["sawtooth"][2000:].sum() > 0.9 * sawtooth[2000:].sum()
+    kkt = built["kkt"]
+    constraints = kkt.shape[0] - round(kkt.shape[0] / 1.25)  # the last fifth of the rows: B, beside a zero block
+    B = kkt[-constraints:]
+    assert (B.indices < kkt.shape[0] - constraints).all() and (np.diff(B.indptr) == 24).all()
