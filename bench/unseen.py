@@ -220,7 +220,8 @@ def sawtooth(n: int, rng: np.random.Generator, period: int = 64, width: int = 20
 
 def kkt(n: int, rng: np.random.Generator, constraint: int = 24) -> sp.csr_matrix:
     """[[K, B^T], [B, 0]]: K the 7-point Laplacian on a side^3 grid (side^3 about n), B n // 4 rows of
-    ``constraint`` entries normal around a random centre (sd 1 % of K's rows, wrapped around)."""
+    ``constraint`` entries (a column drawn twice counted once) normal around a random centre (sd 1 % of K's
+    rows, wrapped around)."""
     side = max(2, round(n ** (1 / 3)))
     path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(side, side), format="csr")
     eye = sp.identity(side, format="csr")

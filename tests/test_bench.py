@@ -323,4 +323,5 @@ def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> No
     kkt = built["kkt"]
     constraints = kkt.shape[0] - round(kkt.shape[0] / 1.25)  # the last fifth of the rows: B, beside a zero block
     B = kkt[-constraints:]
-    assert (B.indices < kkt.shape[0] - constraints).all() and (np.diff(B.indptr) == 24).all()
+    assert (B.indices < kkt.shape[0] - constraints).all()  # the zero block: B's rows read K's columns only
+    assert np.diff(B.indptr).max() == 24 and np.diff(B.indptr).mean() > 20  # 24 drawn, a repeat counted once
