@@ -57,8 +57,9 @@ SCATTERED_CF = 1.2
 """A race enters rcm unranked where fewer than this many of a row's entries, on average, fall in one window
 of 128 columns (the feature ``cf_128``): nearly every gather of x on a line of its own (a randomly numbered
 mesh: 1.0-1.05). A 7-point stencil numbered naturally has 1.4 (a row's i - 1, i and i + 1 share a window, its
-four others do not) and a band already: renumbering would only copy it (the unseen kkt, such a stencil beside
-its constraints, cf_128 1.38 under the bound of 1.5 before: rcm prepared in 10-11 ms and ran at 0.6x csr5)."""
+four others do not) and a band already: renumbering would only copy it. (The bound was 1.5. The unseen kkt,
+such a stencil beside scattered constraint rows, has 1.38 at a tenth of its size and 1.16 at full size: it still
+races rcm, which there prepares in 8-12 ms and runs at 0.6x csr5.)"""
 
 REGULAR_CV = 1.0
 """... and where the rows' lengths vary less than this (``npr_cv``): csr_vector, the kernel on B, suits
