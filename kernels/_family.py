@@ -75,6 +75,12 @@ class Family(ABC):
         ``itemsize`` bytes; None where the family does not race there. Here: its default, everywhere."""
         return self.space.defaults()
 
+    def unranked_seeds(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
+        """What a search measures first of a family no selector ranks (:func:`tuner.execute.race.search_seeds`):
+        here the config a race enters (:meth:`unranked_config`), none where it enters none."""
+        config = self.unranked_config(features, itemsize)
+        return [] if config is None else [config]
+
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""
         return ()

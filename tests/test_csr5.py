@@ -153,6 +153,14 @@ def test_sigma_as_csr5_picks_it_from_the_mean_row(npr, sigma):
     assert FAMILY.unranked_config(None, 4) == FAMILY.space.defaults()
 
 
+def test_a_search_seeds_the_races_sigma_and_its_neighbours() -> None:
+    """setSigma is a rule of thumb: a search measures its sigma and the ones beside it in the space."""
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 2.0}, 8)] == [4, 6]
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 12.0}, 8)] == [12, 8, 16]
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 100.0}, 8)] == [32, 24]
+    assert all(FAMILY.space.validate(p, family="csr5") == p for p in FAMILY.unranked_seeds(None, 4))
+
+
 # -- the decomposition against a brute force ------------------------------------------------------
 @pytest.mark.parametrize(
     "lengths",

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernels import BASELINE, REGISTRY, Prepared, get_family, with_adapted
+from kernels import BASELINE, REGISTRY, Family, Prepared, get_family, with_adapted
 from tuner.measure.backend import Backend, Timing
 from tuner.measure.evaluate import TrialResult, checked_prepare
 
@@ -288,24 +288,30 @@ def unranked_entrants(ranking: Sequence[RankedConfig], features: Mapping[str, fl
                       itemsize: int) -> list[Entrant]:
     """The config each family the ranking has none of races on a matrix of these ``features`` with values of
     ``itemsize`` bytes (:meth:`kernels.Family.unranked_config`), with what its family says a preparation costs."""
+    return [Entrant(k, params, prepare_spmvs=family.prepare_spmvs) for k, family in _unranked(ranking)
+            if (params := family.unranked_config(features, itemsize)) is not None]
+
+
+def _unranked(ranking: Sequence[RankedConfig]) -> list[tuple[str, Family]]:
+    """The families of the registry (cuSPARSE aside) of which ``ranking`` holds no config."""
     known = {r.kernel for r in ranking}
-    return [Entrant(k, params, prepare_spmvs=family.prepare_spmvs) for k, family in REGISTRY.items()
-            if k != BASELINE and k not in known and (params := family.unranked_config(features, itemsize)) is not None]
+    return [(k, family) for k, family in REGISTRY.items() if k != BASELINE and k not in known]
 
 
 def search_seeds(ranking: Sequence[RankedConfig] | None, *, size: int, cols: int, itemsize: int,
                  l2_bytes: int, features: Mapping[str, float] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """What a search on an unmeasured matrix measures first (``plan(effort="tune")``, ``tuner tune``): the
     selector's first ``size`` configs with the configs fitted to the matrix that a race adds (:func:`adapted`),
-    then those a race enters of the families the selector does not rank (:func:`unranked_entrants`, for a matrix
-    of ``features``: csr5 always, rcm where it can pay); nothing without a selector. (Without the latter, a
-    search of 30 trials on the unseen incidence matrix in float64 ended on csr_scalar at 1.24x cuSPARSE, where
-    the race had csr5 at 1.42x.)"""
+    then, of each family the selector does not rank, what it names for a matrix of ``features``
+    (:meth:`kernels.Family.unranked_seeds`: the config a race enters, csr5 with its neighbouring sigmas too; rcm
+    only where it can pay); nothing without a selector. (Without the latter, a search of 30 trials on the unseen
+    incidence matrix in float64 ended on csr_scalar at 1.24x cuSPARSE, where the race had csr5 at 1.42x.)"""
     if not ranking:
         return []
     first = [Entrant(r.kernel, dict(r.params)) for r in ranking[:size]]
-    seeds = adapted(first, ranking, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
-    return [(e.kernel, e.params) for e in [*seeds, *unranked_entrants(ranking, features, itemsize)]]
+    seeds = [(e.kernel, e.params) for e in adapted(first, ranking, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)]
+    return seeds + [(k, params) for k, family in _unranked(ranking) for params in family.unranked_seeds(features,
+                                                                                                       itemsize)]
 
 
 def _cost(r: RankedConfig | Entrant) -> float:
