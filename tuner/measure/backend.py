@@ -120,10 +120,9 @@ class Backend(ABC):
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
                     flush_l2: bool = False) -> list[list[float]]:
         """``repeats`` products of each fn in turn, queued with no wait between them: the seconds of each
-        product. Cheaper than :meth:`time` (no wait, no spin per product). The queue is filled before each
-        fn's products, so that a product too short to hide the host's next launch does not count it;
-        ``flush_l2`` evicts the cache before every product (cold figures, as the benchmarks time), which
-        fills the queue before each product."""
+        product. Cheaper than :meth:`time` (no wait per product); neither counts the host's time before or
+        between a product's launches. ``flush_l2`` evicts the cache before every product (cold figures, as the
+        benchmarks time)."""
 
     @abstractmethod
     def copy_bandwidth_gbs(self) -> float:
