@@ -256,7 +256,7 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
 
 
 @pytest.mark.parametrize("script", ["convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll", "probe_reference",
-                                    "profile_plan", "race_lofo", "spmspv", "unseen"])
+                                    "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
     import subprocess
@@ -268,6 +268,33 @@ def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage:") and path.read_text().split('"""')[1].splitlines()[0][:40] in \
         " ".join(done.stdout.split())
+
+
+def test_the_gpu_race_replay_scores_each_pick_against_every_config_it_checked_and_timed() -> None:
+    """bench/race_lofo_gpu.py: a config that fails its check is timed as its reason, not as a time; the summary
+    scores each effort's picks by the fastest known, and leaves out matrices that failed."""
+    import scipy.sparse as sp
+
+    from kernels import config_key
+    from tuner.measure.backend import CpuReferenceBackend
+    from tuner.measure.verify import Reference
+
+    module = _bench_module("race_lofo_gpu")
+    assert module.split_key(config_key("nut", {"slabs": 2, "threads": 512})) == ("nut", {"slabs": 2, "threads": 512})
+    A = sp.random(300, 200, density=0.05, format="csr", random_state=3)
+    timed = module.cold_checked(CpuReferenceBackend(), A, [("csr_scalar", {"block_size": 128}),
+                                                           ("csr_vector", {"threads_per_row": 3})],
+                                Reference.build(A, "float64"), rounds=2, repeats=2)
+    assert timed[0] > 0 and isinstance(timed[1], str) and "threads_per_row" in timed[1]
+    rows = [{"dtype": "float64", "race_score": 1.0, "race_ratio_to_cusparse": 1.5, "predict_score": 0.81,
+             "predict_ratio_to_cusparse": 0.9},
+            {"dtype": "float64", "race_score": 0.64, "race_ratio_to_cusparse": 1.0, "predict_score": 0.64,
+             "predict_ratio_to_cusparse": 1.0},
+            {"matrix": "lp-1", "error": "ValueError: a generator failed"}]
+    race, predict = module.summary(rows)
+    assert race.startswith("float64 race   : pick / fastest known 0.800") and "lowest 0.640" in race
+    assert "50% within 3 %" in race and "1.225x cuSPARSE, 2 matrices" in race
+    assert predict.startswith("float64 predict: pick / fastest known 0.720")
 
 
 def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under_the_roof() -> None:

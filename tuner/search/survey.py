@@ -35,7 +35,7 @@ from tuner.measure.evaluate import evaluate
 from tuner.measure.verify import Reference
 from tuner.select.portfolio import Config
 
-__all__ = ["STUDY", "SurveyReport", "survey"]
+__all__ = ["STUDY", "SurveyReport", "load_ahead", "survey"]
 
 STUDY = "portfolio"
 """The ``study`` of a survey's trials in the store."""
@@ -74,7 +74,7 @@ def survey(srcs: Sequence[Source], configs: Sequence[Config], *, backend: Backen
             report.passed_by += 1
         else:
             todo.append(src)
-    for src, A in _loaded(todo, workers):
+    for src, A in load_ahead(todo, workers):
         if isinstance(A, TunerError):  # a complex or malformed file: said, and the survey goes on
             report.unreadable[src.name] = str(A)
             continue
@@ -97,7 +97,7 @@ def _measured(store: Store, name: str, device: str, dtype: str) -> int:
     return int(row[0])
 
 
-def _loaded(srcs: Sequence[Source], workers: int) -> Iterator[tuple[Source, Any]]:
+def load_ahead(srcs: Sequence[Source], workers: int) -> Iterator[tuple[Source, Any]]:
     """Each source with its float64 matrix (or the TunerError that loading it raised), in order; generated
     ones built ``workers`` at a time in other processes (spawned: the parent holds a CUDA context)."""
     if workers == 0:
