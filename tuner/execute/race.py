@@ -245,11 +245,15 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       recorded there (both GPUs, both dtypes) the fitted config beat the one it was fitted from (by 2-30 %).
       (:func:`search_seeds` gives no preparation costs: a search measures both.)
     - before cuSPARSE, for each family of ``ranking`` that names what it fits first
-      (:attr:`kernels.Family.adapt_first`: NuT's slabs), whose default does not fit this matrix (NuT where x
-      outgrows its share of the L2) and none of whose entrants fits it, the best-ranked config that has
-      that right, fitted further (NuT's panels): on a matrix like that, the one family that keeps the gathers
-      of x out of DRAM races even where the selector, never having seen such an x, ranks it behind cuSPARSE.
-      (csr_scalar's variant, int32 columns in float64, races only beside a csr_scalar first.)
+      (:attr:`kernels.Family.adapt_first`: NuT's slabs) and has no entrant yet, its best-ranked config; where
+      its default does not fit this matrix (NuT where x outgrows its share of the L2), the best-ranked that
+      has that right, fitted further (NuT's panels), and also where no entrant of the family fits it. NuT
+      is the one family that keeps the gathers of x near the SMs, and the selector, never having seen a
+      structure, often ranks it behind the rest: on the GPU, leaving each family of the H100's corpus out
+      (``bench/race_lofo_gpu.py``, 37d8275, 121 matrices of 1 M nonzeros and more), a NuT config was the
+      fastest known on 11 float32 matrices where the race had none, 0.66-0.95 of it (the kronecker graphs).
+      Its preparation waits for the roof (:func:`race`): it is prepared only where the cheaper entrants are
+      under it. (csr_scalar's variant, int32 columns in float64, races only beside a csr_scalar first.)
     """
     configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
                            l2_bytes=l2_bytes)
@@ -273,13 +277,17 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
 
     for kernel in dict.fromkeys(r.kernel for r in ranking or ()):
         family = get_family(kernel)
-        if family.adapt_first is None or fitted(kernel, family.space.defaults()) is None or any(
-                e.kernel == kernel and fitted(kernel, e.params) is None for e in out):
+        if family.adapt_first is None:
             continue
-        best = next((r for r in ranking or () if r.kernel == kernel and leads(kernel, r.params)), None)
+        outgrown = fitted(kernel, family.space.defaults()) is not None
+        entered = [e for e in out if e.kernel == kernel]
+        if entered and (not outgrown or any(fitted(kernel, e.params) is None for e in entered)):
+            continue
+        best = next((r for r in ranking or () if r.kernel == kernel and (not outgrown or leads(kernel, r.params))),
+                    None)
         if best is not None:
             at = next((i for i, e in enumerate(out) if e.kernel == BASELINE), len(out))
-            params = fitted(kernel, best.params) or dict(best.params)
+            params = (fitted(kernel, best.params) if outgrown else None) or dict(best.params)
             out.insert(at, Entrant(best.kernel, params, best.expected_s, best.prepare_spmvs))
     return out
 
