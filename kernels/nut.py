@@ -178,18 +178,11 @@ class Nut(Family):
         band of y and the tiles streaming through), at most :data:`FIT_SLABS`; with more than one slab, panels
         of at least :data:`FIT_PANEL_BYTES` of y. On the 8 M-column graph of the unseen benchmark the search
         found 4 slabs in float64 (x: 64 MB) and 2 in float32 against the H100's 50 MB of L2, where the
-        selector's one slab lost to cuSPARSE in float64. A config of as many slabs or more is left as it is:
-        its panels were chosen with its slabs (the selector's corpus has NuT configs of 2 and 4 slabs), and
-        on the corpus's matrices of 1 M nonzeros and more whose x outgrows a third of the H100's L2, 4 slabs of
-        1024-2048 rows and 512 threads are within 5 % of the fastest on most in float64, where the panels of
-        4096 rows the fitting gave them were 1.1-1.5x slower (raced on the GPU, ``bench/race_lofo_gpu.py``,
-        37d8275: emptyrows of 10 M rows 1.31x, fewhuge of 8 M rows 1.17x)."""
+        selector's one slab lost to cuSPARSE in float64."""
         if l2_bytes <= 0:
             return None
         slabs = next((s for s in SLABS if s == FIT_SLABS or cols * itemsize <= s * l2_bytes / 3), FIT_SLABS)
         config = self.space.validate(params, family=self.name)
-        if config["slabs"] >= slabs:
-            return None
         fitted = {**config, "slabs": slabs}
         if slabs > 1:
             rows = min(max(config["rows_per_panel"], FIT_PANEL_BYTES // itemsize), ROWS_PER_PANEL[-1])

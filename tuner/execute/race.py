@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from tuner.measure.verify import Reference
     from tuner.select.model import RankedConfig
 
-__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "ROOF", "SEED_CONFIGS", "STUDY",
+__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "JOIN_SLACK", "ROOF", "SEED_CONFIGS",
+           "STUDY",
            "Entrant", "Lap", "RaceResult", "adapted", "race", "record_race", "search_seeds", "shortlist",
            "unranked_entrants", "waits"]
 
@@ -78,6 +79,16 @@ of 24-40 M nonzeros, where a product takes 70-190 us). In the 519 races of the u
 2026-11-26 (both GPUs), a costly entrant won by 3 % or more only where the cheap leader was at 72.5 % of the copy
 bandwidth or less, or at 87 % and over (2 races); the 40 races whose leader was at 80-85 % (0.85 before) prepared
 their costly entrants for nothing."""
+
+JOIN_SLACK = 1.2
+"""NuT (the family that fits first, :func:`adapted`) joins a race that has none of its configs where the selector
+expects its best-ranked config within this factor of the fastest entrant. NuT is the one family that keeps
+the gathers of x near the SMs, and a selector that never saw a structure often ranks it just behind the
+rest: on the GPU, leaving each family of the H100's corpus out (``bench/race_lofo_gpu.py``, 37d8275, 121
+matrices of 1 M nonzeros and more), a NuT config was the fastest known on 11 float32 matrices whose race had
+none (the race's pick at 0.66-0.95 of it, on the kronecker graphs). With NuT in every such race (ea2146b):
+of the 138 races it joined, it won 21; each win by more than 3 % had NuT expected within 1.17 of the fastest
+entrant; in the 45 where it was expected beyond 1.2 it was prepared every time and won once, by 1.5 %."""
 
 SEED_CONFIGS = 8
 """How many of the selector's first configs a search measures first (:func:`search_seeds`: ``plan(effort=
@@ -245,15 +256,13 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       recorded there (both GPUs, both dtypes) the fitted config beat the one it was fitted from (by 2-30 %).
       (:func:`search_seeds` gives no preparation costs: a search measures both.)
     - before cuSPARSE, for each family of ``ranking`` that names what it fits first
-      (:attr:`kernels.Family.adapt_first`: NuT's slabs) and has no entrant yet, its best-ranked config; where
-      its default does not fit this matrix (NuT where x outgrows its share of the L2), the best-ranked that
-      has that right, fitted further (NuT's panels), and also where no entrant of the family fits it. NuT
-      is the one family that keeps the gathers of x near the SMs, and the selector, never having seen a
-      structure, often ranks it behind the rest: on the GPU, leaving each family of the H100's corpus out
-      (``bench/race_lofo_gpu.py``, 37d8275, 121 matrices of 1 M nonzeros and more), a NuT config was the
-      fastest known on 11 float32 matrices where the race had none, 0.66-0.95 of it (the kronecker graphs).
-      Its preparation waits for the roof (:func:`race`): it is prepared only where the cheaper entrants are
-      under it. (csr_scalar's variant, int32 columns in float64, races only beside a csr_scalar first.)
+      (:attr:`kernels.Family.adapt_first`: NuT's slabs) and has no entrant yet, its best-ranked config where
+      the selector expects it within :data:`JOIN_SLACK` of the fastest entrant; where its default does not
+      fit this matrix (NuT where x outgrows its share of the L2), whatever it expects, the best-ranked that
+      has that right, fitted further (NuT's panels), and also where no entrant of the family fits it: on a
+      matrix like that, the one family that keeps the gathers of x out of DRAM races even where the
+      selector, never having seen such an x, ranks it behind cuSPARSE. Its preparation waits for the roof
+      (:func:`race`). (csr_scalar's variant, int32 columns in float64, races only beside a csr_scalar first.)
     """
     configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
                            l2_bytes=l2_bytes)
@@ -275,6 +284,7 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
         first = family.adapt_first
         return fit is None or fit[first] == family.space.validate(params, family=kernel)[first]
 
+    lead = min((e.expected_s for e in entrants if e.kernel != BASELINE and e.expected_s), default=float("inf"))
     for kernel in dict.fromkeys(r.kernel for r in ranking or ()):
         family = get_family(kernel)
         if family.adapt_first is None:
@@ -285,7 +295,7 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
             continue
         best = next((r for r in ranking or () if r.kernel == kernel and (not outgrown or leads(kernel, r.params))),
                     None)
-        if best is not None:
+        if best is not None and (outgrown or best.expected_s <= JOIN_SLACK * lead):
             at = next((i for i, e in enumerate(out) if e.kernel == BASELINE), len(out))
             params = (fitted(kernel, best.params) if outgrown else None) or dict(best.params)
             out.insert(at, Entrant(best.kernel, params, best.expected_s, best.prepare_spmvs))
@@ -316,7 +326,7 @@ def search_seeds(ranking: Sequence[RankedConfig] | None, *, size: int, cols: int
     incidence matrix in float64 ended on csr_scalar at 1.24x cuSPARSE, where the race had csr5 at 1.42x.)"""
     if not ranking:
         return []
-    first = [Entrant(r.kernel, dict(r.params)) for r in ranking[:size]]
+    first = [Entrant(r.kernel, dict(r.params), r.expected_s) for r in ranking[:size]]
     seeds = [(e.kernel, e.params) for e in adapted(first, ranking, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)]
     return seeds + [(k, params) for k, family in _unranked(ranking) for params in family.unranked_seeds(features,
                                                                                                        itemsize)]
