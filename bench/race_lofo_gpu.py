@@ -9,7 +9,8 @@ a fresh store as this GPU's selector; each of the family's matrices of ``--min-n
 built again by its suite's generator (or read from ``--mtx-dir``), checked to be the corpus's matrix (its
 fingerprint), and ``plan()`` runs on it as a user's would, at ``effort="predict"`` and then ``"race"``.
 Then, checked against the float64 reference and timed cold (L2 flushed before every product, the configs
-round-robin): the race's pick, the prediction, cuSPARSE's two algorithms and the corpus's ``--best`` fastest
+round-robin): the race's pick, predict's, the selector's first config (``first``: what ``tuner recommend``
+answers, :func:`~tuner.execute.choice.choose`), cuSPARSE's two algorithms and the corpus's ``--best`` fastest
 configs of the matrix (its tuned best, timed again by this commit's kernels). The score of a pick is the
 fastest of them all over the pick's time: 1.0 where nothing known is faster. The corpus must be of this
 GPU's model (its times pick the configs timed again, and its device is the selector's).
@@ -39,8 +40,9 @@ sys.path.insert(0, str(REPO))
 from db.store import Store  # noqa: E402
 from kernels import BASELINE, canonical, config_key, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
+from tuner.execute.choice import choose  # noqa: E402
 from tuner.execute.plan import plan  # noqa: E402
-from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
+from tuner.matrix.features import FEATURE_NAMES, extract_features  # noqa: E402
 from tuner.matrix.fingerprint import fingerprint  # noqa: E402
 from tuner.matrix.io import as_device_csr  # noqa: E402
 from tuner.matrix.sources import Source, sources  # noqa: E402
@@ -102,6 +104,9 @@ def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, se
         store = Store(Path(tmp) / "store.db")
         store.add_device(backend.info.record(backend.copy_bandwidth_gbs()))
         save_model(store, selector, device=backend.info.id, dtype=dtype)
+        first = choose(table.fingerprints[i], store=store, device=backend.info.id, dtype=dtype, use_tuned=False,
+                       features=extract_features(A))
+        picks["first"] = (first.kernel, first.params)
         for effort in ("predict", "race"):
             start = time.perf_counter()
             ex = plan(A, effort=effort, db=store)
@@ -114,7 +119,7 @@ def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, se
                     ex.race.recorded.result()
             del ex
     corpus_best = sorted(table.times[i], key=table.times[i].get)[:best]
-    configs = [picks["race"], picks["predict"], *CUSPARSE, *map(split_key, corpus_best)]
+    configs = [*picks.values(), *CUSPARSE, *map(split_key, corpus_best)]
     keys = list(dict.fromkeys(config_key(k, canonical(k, p)) for k, p in configs))
     reference = Reference.build(A, dtype)
     timed = dict(zip(keys, cold_checked(backend, A, [split_key(k) for k in keys], reference), strict=True))
@@ -132,16 +137,19 @@ def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, se
     row["corpus_best"] = corpus_best
     row["timed_s"] = timed
     print(f"{row['matrix']:45s} {dtype} race {row['race_score']:.3f} ({row['race_ratio_to_cusparse']:.2f}x) "
-          f"predict {row['predict_score']:.3f}  {row['race'][:60]}", flush=True)
+          f"first {row['first_score']:.3f} predict {row['predict_score']:.3f}  {row['race'][:60]}", flush=True)
     return row
 
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
-    """Per dtype and effort: the score's geomean, 5th percentile and lowest, and the ratio to cuSPARSE."""
+    """Per dtype and pick (the race's, the selector's first config, predict's): the score's geomean, 5th
+    percentile and lowest, and the ratio to cuSPARSE."""
     out = []
     for dtype in sorted({r["dtype"] for r in rows if "dtype" in r}):
         mine = [r for r in rows if r.get("dtype") == dtype and "error" not in r]
-        for effort in ("race", "predict"):
+        for effort in ("race", "first", "predict"):
+            if not all(f"{effort}_score" in r for r in mine):
+                continue
             s = np.array([r[f"{effort}_score"] for r in mine])
             c = np.array([r[f"{effort}_ratio_to_cusparse"] for r in mine])
             if len(s) and s.min() > 0:
@@ -159,6 +167,7 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
     ap.add_argument("--family", nargs="+", help="only these structure families (default: every one)")
     ap.add_argument("--min-nnz", type=float, default=1e6, help="only the matrices of this many nonzeros or more")
+    ap.add_argument("--max-nnz", type=float, default=float("inf"), help="only the matrices of fewer nonzeros")
     ap.add_argument("--best", type=int, default=3, help="the corpus's fastest configs of a matrix timed again")
     ap.add_argument("--mtx-dir", default=os.environ.get("SPMV_SHARED_MATRICES"),
                     help="where the corpus's real matrices are (.mtx / .mtx.gz)")
@@ -177,7 +186,7 @@ def main() -> None:
         known.update({s.name: s for s in sources([], suite)})
     families = sorted(set(first.families)) if not args.family else args.family
     nnz = FEATURE_NAMES.index("nnz")
-    chosen = [i for i, f in enumerate(first.families) if f in families and first.X[i, nnz] >= args.min_nnz]
+    chosen = [i for i, f in enumerate(first.families) if f in families and args.min_nnz <= first.X[i, nnz] < args.max_nnz]
     missing = [first.names[i] for i in chosen if first.names[i] not in known]
     srcs: list[Source] = [known[first.names[i]] for i in chosen if first.names[i] in known]
     selectors = {(dtype, f): lofo_selector(t, f) for dtype, t in tables.items() for f in families}

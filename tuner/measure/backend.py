@@ -8,12 +8,13 @@ record carries the device kind ``cpu-reference`` to say so).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import platform
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -198,10 +199,7 @@ class GpuBackend(Backend):
         deadline = time.perf_counter() + max_duration
         while len(samples) < repeats:
             i = len(samples)
-            if gated:
-                flags[0] = 0
-                _gate_kernel()((1,), (1,), (np.uint64(flags.ctypes.data), np.uint64(GATE_TIMEOUT_NS)))
-            try:
+            with _gate(flags, 0) if gated else contextlib.nullcontext():
                 if flush_l2:
                     self._flush_l2(i, spin=not gated)
                 elif not gated:
@@ -209,9 +207,6 @@ class GpuBackend(Backend):
                 start.record()
                 fn()
                 end.record()
-            finally:
-                if gated:
-                    flags[0, 0] = 1
             end.synchronize()
             if gated and flags[0, 1]:
                 gated = False  # its host time may be in the sample: timed again, ungated
@@ -253,9 +248,7 @@ class GpuBackend(Backend):
             if slot == 0 and end is not None:  # every slot used: wait for the gates behind them to pass
                 end.synchronize()
                 timed_out |= bool(flags[:GATE_SLOTS, 1].any())
-            flags[slot] = 0
-            _gate_kernel()((1,), (1,), (np.uint64(flags[slot:].ctypes.data), np.uint64(GATE_TIMEOUT_NS)))
-            try:
+            with _gate(flags, slot):
                 for i, r in queue[at:at + GATE_PRODUCTS]:
                     if flush_l2:
                         self._flush_l2(r, spin=False)
@@ -264,8 +257,6 @@ class GpuBackend(Backend):
                     fns[i]()
                     end.record()
                     events[i].append((start, end))
-            finally:  # a product that raised leaves the stream free, not held until the timeout
-                flags[slot, 0] = 1
         if end is None:
             return [[] for _ in fns]
         end.synchronize()
@@ -320,6 +311,19 @@ def _spin_kernel() -> Any:
 @functools.cache
 def _gate_kernel() -> Any:
     return require_cupy().RawKernel(_GATE, "wait_for_host")
+
+
+@contextlib.contextmanager
+def _gate(flags: np.ndarray, slot: int) -> Iterator[None]:
+    """A gate on the stream while the body queues work behind it: a kernel that waits until ``flags[slot]`` is
+    released (or :data:`GATE_TIMEOUT_NS` passes, which it marks there), released on leaving, also where the
+    body raised (the stream is not held until the timeout)."""
+    flags[slot] = 0
+    _gate_kernel()((1,), (1,), (np.uint64(flags[slot:].ctypes.data), np.uint64(GATE_TIMEOUT_NS)))
+    try:
+        yield
+    finally:
+        flags[slot, 0] = 1
 
 
 def _gate_flags() -> np.ndarray:
