@@ -186,7 +186,8 @@ def main() -> None:
         known.update({s.name: s for s in sources([], suite)})
     families = sorted(set(first.families)) if not args.family else args.family
     nnz = FEATURE_NAMES.index("nnz")
-    chosen = [i for i, f in enumerate(first.families) if f in families and args.min_nnz <= first.X[i, nnz] < args.max_nnz]
+    chosen = [i for i, f in enumerate(first.families)
+              if f in families and args.min_nnz <= first.X[i, nnz] < args.max_nnz]
     missing = [first.names[i] for i in chosen if first.names[i] not in known]
     srcs: list[Source] = [known[first.names[i]] for i in chosen if first.names[i] in known]
     selectors = {(dtype, f): lofo_selector(t, f) for dtype, t in tables.items() for f in families}
