@@ -48,8 +48,7 @@ from tuner.execute.race import (  # noqa: E402
 )
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
-from tuner.select.evaluation import corpus_table, cv_folds  # noqa: E402
-from tuner.select.model import KernelSelector  # noqa: E402
+from tuner.select.evaluation import corpus_table, cv_folds, fitted_on  # noqa: E402
 
 ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
 
@@ -79,9 +78,7 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
     nnz, rows, cols = (FEATURE_NAMES.index(n) for n in ("nnz", "rows", "cols"))
     out: dict[str, list[tuple[float, float, float]]] = {"shortlist": [], "race": [], "roof": [], "seeds": []}
     for test in cv_folds(table, "lofo"):
-        train = np.setdiff1d(np.arange(len(table)), test)
-        selector = KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
-                                        device=table.device, prepare_times=[table.prepare[i] for i in train])
+        selector = fitted_on(table, np.setdiff1d(np.arange(len(table)), test))
         for i in test:
             times, prepare_s = timed.get(table.fingerprints[i], {}), prepared.get(table.fingerprints[i], {})
             if not any(a in times for a in ALGORITHMS):

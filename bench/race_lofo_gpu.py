@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from db.store import Store  # noqa: E402
-from kernels import BASELINE, canonical, config_key, get_family  # noqa: E402
+from kernels import BASELINE, canonical, config_key, config_of, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.choice import choose  # noqa: E402
 from tuner.execute.plan import plan  # noqa: E402
@@ -50,24 +50,11 @@ from tuner.measure.backend import GpuBackend  # noqa: E402
 from tuner.measure.evaluate import checked_prepare  # noqa: E402
 from tuner.measure.verify import Reference  # noqa: E402
 from tuner.search.survey import load_ahead  # noqa: E402
-from tuner.select.evaluation import RankingTable, corpus_table  # noqa: E402
+from tuner.select.evaluation import RankingTable, corpus_table, fitted_on  # noqa: E402
 from tuner.select.model import KernelSelector, save_model  # noqa: E402
 from tuner.select.shipped import slug  # noqa: E402
 
 CUSPARSE = [(BASELINE, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
-
-
-def split_key(key: str) -> tuple[str, dict[str, Any]]:
-    """A :func:`kernels.config_key` as ``(kernel, params)``."""
-    at = key.index("{")
-    return key[:at], json.loads(key[at:])
-
-
-def lofo_selector(table: RankingTable, family: str) -> KernelSelector:
-    """A selector fitted on the matrices of ``table`` not of ``family``."""
-    train = [i for i, f in enumerate(table.families) if f != family]
-    return KernelSelector().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype,
-                                device=table.device, prepare_times=[table.prepare[i] for i in train])
 
 
 def cold_checked(backend: GpuBackend, A: Any, configs: Sequence[tuple[str, dict[str, Any]]], reference: Reference,
@@ -119,10 +106,10 @@ def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, se
                     ex.race.recorded.result()
             del ex
     corpus_best = sorted(table.times[i], key=table.times[i].get)[:best]
-    configs = [*picks.values(), *CUSPARSE, *map(split_key, corpus_best)]
+    configs = [*picks.values(), *CUSPARSE, *map(config_of, corpus_best)]
     keys = list(dict.fromkeys(config_key(k, canonical(k, p)) for k, p in configs))
     reference = Reference.build(A, dtype)
-    timed = dict(zip(keys, cold_checked(backend, A, [split_key(k) for k in keys], reference), strict=True))
+    timed = dict(zip(keys, cold_checked(backend, A, [config_of(k) for k in keys], reference), strict=True))
     times = [t for t in timed.values() if not isinstance(t, str)]
     fastest = min(times)
     base = min(t for k, t in timed.items() if k.startswith(BASELINE) and not isinstance(t, str))
@@ -190,7 +177,8 @@ def main() -> None:
               if f in families and args.min_nnz <= first.X[i, nnz] < args.max_nnz]
     missing = [first.names[i] for i in chosen if first.names[i] not in known]
     srcs: list[Source] = [known[first.names[i]] for i in chosen if first.names[i] in known]
-    selectors = {(dtype, f): lofo_selector(t, f) for dtype, t in tables.items() for f in families}
+    selectors = {(dtype, f): fitted_on(t, np.flatnonzero(np.asarray(t.families) != f))
+                 for dtype, t in tables.items() for f in families}
     index = {dtype: dict(zip(t.names, range(len(t)), strict=True)) for dtype, t in tables.items()}
     print(f"{env['device']}: {len(srcs)} matrices of {len(families)} families ({len(missing)} not found: "
           f"{missing[:5]})", flush=True)

@@ -77,9 +77,10 @@ sys.path.insert(0, str(REPO))
 
 from common.errors import InvalidConfigError  # noqa: E402
 from db.store import Store  # noqa: E402
-from kernels import BASELINE, REGISTRY, get_family  # noqa: E402
+from kernels import BASELINE, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.plan import EFFORTS, plan  # noqa: E402
+from tuner.execute.race import unranked_entrants  # noqa: E402
 from tuner.matrix.features import extract_features  # noqa: E402
 from tuner.matrix.io import as_csr  # noqa: E402
 from tuner.measure.backend import GpuBackend, Timing  # noqa: E402
@@ -283,12 +284,10 @@ def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
     A = cusp.csr_matrix(A_host)
     x = backend.cp.ones(A.shape[1], dtype=A.dtype)
     out = backend.cp.empty(A.shape[0], dtype=A.dtype)
-    ranked = list(found[0].configs_) if found else []
-    known = {kernel for kernel, _ in ranked}
     features = extract_features(A)
-    unranked = [(k, params) for k, family in REGISTRY.items() if k not in known
-                and (params := family.unranked_config(features, A.dtype.itemsize)) is not None]
-    for kernel, params in [*ranked, *unranked]:
+    ranking = found[0].rank(features, device=found[1]) if found else []
+    configs = [*ranking, *unranked_entrants(ranking, features, A.dtype.itemsize)]
+    for kernel, params in ((c.kernel, c.params) for c in configs):
         family = get_family(kernel)
         try:
             family.run(family.prepare(A, params), x, out)

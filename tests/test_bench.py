@@ -275,12 +275,12 @@ def test_the_gpu_race_replay_scores_each_pick_against_every_config_it_checked_an
     scores each effort's picks by the fastest known, and leaves out matrices that failed."""
     import scipy.sparse as sp
 
-    from kernels import config_key
+    from kernels import config_key, config_of
     from tuner.measure.backend import CpuReferenceBackend
     from tuner.measure.verify import Reference
 
     module = _bench_module("race_lofo_gpu")
-    assert module.split_key(config_key("nut", {"slabs": 2, "threads": 512})) == ("nut", {"slabs": 2, "threads": 512})
+    assert config_of(config_key("nut", {"slabs": 2, "threads": 512})) == ("nut", {"slabs": 2, "threads": 512})
     A = sp.random(300, 200, density=0.05, format="csr", random_state=3)
     timed = module.cold_checked(CpuReferenceBackend(), A, [("csr_scalar", {"block_size": 128}),
                                                            ("csr_vector", {"threads_per_row": 3})],

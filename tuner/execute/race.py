@@ -86,9 +86,9 @@ the gathers of x near the SMs, and a selector that never saw a structure often r
 rest: on the GPU, leaving each family of the H100's corpus out (``bench/race_lofo_gpu.py``, 37d8275, 121
 matrices of 1 M nonzeros and more), a NuT config was the fastest known on 11 float32 matrices whose race had
 none (the race's pick at 0.66-0.95 of it, on the kronecker graphs). With NuT in every such race (ea2146b, where
-a NuT config of slabs enough also kept its own panels):
-of the 138 races it joined, it won 21; each win by more than 3 % had NuT expected within 1.17 of the fastest
-entrant; in the 45 where it was expected beyond 1.2 it was prepared every time and won once, by 1.5 %."""
+a NuT config of slabs enough also kept its own panels): of the 138 races it joined, it won 21; each win by more
+than 3 % had NuT expected within 1.17 of the fastest entrant; in the 45 where it was expected beyond 1.2 it was
+prepared every time and won once, by 1.5 %."""
 
 SEED_CONFIGS = 8
 """How many of the selector's first configs a search measures first (:func:`search_seeds`: ``plan(effort=

@@ -192,14 +192,19 @@ def cv_folds(table: RankingTable, cv: str, n_splits: int = 5) -> list[np.ndarray
     raise InvalidConfigError(f"unknown cross-validation {cv!r}; choose one of {list(CV_KINDS)}")
 
 
+def fitted_on(table: RankingTable, rows: np.ndarray, make: Callable[[], KernelSelector] = KernelSelector
+              ) -> KernelSelector:
+    """A selector (``make()``) fitted on these ``rows`` of ``table``: their features, times and prepare times."""
+    return make().fit(table.X[rows], [table.times[i] for i in rows], dtype=table.dtype, device=table.device,
+                      prepare_times=[table.prepare[i] for i in rows])
+
+
 def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelector] = KernelSelector,
                 folds: int = 5) -> list[Ranking]:
     """Each row's ranking by a selector (``make()``) fitted on the other folds of ``cv`` (:data:`CV_KINDS`)."""
     out: list[Ranking | None] = [None] * len(table)
     for test in cv_folds(table, cv, folds):
-        train = np.setdiff1d(np.arange(len(table)), test)
-        selector = make().fit(table.X[train], [table.times[i] for i in train], dtype=table.dtype, device=table.device,
-                            prepare_times=[table.prepare[i] for i in train])
+        selector = fitted_on(table, np.setdiff1d(np.arange(len(table)), test), make)
         keys = selector.config_keys()
         spmvs = dict(zip(keys, selector.prepare_spmvs_.tolist(), strict=True))
         for i, expected in zip(test, selector.expected_times(table.X[test]), strict=True):
