@@ -451,7 +451,7 @@ def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs:
 
     # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).
     key = entry_panel * n + indices.astype(i64)
-    order = _stable_argsort(xp, _narrow(xp, key, n_panels * n))
+    order = _stable_argsort(xp, _narrow(key, n_panels * n))
     key_sorted = key[order]
     new = xp.ones(nnz, dtype=bool)
     new[1:] = key_sorted[1:] != key_sorted[:-1]
@@ -473,7 +473,7 @@ def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs:
 
     # Entries grouped by tile, in CSR order (row, column) inside each tile.
     entry_tile = active_tile[entry_uid]
-    order = _stable_argsort(xp, _narrow(xp, entry_tile, n_tiles))
+    order = _stable_argsort(xp, _narrow(entry_tile, n_tiles))
     return _Tiles(local_row, entry_uid, active_slot, (active % n).astype(xp.int32), tile_col_ptr, tiles_per_group,
                   group_tile_ptr, n_tiles, order, entry_tile[order])
 
@@ -516,7 +516,7 @@ def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any,
                                               np.int64(cols_per_tile), active_tile, active_slot))
     tile_col_ptr = cupy.searchsorted(active_tile, cupy.arange(n_tiles + 1, dtype=i32), side="left")
     entry_tile = active_tile[entry_uid]
-    order = entry_tile.argsort()
+    order = _narrow(entry_tile, n_tiles).argsort()
     return _Tiles(local_row, entry_uid, active_slot, tile_cols, tile_col_ptr, tiles_per_group, group_tile_ptr,
                   n_tiles, order, entry_tile[order])
 
@@ -588,9 +588,13 @@ def _exclusive_cumsum(xp: Any, counts: Any) -> Any:
     return out
 
 
-def _narrow(xp: Any, key: Any, bound: int) -> Any:
-    """``key`` (int64, each below ``bound``) as int32 where it fits: a radix sort of half the passes."""
-    return key.astype(xp.int32) if bound <= np.iinfo(np.int32).max else key
+def _narrow(key: Any, bound: int) -> Any:
+    """``key`` (integers, each below ``bound``) as uint16 or int32 where they fit: a radix sort of a quarter or
+    half the passes of int64's (on the H200, an argsort of 20-40 M uint16 keys takes 0.6-1.0 ms, of int32
+    keys 0.9-1.7 ms)."""
+    if bound <= np.iinfo(np.uint16).max + 1:
+        return key.astype(np.uint16)
+    return key.astype(np.int32, copy=False) if bound <= np.iinfo(np.int32).max else key
 
 
 def _stable_argsort(xp: Any, key: Any) -> Any:
