@@ -47,7 +47,7 @@ from tuner.matrix.fingerprint import fingerprint  # noqa: E402
 from tuner.matrix.io import as_device_csr  # noqa: E402
 from tuner.matrix.sources import Source, sources  # noqa: E402
 from tuner.measure.backend import GpuBackend  # noqa: E402
-from tuner.measure.evaluate import checked_prepare  # noqa: E402
+from tuner.measure.evaluate import checked_prepare, round_robin  # noqa: E402
 from tuner.measure.verify import Reference  # noqa: E402
 from tuner.search.survey import load_ahead  # noqa: E402
 from tuner.select.evaluation import RankingTable, corpus_table, fitted_on  # noqa: E402
@@ -66,14 +66,9 @@ def cold_checked(backend: GpuBackend, A: Any, configs: Sequence[tuple[str, dict[
         family = get_family(kernel)
         result, prepared, out = checked_prepare(backend, family, A, params, reference, reference.x)
         ready.append((family, prepared, out) if prepared is not None else f"{result.error_kind}: {result.error}")
-    per: list[list[float]] = [[] for _ in configs]
-    for _ in range(rounds):
-        for i, r in enumerate(ready):
-            if not isinstance(r, str):
-                family, prepared, out = r
-                per[i].append(backend.time(lambda f=family, p=prepared, o=out: backend.run(f, p, reference.x, o),
-                                           repeats=repeats, max_duration=0.3, flush_l2=True).median_s)
-    return [r if isinstance(r, str) else float(np.median(p)) for r, p in zip(ready, per, strict=True)]
+    runs = [lambda f=r[0], p=r[1], o=r[2]: backend.run(f, p, reference.x, o) for r in ready if not isinstance(r, str)]
+    timed = iter(round_robin(backend, runs, rounds=rounds, repeats=repeats, flush_l2=True))
+    return [r if isinstance(r, str) else next(timed).median_s for r in ready]
 
 
 def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, selector: KernelSelector,

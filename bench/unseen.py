@@ -83,7 +83,8 @@ from tuner.execute.plan import EFFORTS, plan  # noqa: E402
 from tuner.execute.race import unranked_entrants  # noqa: E402
 from tuner.matrix.features import extract_features  # noqa: E402
 from tuner.matrix.io import as_csr  # noqa: E402
-from tuner.measure.backend import GpuBackend, Timing  # noqa: E402
+from tuner.measure.backend import GpuBackend  # noqa: E402
+from tuner.measure.evaluate import round_robin  # noqa: E402
 from tuner.measure.metrics import gbps  # noqa: E402
 from tuner.select.model import find_selector  # noqa: E402
 from tuner.select.shipped import slug  # noqa: E402
@@ -296,17 +297,6 @@ def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
     backend.synchronize()
 
 
-def cold_times(backend: GpuBackend, fns: list[Callable[[], object]], *, rounds: int = 3,
-               repeats: int = 10) -> list[float]:
-    """Median cold time of each fn, timed round-robin (L2 flushed before every product)."""
-    per: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            t: Timing = backend.time(fn, repeats=repeats, max_duration=0.5, flush_l2=True)
-            per[i].append(t.median_s)
-    return [float(np.median(p)) for p in per]
-
-
 def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype: str, efforts: list[str],
               trials: int, warm_up: dict[str, Any]) -> list[dict[str, Any]]:
     import cupyx.scipy.sparse as cusp
@@ -346,7 +336,8 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
         # the race's laps are written behind plan()'s back, while the caller's products run: waited for here
         record_s = ex.race.recorded.result() if ex.race is not None and ex.race.recorded is not None else None
     out = backend.cp.empty(A_dev.shape[0], dtype=A_dev.dtype)
-    t1, t2, t_plan = cold_times(backend, [*baseline, lambda: ex(x, out=out)])
+    t1, t2, t_plan = (t.median_s for t in round_robin(backend, [*baseline, lambda: ex(x, out=out)], repeats=10,
+                                                      max_duration=0.5, flush_l2=True))
     cp = backend.cp
     rel_error = float(cp.linalg.norm(ex(x) - y_ref) / max(float(cp.linalg.norm(y_ref)), 1e-300))
     best = min(t1, t2)

@@ -9,6 +9,7 @@ Only a failure that leaves the CUDA context unusable stops the search.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +168,19 @@ def _failed(result: TrialResult, exc: Exception, family: Family, params: dict[st
         ) from exc
 
 
+def round_robin(backend: Backend, fns: Sequence[Callable[[], object]], *, rounds: int = 3, repeats: int = 100,
+                max_duration: float = 0.3, flush_l2: bool = False) -> list[Timing]:
+    """Time several products in the same process, ``rounds`` rounds of each in turn (:meth:`Backend.time`), so
+    drift hits them alike: per product, the median over rounds of each round's median, the spread from all
+    rounds. ``flush_l2``: every product cold (the benchmarks' figures)."""
+    per_round: list[list[Timing]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, timings in zip(fns, per_round, strict=True):
+            timings.append(backend.time(fn, repeats=repeats, max_duration=max_duration, flush_l2=flush_l2))
+    return [Timing(median_s=float(np.median([t.median_s for t in ts])), p10_s=min(t.p10_s for t in ts),
+                   p90_s=max(t.p90_s for t in ts), repeats=sum(t.repeats for t in ts)) for ts in per_round]
+
+
 def time_interleaved(
     backend: Backend,
     configs: list[tuple[Family, dict[str, Any]]],
@@ -178,30 +192,12 @@ def time_interleaved(
     max_duration: float = 0.3,
     flush_l2: bool = False,
 ) -> list[tuple[Timing, float]]:
-    """Time several configs in the same process, round-robin, so drift hits them alike.
-
-    Returns, per config, its Timing (the median over rounds of each round's median,
-    the spread from all rounds) and its one-time ``prepare`` seconds. Used for the
-    comparison with cuSPARSE at the end of a tuning run and by the benchmark.
+    """Prepare several configs, then time them :func:`round_robin`: per config, its Timing and its one-time
+    ``prepare`` seconds. Used for the comparison with cuSPARSE at the end of a tuning run and by the benchmark.
     """
     prepared = [backend.timed_prepare(f, A, p) for f, p in configs]
     outs = [backend.full(pr.shape[0], 0.0, pr.dtype) for pr, _ in prepared]
-    per_round: list[list[Timing]] = [[] for _ in configs]
-    for _ in range(rounds):
-        for i, ((family, _), (pr, _)) in enumerate(zip(configs, prepared, strict=True)):
-            per_round[i].append(
-                backend.time(lambda f=family, p=pr, o=outs[i]: backend.run(f, p, x, o),
-                             repeats=repeats, max_duration=max_duration, flush_l2=flush_l2)
-            )
-    return [
-        (
-            Timing(
-                median_s=float(np.median([t.median_s for t in ts])),
-                p10_s=min(t.p10_s for t in ts),
-                p90_s=max(t.p90_s for t in ts),
-                repeats=sum(t.repeats for t in ts),
-            ),
-            prepare_s,
-        )
-        for ts, (_, prepare_s) in zip(per_round, prepared, strict=True)
-    ]
+    fns = [lambda f=family, p=pr, o=out: backend.run(f, p, x, o)
+           for (family, _), (pr, _), out in zip(configs, prepared, outs, strict=True)]
+    timings = round_robin(backend, fns, rounds=rounds, repeats=repeats, max_duration=max_duration, flush_l2=flush_l2)
+    return [(timing, prepare_s) for timing, (_, prepare_s) in zip(timings, prepared, strict=True)]
