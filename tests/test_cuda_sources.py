@@ -1,4 +1,5 @@
-"""Every .cu file compiles with nvcc for Hopper, with every instantiation its family uses.
+"""Every .cu file compiles with nvcc for Hopper, with every instantiation its family uses, and so does every
+kernel kept as a source string in a Python module.
 
 Runs on a machine without a GPU (CI has nvcc), so a syntax or template error in a
 kernel never lands. Skipped where nvcc is not on PATH.
@@ -15,7 +16,8 @@ import pytest
 from kernels import REGISTRY, _narrow
 from kernels._cuda import KERNEL_DIR
 from kernels.spmspv import MODES
-from tuner.measure import verify
+from tuner.matrix import features_gpu, fingerprint
+from tuner.measure import backend, verify
 
 NVCC = shutil.which("nvcc")
 SOURCES = {**{n: f for n, f in REGISTRY.items() if f.cu_file}, **{f"spmspv-{n}": m for n, m in MODES.items()},
@@ -46,3 +48,23 @@ def test_cu_file_compiles_with_nvcc(family, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "k.o").stat().st_size > 0
+
+
+INLINE = {"features": (features_gpu._ROWS, ("feature_rows", "feature_xor_bits", "feature_columns", "feature_tail")),
+          "fingerprint": (fingerprint._KERNEL, ("fingerprint_sums",)),
+          "spin": (backend._SPIN, ("spin_cycles",)), "gate": (backend._GATE, ("wait_for_host",))}
+"""The kernels kept as source strings in Python modules (compiled by NVRTC at run time), and their entry points."""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("name", sorted(INLINE))
+def test_inline_kernels_compile_with_nvcc(name, tmp_path):
+    source, entries = INLINE[name]
+    path = tmp_path / f"{name}.cu"
+    path.write_text(source)
+    proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", "--ptx", str(path), "-o", str(tmp_path / "k.ptx")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ptx = (tmp_path / "k.ptx").read_text()
+    for entry in entries:  # each extern "C" kernel the module asks for is an entry of the PTX
+        assert f".entry {entry}(" in ptx, entry

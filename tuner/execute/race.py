@@ -23,6 +23,7 @@ answers from the store at once, and every race grows the corpus.
 
 from __future__ import annotations
 
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -208,24 +209,26 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
         spent = sum(_cost(r) for r in chosen[1:])
         bar = (1 - margin) * min((r.expected_s for r in ranking if r.kernel == BASELINE), default=float("inf"))
 
+        # those that could ever join: not expected too slow to win (the few dozen others are never looked at)
+        pool = [r for r in ranked[1:] if r.expected_s <= slack * chosen[0].expected_s and r.expected_s < bar]
+
         def admits(r: RankedConfig) -> bool:
-            return (r.expected_s <= slack * chosen[0].expected_s and r.expected_s < bar
-                    and not any(r is c for c in chosen) and sum(c.kernel == r.kernel for c in chosen) < per_family
+            return (not any(r is c for c in chosen) and sum(c.kernel == r.kernel for c in chosen) < per_family
                     and spent + _cost(r) <= prepare_budget)
 
-        outcomes = np.array([r.outcomes for r in ranked]) if ranked and all(r.outcomes for r in ranking) else None
+        outcomes = np.array([r.outcomes for r in pool]) if pool and all(len(r.outcomes) for r in ranking) else None
         covered = None if outcomes is None else \
             np.min([r.outcomes for r in (*chosen, *(r for r in ranking if r.kernel == BASELINE))], axis=0)
-        while len(chosen) < size and (j := _next_entrant(ranked, outcomes, covered, admits)) is not None:
-            chosen.append(ranked[j])
-            spent += _cost(ranked[j])
+        while len(chosen) < size and (j := _next_entrant(pool, outcomes, covered, admits)) is not None:
+            chosen.append(pool[j])
+            spent += _cost(pool[j])
             if outcomes is not None:
                 covered = np.minimum(covered, outcomes[j])
         order = {id(r): i for i, r in enumerate(ranked)}
         picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         picked += unranked_entrants(ranking, features, itemsize)
-    expected = {(r.kernel, _key(r.params)): r for r in ranking or ()}
+    expected = {(r.kernel, _key(r.params)): r for r in ranking or () if r.kernel == BASELINE}
     for kernel, params in BASELINE_ENTRANTS:
         r = expected.get((kernel, _key(params)))
         picked.append(Entrant(kernel, dict(params), r.expected_s if r else None, r.prepare_spmvs if r else None))
@@ -395,7 +398,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         timed = backend.time_queued(fns, repeats=products, flush_l2=True)
         for i, samples in zip(order, timed, strict=True):
             laps[i].samples += samples
-        medians = {i: float(np.median(laps[i].samples)) for i in ready if laps[i].samples}
+        medians = {i: statistics.median(laps[i].samples) for i in ready if laps[i].samples}
         leader = min(medians.values())
         for i, median in medians.items():
             if median > drop * leader:
@@ -424,7 +427,7 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         lap_round(products=repeats if round_ else screen)
     for lap in laps:
         if lap.samples:
-            lap.result.timing = Timing.from_samples(np.asarray(lap.samples))
+            lap.result.timing = Timing.from_samples(lap.samples)
             lap.result.state = "ok"
             if on_lap:
                 on_lap(lap)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from common.errors import InvalidConfigError
+from common.percentile import percentile
 from kernels import Family, Prepared
 from kernels._cuda import require_cupy
 
@@ -80,9 +81,11 @@ class Timing:
     repeats: int
 
     @classmethod
-    def from_samples(cls, samples: np.ndarray) -> Timing:
-        p10, p50, p90 = np.percentile(samples, [10, 50, 90])
-        return cls(float(p50), float(p10), float(p90), int(samples.size))
+    def from_samples(cls, samples: Sequence[float] | np.ndarray) -> Timing:
+        """The median and the 10th and 90th percentiles of the samples (NumPy's, computed without it: a race
+        makes a dozen of these)."""
+        ordered = sorted(samples.tolist() if isinstance(samples, np.ndarray) else samples)
+        return cls(percentile(ordered, 50), percentile(ordered, 10), percentile(ordered, 90), len(ordered))
 
 
 class Backend(ABC):
@@ -184,7 +187,7 @@ class GpuBackend(Backend):
         """
         for _ in range(3):
             fn()
-        return Timing.from_samples(np.asarray(self._samples(fn, repeats, flush_l2, max_duration)))
+        return Timing.from_samples(self._samples(fn, repeats, flush_l2, max_duration))
 
     def _samples(self, fn: Callable[[], object], repeats: int, flush_l2: bool,
                  max_duration: float = float("inf")) -> list[float]:
@@ -385,7 +388,7 @@ class CpuReferenceBackend(Backend):
             samples.append(time.perf_counter() - start)
             if time.perf_counter() > deadline and len(samples) >= 3:
                 break
-        return Timing.from_samples(np.asarray(samples))
+        return Timing.from_samples(samples)
 
     def time_queued(self, fns: Sequence[Callable[[], object]], *, repeats: int,
                     flush_l2: bool = False) -> list[list[float]]:

@@ -222,8 +222,9 @@ class RankedConfig:
     expected_s: float  # expected time of one SpMV on the device asked for
     prepare_spmvs: float  # median prepare time / SpMV time on the training matrices (NaN: never measured)
     votes: float  # share of the forest's trees that rank this config first
-    outcomes: tuple[float, ...] = field(default=(), repr=False)
-    """log(t / t_best) of this config on the training matrices most like this one (KernelSelector.outcomes)"""
+    outcomes: Sequence[float] | np.ndarray = field(default=(), repr=False, compare=False)
+    """log(t / t_best) of this config on the training matrices most like this one (KernelSelector.outcomes;
+    empty where not asked for)"""
 
 
 @dataclass(frozen=True)
@@ -371,7 +372,7 @@ class KernelSelector(BaseEstimator):
         if len(rows) != 1:
             raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
         seconds, prepare, shares = expected[0].tolist(), self.prepare_spmvs_.tolist(), votes[0].tolist()
-        drawn = [tuple(o) for o in self._outcomes(leaves)[0].T.tolist()] if outcomes else [()] * len(seconds)
+        drawn = np.ascontiguousarray(self._outcomes(leaves)[0].T) if outcomes else [()] * len(seconds)
         return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), seconds[j], prepare[j], shares[j],
                              drawn[j])
                 for j in np.argsort(expected[0], kind="stable").tolist()]
