@@ -84,6 +84,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidConfigError, NoDeviceError
+from kernels._arrays import stable_argsort
 from kernels._cuda import c_type, get_kernels, grid, require_cupy, to_numpy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
@@ -451,7 +452,7 @@ def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs:
 
     # Active columns: the distinct (panel, column) pairs, numbered in order (so by slab inside a panel).
     key = entry_panel * n + indices.astype(i64)
-    order = _stable_argsort(xp, _narrow(key, n_panels * n))
+    order = stable_argsort(xp, _narrow(key, n_panels * n))
     key_sorted = key[order]
     new = xp.ones(nnz, dtype=bool)
     new[1:] = key_sorted[1:] != key_sorted[:-1]
@@ -473,7 +474,7 @@ def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs:
 
     # Entries grouped by tile, in CSR order (row, column) inside each tile.
     entry_tile = active_tile[entry_uid]
-    order = _stable_argsort(xp, _narrow(entry_tile, n_tiles))
+    order = stable_argsort(xp, _narrow(entry_tile, n_tiles))
     return _Tiles(local_row, entry_uid, active_slot, (active % n).astype(xp.int32), tile_col_ptr, tiles_per_group,
                   group_tile_ptr, n_tiles, order, entry_tile[order])
 
@@ -595,11 +596,6 @@ def _narrow(key: Any, bound: int) -> Any:
     if bound <= np.iinfo(np.uint16).max + 1:
         return key.astype(np.uint16)
     return key.astype(np.int32, copy=False) if bound <= np.iinfo(np.int32).max else key
-
-
-def _stable_argsort(xp: Any, key: Any) -> Any:
-    # cupy.argsort is always stable and takes no ``kind``.
-    return np.argsort(key, kind="stable") if xp is np else key.argsort()
 
 
 # -- reading the structure back as the kernel does ------------------------------------

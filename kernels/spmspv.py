@@ -44,10 +44,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kernels import REGISTRY, get_family
+from kernels._arrays import stable_argsort
 from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
-from kernels.nut import _stable_argsort
 
 SCAN_BLOCK = 1 << 15
 """Up to this many x entries, one block computes the sparse mode's offsets (else: counts, then a CuPy scan)."""
@@ -306,7 +306,7 @@ def sum_runs(xp: Any, keys: Any, values: Any) -> tuple[Any, Any]:
     """
     if keys.shape[0] == 0:
         return keys, values
-    order = _stable_argsort(xp, keys)
+    order = stable_argsort(xp, keys)
     keys, values = keys[order], values[order]
     first = xp.ones(keys.shape[0], dtype=bool)
     first[1:] = keys[1:] != keys[:-1]

@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels._arrays import stable_argsort
 from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._reference import products, row_ids, segment_sums
@@ -74,7 +75,6 @@ from kernels.suraa_rows import ROW_KEYS, RowDecomposition, _row_pieces, decompos
 from kernels.suraa_segments import (
     SEGMENT_KEYS,
     Decomposition,
-    _argsort_stable,
     _npr_first,
     _sort_key,
     decompose,
@@ -247,7 +247,7 @@ class Suraa(Family):
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype), options=RDC)
         scalar, vector, parent = (kernels[n] for n in self.name_expressions(prepared.dtype)[:3])
         npr, key = _sort_key(cupy, A.indptr, A.indices, prepared.shape[1])
-        perm = _argsort_stable(cupy, key)
+        perm = stable_argsort(cupy, key).astype(cupy.int32)
         dec = self._decompose_segments(npr[perm].get(), p)
         self._lay_out(prepared, perm)
         n_side = len(dec.g2_launches) + int(dec.group_bounds[1] > 0)

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels._arrays import stable_argsort
 from kernels._cuda import to_numpy
-from kernels.suraa_segments import _argsort_stable
 
 __all__ = ["ROW_KEYS", "RowDecomposition", "decompose_rows", "row_threads"]
 
@@ -126,7 +126,7 @@ def decompose_rows(
     long_, lg = _row_classes(xp, npr, threshold=threshold, g3_entries=g3_entries)
     # Long rows: key < 0 (npr >= threshold >= 1), the paper's order; short rows: 5 − log2 t in [0, 5].
     key = xp.where(long_, first.astype(xp.int64) - npr * (n_cols + 1), 5 - lg)
-    perm = _argsort_stable(xp, key)
+    perm = stable_argsort(xp, key).astype(xp.int32)
     code = (long_.astype(xp.int64) * 64 + lg)[perm]  # never increases along the sorted order
     starts = to_numpy(xp.flatnonzero(xp.diff(code)) + 1).astype(np.int64)
     bin_bounds = np.concatenate(([0], starts, [m])).astype(np.int64)

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kernels._arrays import stable_argsort
+
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
@@ -203,14 +205,7 @@ def _sort_key(xp: Any, indptr: Any, indices: Any, n_cols: int) -> tuple[Any, Any
     return npr, first - npr * (n_cols + 1)
 
 
-def _argsort_stable(xp: Any, key: Any) -> Any:
-    """Stable argsort as int32 (CuPy's argsort is always stable and takes no ``kind``)."""
-    order = np.argsort(key, kind="stable") if xp is np else xp.argsort(key)
-    return order.astype(xp.int32)
-
-
-
 def row_order(A: Any) -> np.ndarray:
     """``perm`` (int32) of grouping "segment" for a SciPy CSR matrix: npr descending, first column, index."""
     _, key = _sort_key(np, np.asarray(A.indptr), np.asarray(A.indices), A.shape[1])
-    return _argsort_stable(np, key)
+    return stable_argsort(np, key).astype(np.int32)
