@@ -47,6 +47,17 @@ def gpu_available() -> bool:
     return True
 
 
+def device_attributes() -> dict[str, int]:
+    """The current device's attributes (CuPy's ``Device.attributes``), read once a device and process: CuPy
+    reads every attribute from the driver on each ask, and preparations and plan() ask on every call."""
+    return _attributes(require_cupy().cuda.Device().id)
+
+
+@functools.cache
+def _attributes(device: int) -> dict[str, int]:
+    return dict(require_cupy().cuda.Device(device).attributes)
+
+
 def c_type(dtype: Any) -> str:
     """The CUDA C type for a value dtype (float32 → float, float64 → double)."""
     return C_TYPES[np.dtype(dtype)]

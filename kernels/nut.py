@@ -76,7 +76,6 @@ True
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -85,7 +84,7 @@ import numpy as np
 
 from common.errors import InvalidConfigError, NoDeviceError
 from kernels._arrays import stable_argsort
-from kernels._cuda import c_type, get_kernels, grid, require_cupy, to_numpy
+from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy, to_numpy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
 
@@ -167,7 +166,7 @@ class Nut(Family):
         if self.num_sms is not None:
             return self.num_sms
         try:
-            return _device_attribute("MultiProcessorCount")
+            return device_attributes()["MultiProcessorCount"]
         except NoDeviceError:
             return DEFAULT_SMS
 
@@ -203,7 +202,7 @@ class Nut(Family):
         ex.update(build(A.indptr, A.indices, A.data, prepared.shape, **p, num_sms=self.sm_count(), xp=cupy))
         kernel = _kernels(prepared.dtype)["spmv"]
         shared = (ex["max_panel_rows"] + ex["max_tile_cols"]) * prepared.dtype.itemsize
-        limit = _device_attribute("MaxSharedMemoryPerBlockOptin")
+        limit = device_attributes()["MaxSharedMemoryPerBlockOptin"]
         if shared > limit:
             raise InvalidConfigError(
                 f"nut {p} needs {shared} bytes of shared memory per block; this GPU allows {limit}"
@@ -258,16 +257,6 @@ def _kernels(dtype: Any) -> dict[str, Any]:
     spmv, encode, *build_kernels = names = _kernel_names(dtype)
     kernels = get_kernels(Nut.cu_file, names)
     return {"spmv": kernels[spmv], "encode": kernels[encode], **{k: kernels[k] for k in build_kernels}}
-
-
-def _device_attribute(name: str) -> int:
-    cupy = require_cupy()
-    return _attributes(cupy.cuda.Device().id)[name]
-
-
-@functools.cache
-def _attributes(device: int) -> dict[str, int]:
-    return dict(require_cupy().cuda.Device(device).attributes)
 
 
 # -- the decomposition, for NumPy and CuPy alike ------------------------------------

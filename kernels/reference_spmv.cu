@@ -60,3 +60,27 @@ __global__ void reference_spmv(const int rows,
         atomicAdd(scale + row, mag);
     }
 }
+
+// rel_error_max: the largest relative error of a kernel's y against the reference (Reference.check in
+// verify.py): |y - ref| less the absolute tolerance, over |A|·|x|, infinite where y (or the reference) is not a
+// finite number; the maximum over the rows in one pass, a warp's maximum then one atomicMax a warp on the bits
+// of a non-negative double (whose bits order as its values do) in *worst, zeroed by the caller.
+template <typename T>
+__global__ void rel_error_max(const int rows,
+                              const T* __restrict__ y,
+                              const double* __restrict__ ref,
+                              const double* __restrict__ scale,
+                              const double atol,
+                              unsigned long long* __restrict__ worst)
+{
+    const double inf = __longlong_as_double(0x7ff0000000000000LL);
+    double w = 0.0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) {
+        const double v = (double)y[i];
+        double r = isfinite(v) ? fmax(fabs(v - ref[i]) - atol, 0.0) / fmax(scale[i], 2.2250738585072014e-308) : inf;
+        w = fmax(w, r == r ? r : inf);  // NaN (inf / inf: a reference that is not finite) fails
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w = fmax(w, __shfl_down_sync(0xffffffffu, w, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(worst, (unsigned long long)__double_as_longlong(w));
+}

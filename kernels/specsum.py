@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels._cuda import c_type, get_kernels, grid, require_cupy
+from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared, _check_vector
 from kernels._reference import products, row_ids
 from kernels._space import Param, Space
@@ -305,7 +305,7 @@ class SpecSum(Family):
         A, p, geo, ex = prepared.A, prepared.params, self._geometry(prepared), prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
         v = c_type(prepared.dtype)
-        attributes = cupy.cuda.Device().attributes
+        attributes = device_attributes()
         ex["resident_warps"] = attributes["MultiProcessorCount"] * attributes["MaxThreadsPerMultiProcessor"] // 32
         # Bunches that fit in one wave wait on their dependent rounds of loads: the wide kernel loads several
         # row pointers a lane a round. With more, loads and registers (occupancy) count: the narrow one.

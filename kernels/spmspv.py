@@ -45,7 +45,7 @@ import numpy as np
 
 from kernels import REGISTRY, get_family
 from kernels._arrays import stable_argsort
-from kernels._cuda import c_type, get_kernels, grid, require_cupy
+from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
 
@@ -162,7 +162,7 @@ class SparseMode(Mode):
         ex.update(col_ptr=csc.indptr.astype(cupy.int64), row_idx=csc.indices.astype(cupy.int32), vals=csc.data)
         ex["longest"] = int(cupy.diff(ex["col_ptr"]).max())
         ex["kernels"] = get_kernels(self.cu_file, self.name_expressions(dtype))
-        ex["blocks_cap"] = 16 * cupy.cuda.Device().attributes["MultiProcessorCount"]
+        ex["blocks_cap"] = 16 * device_attributes()["MultiProcessorCount"]
         if prepared.params["merge"] == "spa":  # the accumulator, all zero between calls, and its counters
             ex.update(acc=cupy.zeros(m, dtype=dtype), mark=cupy.zeros(m, dtype=cupy.int32),
                       touched=cupy.empty(m, dtype=cupy.int32), counters=cupy.zeros(2, dtype=cupy.int32))

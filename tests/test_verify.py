@@ -81,6 +81,10 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
         np.testing.assert_allclose(dev.scale.get(), abs(A64) @ np.abs(x64), rtol=1e-12, atol=1e-300)
         y = cusp.csr_matrix(A.astype(dtype)) @ dev.x
         assert dev.check(y)[0] and dev.check(y.get())[0]  # on either side
+        if A.shape[0]:  # the one-pass check's worst relative error is the definition's, computed on the host
+            err = np.maximum(np.abs(y.get().astype(np.float64) - dev.y.get()) - dev.atol, 0.0)
+            want = float((err / np.maximum(dev.scale.get(), np.finfo(np.float64).tiny)).max())
+            assert dev.check(y)[1] == pytest.approx(want, rel=1e-15, abs=0.0)
         if A.shape[0] and A[0].nnz:  # a wrong value, every entry finite: the one-pass check finds it too
             wrong = y.copy()
             wrong[0] += 1.0

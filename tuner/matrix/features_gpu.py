@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from common.percentile import lerp, positions
+from kernels._cuda import device_attributes
 
 _ROWS = r"""
 extern "C" __global__ void feature_rows(const int* __restrict__ indptr, const int* __restrict__ indices, int m,
@@ -144,7 +145,7 @@ def device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, lon
     """The raw numbers :func:`extract_features` needs, from CuPy int32 ``indptr``/``indices`` (nnz > 0)."""
     rows_kernel, xor_kernel, columns_kernel, tail_kernel = _kernels(cupy, cupy.cuda.Device().id)
     nnz = int(indices.size)
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = device_attributes()["MultiProcessorCount"]
     opens = cupy.zeros(nnz, dtype=cupy.uint8)
     # the counters: empty, long and diagonal rows (3), the bandwidth (1), the XOR histogram (33), the tail's (9)
     out = cupy.zeros(46, dtype=cupy.uint64)

@@ -94,18 +94,16 @@ def _sums_numpy(w: np.ndarray, tags: tuple[int, int]) -> tuple[int, int]:
     return sums[0], sums[1]
 
 
-def _sums_cupy(w: Any, tags: tuple[int, int]) -> Any:
-    """Both lanes' sums of one CuPy array, on the GPU (a device array of two uint64, not yet read)."""
+def _sums_cupy(w: Any, tags: tuple[int, int], out: Any) -> None:
+    """Both lanes' sums of one CuPy array, on the GPU, added into ``out`` (two zeroed uint64; not yet read)."""
     import cupy
 
-    kernel = _kernel()
-    out = cupy.zeros(2, dtype=cupy.uint64)
+    from kernels._cuda import device_attributes
+
     n = int(w.size)
     if n:
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        blocks = max(1, min(-(-n // 256), 8 * sms))
-        kernel((blocks,), (256,), (w.view(cupy.uint32), np.int64(n), np.uint64(tags[0]), np.uint64(tags[1]), out))
-    return out
+        blocks = max(1, min(-(-n // 256), 8 * device_attributes()["MultiProcessorCount"]))
+        _kernel()((blocks,), (256,), (w.view(cupy.uint32), np.int64(n), np.uint64(tags[0]), np.uint64(tags[1]), out))
 
 
 def _kernel() -> Any:
@@ -127,7 +125,9 @@ def fingerprint(A: Any) -> str:
     if xp is np:
         sums = [*_sums_numpy(indptr, _TAGS[0]), *_sums_numpy(indices, _TAGS[1])]
     else:
-        both = xp.concatenate([_sums_cupy(indptr, _TAGS[0]), _sums_cupy(indices, _TAGS[1])])
+        both = xp.zeros(4, dtype=xp.uint64)  # indptr's two lanes, then indices'
+        _sums_cupy(indptr, _TAGS[0], both[:2])
+        _sums_cupy(indices, _TAGS[1], both[2:])
         sums = [int(s) for s in both.get()]
     lanes = []
     for lane, seed in enumerate(_SEEDS):
