@@ -50,7 +50,7 @@ def test_cu_file_compiles_with_nvcc(family, tmp_path):
     assert (tmp_path / "k.o").stat().st_size > 0
 
 
-INLINE = {"features": (features_gpu._ROWS, ("feature_rows", "feature_xor_bits", "feature_columns", "feature_tail")),
+INLINE = {"features": (features_gpu._SOURCE, ("feature_rows", "feature_xor_bits", "feature_columns", "feature_tail")),
           "fingerprint": (fingerprint._KERNEL, ("fingerprint_sums",)),
           "spin": (backend._SPIN, ("spin_cycles",)), "gate": (backend._GATE, ("wait_for_host",))}
 """The kernels kept as source strings in Python modules (compiled by NVRTC at run time), and their entry points."""

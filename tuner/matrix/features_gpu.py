@@ -28,7 +28,7 @@ import numpy as np
 from common.percentile import lerp, positions
 from kernels._cuda import device_attributes
 
-_ROWS = r"""
+_SOURCE = r"""
 extern "C" __global__ void feature_rows(const int* __restrict__ indptr, const int* __restrict__ indices, int m,
                                         int long_row, unsigned char* __restrict__ opens,
                                         unsigned long long* __restrict__ counts,
@@ -136,7 +136,7 @@ extern "C" __global__ void feature_tail(const int* __restrict__ ordered, int m,
 @functools.cache
 def _kernels(cupy: Any, device: int) -> tuple[Any, Any, Any, Any]:
     """The four kernels, compiled once per device and process (each plan() asks for them)."""
-    module = cupy.RawModule(code=_ROWS)
+    module = cupy.RawModule(code=_SOURCE)
     return tuple(module.get_function(name) for name in ("feature_rows", "feature_xor_bits", "feature_columns",
                                                           "feature_tail"))
 
