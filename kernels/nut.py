@@ -484,7 +484,7 @@ def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any,
     kernels[f"nut_keys<{suffix}>"](*_launch(-(-nnz // _KEYS_PER_THREAD)), (
         np.int64(nnz), np.int64(m), indptr, indices.astype(i32, copy=False), np.int64(n_panels), panel_ptr,
         np.int64(n), np.int64(_KEYS_PER_THREAD), local_row, key))
-    order = key.argsort()
+    order = stable_argsort(cupy, key)
     starts = cupy.empty(nnz, dtype=i32)
     kernels[f"nut_runs<{suffix}>"](*launch, (np.int64(nnz), order, key, starts))
     runs = cupy.cumsum(starts, dtype=i32)
@@ -506,7 +506,7 @@ def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any,
                                               np.int64(cols_per_tile), active_tile, active_slot))
     tile_col_ptr = cupy.searchsorted(active_tile, cupy.arange(n_tiles + 1, dtype=i32), side="left")
     entry_tile = active_tile[entry_uid]
-    order = _narrow(entry_tile, n_tiles).argsort()
+    order = stable_argsort(cupy, _narrow(entry_tile, n_tiles))
     return _Tiles(local_row, entry_uid, active_slot, tile_cols, tile_col_ptr, tiles_per_group, group_tile_ptr,
                   n_tiles, order, entry_tile[order])
 
