@@ -165,8 +165,8 @@ def _worst_rel_on_gpu(y: Any, ref: Any, scale: Any, atol: float) -> float:
         y = y.astype(cupy.float64)
     y = cupy.ascontiguousarray(y)
     worst = cupy.zeros(1, dtype=cupy.uint64)
-    name = reference_kernel_names(y.dtype)[1]
-    get_kernels(REFERENCE_CU, reference_kernel_names(y.dtype))[name](
+    names = reference_kernel_names(y.dtype)
+    get_kernels(REFERENCE_CU, names)[names[1]](
         (min(grid(y.size, 256), 4096),), (256,), (np.int32(y.size), y, ref, scale, np.float64(atol), worst))
     return float(worst.get().view(np.float64)[0])
 
