@@ -123,9 +123,9 @@ def _products_on_gpu(A: Any, x: Any) -> tuple[Any, Any]:
 
     y, scale = cupy.zeros(A.shape[0], dtype=np.float64), cupy.zeros(A.shape[0], dtype=np.float64)
     if A.nnz:
-        name = reference_kernel_names(A.dtype)[0]
+        names = reference_kernel_names(A.dtype)  # one module for the reference and the checks against it
         threads = -(-A.nnz // REFERENCE_ENTRIES)
-        get_kernels(REFERENCE_CU, (name,))[name](
+        get_kernels(REFERENCE_CU, names)[names[0]](
             (grid(threads, 256),), (256,),
             (np.int32(A.shape[0]), np.int64(A.nnz), np.int32(REFERENCE_ENTRIES), A.indptr, A.indices, A.data, x,
              y, scale))
