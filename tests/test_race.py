@@ -95,6 +95,19 @@ def test_the_shortlist_always_has_what_predict_would_run() -> None:
         "nut", "ipcsr", "csr_scalar", "cusparse", "cusparse"]
 
 
+def test_where_predict_would_run_cusparse_a_cheap_config_of_ours_near_it_races() -> None:
+    """cuSPARSE, raced anyway, is the first config cheap to prepare: the first cheap one of ours joins where it is
+    expected within ``slack`` times cuSPARSE."""
+    ranking = [ranked("nut", {}, 1.0, prepare=250.0), ranked("cusparse", {"algorithm": "csr_alg1"}, 1.1, 3.0),
+               ranked("ipcsr", {}, 1.2, prepare=100.0), ranked("csr_vector", {"threads_per_row": 4}, 1.5, 0.8),
+               ranked("csr_scalar", {}, 1.7, prepare=0.5), *KNOWN]
+    # ipcsr (1.2) cannot beat cuSPARSE (1.1) by the margin; csr_vector (1.5) is within 1.5 x 1.1 of it
+    assert [e.kernel for e in shortlist(ranking, size=4, slack=1.5)] == ["nut", "csr_vector", "cusparse", "cusparse"]
+    assert [e.kernel for e in shortlist(ranking, size=4, slack=1.3)] == ["nut", "cusparse", "cusparse"]
+    assert [e.kernel for e in shortlist(ranking, size=4, slack=1.6, cheap=0.6)] == [
+        "nut", "csr_scalar", "cusparse", "cusparse"]
+
+
 def test_the_shortlist_races_what_covers_the_nearest_matrices_where_the_ranking_carries_outcomes() -> None:
     """On the training matrices nearest (here four), nut and csr_vector fail together on the last two and
     csr_scalar is best there: with outcomes the third place goes to csr_scalar, not to the second
