@@ -105,6 +105,14 @@ FIT_PANEL_BYTES = 32 * 1024
 bench/results/2026-11-26_NVIDIA-H200-sm-90_probe_unseen_rows_per_panel.json), rows a panel 2048 / 4096 / 8192:
 bursts float32 1.22x / 1.41x / 1.57x cuSPARSE, float64 1.06x / 1.08x / 1.06x; communities-large float32
 (2 slabs) 1.47x / 1.55x / 1.52x, float64 1.31x / 1.27x / 1.20x (with 1024 threads 1.08x / 1.25x / 1.28x)."""
+FIT_SHARED_BYTES = 96 * 1024
+"""The most shared memory (a panel of y and a tile of x) :meth:`Nut.adapt` gives a config it cuts into slabs:
+two blocks an SM (sm_90 has 228 KB); it narrows the tiles to fit. Past it one block an SM is left to gather x
+from the L2: on the H100, bursts of the unseen benchmark in float64, 4 slabs of 8192-row panels ran 1.19x
+cuSPARSE with tiles of 4096 columns (96 KB) and 0.88x with 16384 (192 KB), and 2048-row panels 1.17x and
+0.55x (72 and 144 KB); on the H200 communities-large in float64 took 1.03 ms and 1.12 ms (8192 rows, 4096 and
+16384 columns). In float32 8192 rows and 16384 columns fit it (96 KB) and were the fastest of 32 configs on
+communities-large (probes as for :data:`FIT_SLABS` and :data:`FIT_PANEL_BYTES`)."""
 BANDS = (1, 2, 4, 8, 16)
 DEFAULT_SMS = 132
 """SMs assumed when no GPU is visible (H100 SXM and H200)."""
@@ -176,9 +184,9 @@ class Nut(Family):
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
         """As many slabs as it takes for one slab of x to fill at most a third of the L2 (the rest holds the
         band of y and the tiles streaming through), at most :data:`FIT_SLABS`; with more than one slab, panels
-        of at least :data:`FIT_PANEL_BYTES` of y. On the 8 M-column graph of the unseen benchmark the search
-        found 4 slabs in float64 (x: 64 MB) and 2 in float32 against the H100's 50 MB of L2, where the
-        selector's one slab lost to cuSPARSE in float64."""
+        of at least :data:`FIT_PANEL_BYTES` of y and tiles narrowed to fit :data:`FIT_SHARED_BYTES`. On the
+        8 M-column graph of the unseen benchmark the search found 4 slabs in float64 (x: 64 MB) and 2 in float32
+        against the H100's 50 MB of L2, where the selector's one slab lost to cuSPARSE in float64."""
         if l2_bytes <= 0:
             return None
         slabs = next((s for s in SLABS if s == FIT_SLABS or cols * itemsize <= s * l2_bytes / 3), FIT_SLABS)
@@ -187,6 +195,9 @@ class Nut(Family):
         if slabs > 1:
             rows = min(max(config["rows_per_panel"], FIT_PANEL_BYTES // itemsize), ROWS_PER_PANEL[-1])
             fitted["rows_per_panel"] = next(r for r in ROWS_PER_PANEL if r >= rows)
+            room = FIT_SHARED_BYTES // itemsize - fitted["rows_per_panel"]
+            fitted["cols_per_tile"] = max((c for c in COLS_PER_TILE if c <= min(room, config["cols_per_tile"])),
+                                          default=COLS_PER_TILE[0])
         fitted = self.space.validate(fitted, family=self.name)
         return None if fitted == config else fitted
 

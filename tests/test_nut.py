@@ -334,6 +334,23 @@ def test_adapt_fits_the_slabs_to_the_l2_and_then_the_panels_to_the_slabs():
     assert f.adapt(small, cols=8_000_000, itemsize=8, l2_bytes=0) is None  # L2 unknown
 
 
+@pytest.mark.parametrize(("asked", "itemsize", "fitted"), [
+    ((8192, 16384), 8, (8192, 4096)),  # 192 KB asked: the tile narrowed to 96 KB in all
+    ((2048, 16384), 8, (4096, 8192)),  # the panel grown to 32 KB of y, the tile narrowed to fit beside it
+    ((8192, 16384), 4, (8192, 16384)),  # 96 KB: fits as asked
+    ((2048, 1024), 8, (4096, 1024)),  # a narrow tile is never widened
+])
+def test_adapt_narrows_the_tiles_of_a_config_cut_into_slabs_to_two_blocks_an_sm(asked, itemsize, fitted):
+    rows, cols = asked
+    out = Nut().adapt({"rows_per_panel": rows, "cols_per_tile": cols, "threads": 1024}, cols=40_000_000,
+                      itemsize=itemsize, l2_bytes=50 << 20)
+    assert out["slabs"] > 1 and (out["rows_per_panel"], out["cols_per_tile"]) == fitted
+    assert (out["rows_per_panel"] + out["cols_per_tile"]) * itemsize <= nut.FIT_SHARED_BYTES
+    one_slab = Nut().adapt({"rows_per_panel": rows, "cols_per_tile": cols, "threads": 1024}, cols=1000,
+                           itemsize=itemsize, l2_bytes=50 << 20)
+    assert one_slab is None  # x in the L2: nothing fitted, however wide the tile
+
+
 def test_space_and_paper_defaults():
     f = Nut()
     assert paper_defaults("float64") == (2048, 4096) and paper_defaults("float32") == (4096, 8192)
