@@ -169,46 +169,11 @@ def test_a_missing_time_counts_as_the_slowest_times_two() -> None:
     feats, times = _table(30, seed=4)
     del times[0][ALG2]
     # Leaves of one sample and no bootstrap: the forest reproduces its training targets.
-    selector = KernelSelector(n_estimators=3, min_samples_leaf=1, slowdown_cap=math.inf).fit(
-        feats, times, dtype=DTYPE, device=DEVICE)
+    selector = KernelSelector(n_estimators=3, min_samples_leaf=1).fit(feats, times, dtype=DTYPE, device=DEVICE)
     expected = dict(zip(selector.config_keys(), selector.expected_times(feats[:1])[0], strict=True))
     assert expected[ALG2] == pytest.approx(max(times[0].values()) * math.exp(MISSING_PENALTY))
     for key, t in times[0].items():
         assert expected[key] == pytest.approx(t)
-
-
-@pytest.mark.parametrize("cap", [1.5, 4.0])
-def test_slowdowns_are_learned_up_to_the_cap(cap: float) -> None:
-    feats, times = _table(30, seed=4)
-    del times[0][ALG2]
-    selector = KernelSelector(n_estimators=3, min_samples_leaf=1, slowdown_cap=cap).fit(
-        feats, times, dtype=DTYPE, device=DEVICE)
-    expected = dict(zip(selector.config_keys(), selector.expected_times(feats[:1])[0], strict=True))
-    best = min(times[0].values())
-    assert max(times[0].values()) * math.exp(MISSING_PENALTY) > cap * best  # the cap is what bounds ALG2
-    assert expected[ALG2] == pytest.approx(cap * best)
-    for key, t in times[0].items():
-        assert expected[key] == pytest.approx(min(t, cap * best))
-    assert max(expected.values()) == pytest.approx(cap * best)
-
-
-@pytest.mark.parametrize("cap", [1.0, 0.5, float("nan")])
-def test_a_cap_that_is_no_slowdown_is_refused(cap: float) -> None:
-    feats, times = _table(10, seed=4)
-    with pytest.raises(InvalidConfigError, match="slowdown_cap must be above 1"):
-        KernelSelector(n_estimators=2, slowdown_cap=cap).fit(feats, times, dtype=DTYPE, device=DEVICE)
-
-
-def test_a_selector_pickled_before_the_cap_reads_as_uncapped() -> None:
-    feats, times = _table(10, seed=4)
-    selector = KernelSelector(n_estimators=2).fit(feats, times, dtype=DTYPE, device=DEVICE)
-    state = selector.__getstate__()
-    del state["slowdown_cap"]
-    old = KernelSelector.__new__(KernelSelector)
-    old.__setstate__(state)
-    assert old.slowdown_cap == math.inf
-    assert old.get_params()["slowdown_cap"] == math.inf
-    np.testing.assert_array_equal(old.expected_times(feats[:2]), selector.expected_times(feats[:2]))
 
 
 def test_rows_without_a_candidate_are_left_out() -> None:

@@ -185,8 +185,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     From the ranking: the first (the selector's answer) and the first that prepares within ``cheap`` SpMVs (what
     ``plan(effort="predict")`` runs, so a race never does worse than a prediction; where that is cuSPARSE, raced
     anyway, the first of ours that prepares within ``cheap`` and is expected within ``slack`` times it: on a
-    structure it never saw the selector can be off severalfold, as on the unseen benchmark's blockdiag, cuSPARSE
-    expected at 399 us and timed at 154, csr_vector expected at 453 and timed at 114), then others, each the one
+    structure it never saw the selector can be off severalfold: on the unseen benchmark's blockdiag a selector
+    trained on capped slowdowns (tried, not shipped) expected cuSPARSE at 399 us and csr_vector at 453, and
+    they ran in 154 and 114 on the H200), then others, each the one
     that covers most of what those chosen miss on the training matrices nearest this one where the ranking
     carries their outcomes (:func:`_next_entrant`), else in rank order: at most ``per_family`` of one family (a
     second family often wins where the selector is wrong), none expected slower than ``slack`` times the first

@@ -251,22 +251,14 @@ class KernelSelector(BaseEstimator):
         A config is a candidate when it was measured on at least this fraction of the training rows.
     random_state : int or None
         Seed of the forest.
-    slowdown_cap : float
-        ``log(t / t_best)`` is learned up to ``log(slowdown_cap)``: a config more than this many times slower
-        than the matrix's best is only slow, and how slow (or a measurement's outlier: some configs of the
-        corpora timed 8x their neighbours) steers no split. Leaving each family out of the four shipped
-        corpora (mean over them and seeds 0-2), 4 lifts the predicted config's worst 5 % from 0.716 to 0.753
-        and a race of the first 4 from 0.979 to 0.983, the cheap first config (``effort="predict"``) 0.892 →
-        0.890; 2 lifts the worst 5 % as much but costs that 0.026 (the cheap configs tie at the cap), 6 less.
     """
 
     def __init__(self, *, n_estimators: int = 100, min_samples_leaf: int = 2, coverage: float = 0.8,
-                 random_state: int | None = 0, slowdown_cap: float = 4.0) -> None:
+                 random_state: int | None = 0) -> None:
         self.n_estimators = n_estimators
         self.min_samples_leaf = min_samples_leaf
         self.coverage = coverage
         self.random_state = random_state
-        self.slowdown_cap = slowdown_cap
 
     def fit(
         self,
@@ -284,11 +276,8 @@ class KernelSelector(BaseEstimator):
 
         A candidate config not measured on a row (it failed there, or was not tried) counts as that row's
         slowest candidate times 2 (:data:`MISSING_PENALTY`); rows where no candidate was measured are left out.
-        ``forest_`` learns ``[log(t_best / t_bytes), log(t / t_best) per config]`` (see the module's doc), the
-        latter up to ``log(slowdown_cap)``.
+        ``forest_`` learns ``[log(t_best / t_bytes), log(t / t_best) per config]`` (see the module's doc).
         """
-        if not self.slowdown_cap > 1:
-            raise InvalidConfigError(f"slowdown_cap must be above 1 (a slowdown), got {self.slowdown_cap!r}")
         names = [str(n) for n in feature_names]
         X = validate_data(self, _as_rows(X, names), reset=True, dtype=np.float64)
         if X.shape[1] != len(names):
@@ -315,7 +304,7 @@ class KernelSelector(BaseEstimator):
         ratio = np.log(T / bytes_time(X, dtype=self.dtype_, device=device, feature_names=names)[:, None])
         ratio = np.where(np.isnan(ratio), np.nanmax(ratio, axis=1, keepdims=True) + MISSING_PENALTY, ratio)
         scale = ratio.min(axis=1, keepdims=True)
-        targets = np.hstack([scale, np.minimum(ratio - scale, math.log(self.slowdown_cap))])
+        targets = np.hstack([scale, ratio - scale])
         forest = ExtraTreesRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
                                      random_state=self.random_state, n_jobs=-1).fit(design, targets)
         self.forest_ = CompactForest.from_sklearn(forest, design, targets)  # the estimator itself is dropped
@@ -337,10 +326,6 @@ class KernelSelector(BaseEstimator):
             if pick.any():
                 out[j] = float(np.median(ratio[pick, j]))
         return out
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickle; a selector pickled before ``slowdown_cap`` existed learned its targets uncapped."""
-        super().__setstate__({"slowdown_cap": math.inf, **state})
 
     def __sklearn_is_fitted__(self) -> bool:
         """Fitted by this version of the class (a pickle of the classifier-based selector before it is not)."""
