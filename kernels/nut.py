@@ -108,9 +108,9 @@ bursts float32 1.22x / 1.41x / 1.57x cuSPARSE, float64 1.06x / 1.08x / 1.06x; co
 FIT_SHARED_BYTES = 96 * 1024
 """The most shared memory (a panel of y and a tile of x) :meth:`Nut.adapt` gives a config it cuts into slabs:
 two blocks an SM (sm_90 has 228 KB); it narrows the tiles to fit. Past it one block an SM is left to gather x
-from the L2: on the H100, bursts of the unseen benchmark in float64, 4 slabs of 8192-row panels ran 1.19x
-cuSPARSE with tiles of 4096 columns (96 KB) and 0.88x with 16384 (192 KB), and 2048-row panels 1.17x and
-0.55x (72 and 144 KB); on the H200 communities-large in float64 took 1.03 ms and 1.12 ms (8192 rows, 4096 and
+from the L2: on the H100, bursts of the unseen benchmark in float64, 4 slabs and 512 threads, 8192-row panels
+ran 1.19x cuSPARSE with tiles of 4096 columns (96 KB) and 0.83x with 16384 (192 KB), 2048-row panels 1.17x
+and 0.57x (48 and 144 KB); on the H200 communities-large in float64 took 1.03 ms and 1.12 ms (8192 rows, 4096 and
 16384 columns). In float32 8192 rows and 16384 columns fit it (96 KB) and were the fastest of 32 configs on
 communities-large (probes as for :data:`FIT_SLABS` and :data:`FIT_PANEL_BYTES`)."""
 BANDS = (1, 2, 4, 8, 16)

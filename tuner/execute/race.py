@@ -184,7 +184,7 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
 
     From the ranking: the first (the selector's answer) and the first that prepares within ``cheap`` SpMVs (what
     ``plan(effort="predict")`` runs, so a race never does worse than a prediction; where that is cuSPARSE, raced
-    anyway, the first of ours that prepares within ``cheap`` and is expected within ``slack`` times it: on a
+    anyway, the first of ours that prepares within ``cheap`` and is expected within ``slack`` times it, for on a
     structure it never saw the selector can be off severalfold: on the unseen benchmark's blockdiag a selector
     trained on capped slowdowns (tried, not shipped) expected cuSPARSE at 399 us and csr_vector at 453, and
     they ran in 154 and 114 on the H200), then others, each the one
