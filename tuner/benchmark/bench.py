@@ -110,8 +110,10 @@ def bench_matrix(src: Source, *, backend: Backend, store: Store, storage: Any, d
               "summary": False}
     if trials > 0 or not stored:  # with nothing stored, at least every family's default is measured
         tune(A, **common, trials=max(trials, len(families)) + len(enqueue), enqueue=enqueue, kernels=families)
-    for family in families if family_trials > 0 else ():
-        tune(A, **common, trials=family_trials, kernels=[family])
+    measured = {b["kernel"] for b in store.best_per_kernel(fp, device=device, dtype=dtype)}
+    for family in families:  # a family the search's budget did not reach (the store's seeds ran first) gets one
+        if family_trials > 0 or family not in measured:
+            tune(A, **common, trials=max(family_trials, 1), kernels=[family])
     bests = [b for b in store.best_per_kernel(fp, device=device, dtype=dtype) if b["kernel"] in families]
     feats = extract_features(A_dev)
     untuned = choose(fp, store=store, device=device, dtype=dtype, use_tuned=False, features=feats)
