@@ -589,8 +589,10 @@ class Store:
     # -- reads -------------------------------------------------------------------------------------
 
     def best(self, fingerprint: str, *, device: str, dtype: str) -> dict[str, Any] | None:
-        """The best config for a matrix on a device in a dtype, or None when none was verified."""
-        row = self._get("best", (fingerprint, device, dtype))
+        """The best config for a matrix on a device in a dtype, or None when none was verified (one query: every
+        ``plan()`` asks, where a lookup by primary key asks three)."""
+        row = next(self.db["best"].rows_where("fingerprint = ? and device = ? and dtype = ?",
+                                              [fingerprint, device, dtype], limit=1), None)
         return None if row is None else _decoded(row)
 
     def bests(self, fingerprint: str) -> list[dict[str, Any]]:

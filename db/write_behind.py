@@ -15,6 +15,7 @@ writer of its own. A store in memory has no file to share: its writes run at onc
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import threading
 import time
@@ -45,17 +46,32 @@ def submit(store: Store, write: Callable[[Store], None]) -> Future[float] | None
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
         future = _pool.submit(_write, path, write)
         _pending.setdefault(path, []).append(future)
+    future.add_done_callback(functools.partial(_landed, path))
     return future
 
 
 def wait(path: object) -> None:
     """Block until every write queued for the store at ``path`` has landed; one that failed is a warning
     (what it measured is lost, nothing stored is half-written)."""
+    if not _pending:  # nothing queued, nothing failed unseen (the usual case): no file name to resolve
+        return
     with _lock:
         futures = _pending.pop(_key(path), [])
     for future in futures:
         if (error := future.exception()) is not None:
             warnings.warn(f"measurements not written to the store {path}: {error}", RuntimeWarning, stacklevel=2)
+
+
+def _landed(path: str, future: Future[float]) -> None:
+    """A write that landed leaves the queue (:func:`wait` has nothing to wait for); one that failed stays until
+    a wait warns of it."""
+    if future.exception() is None:
+        with _lock:
+            queued = _pending.get(path, [])
+            if future in queued:
+                queued.remove(future)
+            if not queued:
+                _pending.pop(path, None)
 
 
 def _settle_before_fork() -> None:

@@ -98,6 +98,39 @@ def test_the_reference_on_the_gpu_equals_the_one_on_the_host(name: str) -> None:
 
 
 @pytest.mark.gpu
+def test_checking_several_ys_at_once_on_the_gpu_answers_as_checking_each() -> None:
+    """check_all: one read-back for the ys on the GPU, each answer :meth:`check`'s (a wrong value, a NaN, a y on
+    the host, a y of the wrong shape among right ones); checked_prepares on the GPU, each config as alone."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from kernels import get_family
+    from tuner.measure.backend import GpuBackend
+    from tuner.measure.evaluate import checked_prepare, checked_prepares
+
+    A = cusp.csr_matrix(as_csr(sp.random(3000, 2000, density=0.01, format="csr", random_state=5)))
+    ref = Reference.build(A, "float64")
+    y = A @ ref.x
+    wrong, unwritten = y.copy(), y.copy()
+    wrong[11] += 1.0
+    unwritten[5] = cupy.nan
+    ys = [y, wrong, y.get(), unwritten, y[:-1], y]
+    together = ref.check_all(ys)
+    assert [ok for ok, _, _ in together] == [True, False, True, False, False, True]
+    assert together == [ref.check(v) for v in ys]
+    backend = GpuBackend()
+    configs = [(get_family(k), p) for k, p in [("csr_vector", {"threads_per_row": 4}), ("nut", {"rows_per_panel": 3}),
+                                               ("csr5", {}), ("cusparse", {})]]
+    checked = checked_prepares(backend, configs, A, ref, ref.x)
+    assert [r.error_kind for r, _, _ in checked] == [None, "invalid_config", None, None]
+    for (r, prepared, out), (family, params) in zip(checked, configs, strict=True):
+        s = checked_prepare(backend, family, A, params, ref, ref.x)[0]
+        assert (r.state, r.error_kind, r.error) == (s.state, s.error_kind, s.error)
+        if prepared is not None:  # each product's own y was checked (an order of summing may differ: not ==)
+            assert ref.check(out) == (True, pytest.approx(r.rel_error, abs=ref.rtol), "")
+
+
+@pytest.mark.gpu
 def test_the_gpu_reference_sums_rows_that_span_many_threads_and_warps() -> None:
     """reference_spmv.cu balances entries across threads: a full row of 300,000 entries (an arrow: 37,500
     threads, whole warps in the row) and rows of every length up to 3,000 between empty ones, in both dtypes,

@@ -35,7 +35,7 @@ import numpy as np
 
 from kernels import BASELINE, REGISTRY, Family, Prepared, get_family, with_adapted
 from tuner.measure.backend import Backend, Timing
-from tuner.measure.evaluate import TrialResult, checked_prepare
+from tuner.measure.evaluate import TrialResult, checked_prepares
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -383,12 +383,12 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     ready: dict[int, tuple[Prepared, Any]] = {}  # lap index -> prepared, out
 
     def enter(group: Sequence[Entrant]) -> None:
-        for entrant in group:
-            start = time.perf_counter()
-            result, prepared, out = checked_prepare(backend, get_family(entrant.kernel), A, entrant.params,
-                                                    reference, x)
-            seconds["prepare"] += result.prepare_s or 0.0
-            seconds["verify"] += time.perf_counter() - start - (result.prepare_s or 0.0)
+        start = time.perf_counter()
+        checked = checked_prepares(backend, [(get_family(e.kernel), e.params) for e in group], A, reference, x)
+        prepare_s = sum(result.prepare_s or 0.0 for result, _, _ in checked)
+        seconds["prepare"] += prepare_s
+        seconds["verify"] += time.perf_counter() - start - prepare_s
+        for entrant, (result, prepared, out) in zip(group, checked, strict=True):
             laps.append(Lap(entrant, result))
             if prepared is not None:
                 ready[len(laps) - 1] = (prepared, out)

@@ -52,8 +52,20 @@ extern "C" __global__ void fingerprint_sums(const unsigned int* __restrict__ w, 
                                             unsigned long long tag0, unsigned long long tag1,
                                             unsigned long long* __restrict__ out) {
     unsigned long long s0 = 0, s1 = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {  // four loads in flight a thread, then their mixes
+        unsigned int v[4];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = w[i + j * stride];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            unsigned long long k = ((unsigned long long)(i + j * stride) << 32) | v[j];
+            s0 += mix(k ^ tag0);
+            s1 += mix(k ^ tag1);
+        }
+    }
+    for (; i < n; i += stride) {
         unsigned long long k = ((unsigned long long)i << 32) | w[i];
         s0 += mix(k ^ tag0);
         s1 += mix(k ^ tag1);

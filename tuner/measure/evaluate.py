@@ -135,37 +135,88 @@ def checked_prepare(
     when the config failed (``result`` says how). A passing result is not yet timed (state 'failed' until
     it is); ``out`` is the output buffer to time it with.
     """
-    result = TrialResult(family.name, canonical(family.name, params), "failed")
+    return checked_prepares(backend, [(family, params)], A, reference, x, max_run_s=max_run_s)[0]
+
+
+def checked_prepares(
+    backend: Backend,
+    configs: Sequence[tuple[Family, dict[str, Any]]],
+    A: Any,
+    reference: Reference,
+    x: Any,
+    *,
+    max_run_s: float = 2.0,
+) -> list[tuple[TrialResult, Prepared | None, Any]]:
+    """:func:`checked_prepare` of several configs, in their order: each prepared (and its preparation timed)
+    in turn, then every product queued, waited for once and checked with one read-back
+    (:meth:`Reference.check_all`), where one config at a time waited twice each (a race's entrants: on an
+    H100, about 0.15 ms of the host's time an entrant). Where the products took more than ``max_run_s``
+    together, each that passed runs again alone to find those that take longer than that."""
+    results = [TrialResult(family.name, canonical(family.name, params), "failed") for family, params in configs]
+    staged: dict[int, tuple[Prepared, Any]] = {}
+    for i, ((family, params), result) in enumerate(zip(configs, results, strict=True)):
+        try:
+            prepared, result.prepare_s = backend.timed_prepare(family, A, params)
+            staged[i] = prepared, backend.full(prepared.shape[0], float("nan"), prepared.dtype)
+        except Exception as exc:  # every failure of a config is an outcome
+            _failed(result, exc, family, params)
+    start = time.perf_counter()
+    for i in list(staged):
+        try:
+            backend.run(configs[i][0], staged[i][0], x, staged[i][1])
+        except Exception as exc:
+            del staged[i]
+            _failed(results[i], exc, *configs[i])
     try:
-        prepared, result.prepare_s = backend.timed_prepare(family, A, params)
-        out = backend.full(prepared.shape[0], float("nan"), prepared.dtype)
-        start = time.perf_counter()
-        backend.run(family, prepared, x, out)
         backend.synchronize()
-        once = time.perf_counter() - start
-        passed, result.rel_error, message = reference.check(out)
+        elapsed = time.perf_counter() - start
+        checks = reference.check_all([out for _, out in staged.values()])
+    except Exception as exc:  # an error no launch raised (a broken context), or the checks' memory
+        if len(staged) > 1 and _breaks_context(exc):
+            for i in staged:
+                results[i].error_kind, results[i].error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
+            named = "; ".join(f"{configs[i][0].name} {configs[i][1]}" for i in staged)
+            raise ContextLostError(f"one of {named} broke the CUDA context ({type(exc).__name__}: {exc}); run the "
+                                   "command again", results[next(iter(staged))]) from exc
+        for i in staged:
+            _failed(results[i], exc, *configs[i])
+        return [(result, None, None) for result in results]
+    for i, (passed, rel_error, message) in zip(list(staged), checks, strict=True):
+        results[i].rel_error = rel_error
         if not passed:
-            result.error_kind, result.error = "wrong_answer", message
-            return result, None, None
-        if once > max_run_s:
-            result.error_kind = "timeout"
-            result.error = f"one product took {once:.2f} s (limit {max_run_s} s)"
-            return result, None, None
-        return result, prepared, out
-    except Exception as exc:  # every failure of a config is an outcome
-        _failed(result, exc, family, params)
-        return result, None, None
+            del staged[i]
+            results[i].error_kind, results[i].error = "wrong_answer", message
+    for i in list(staged) if elapsed > max_run_s else ():
+        if (once := _one_product(backend, configs[i][0], *staged[i], x)) > max_run_s:
+            del staged[i]
+            results[i].error_kind = "timeout"
+            results[i].error = f"one product took {once:.2f} s (limit {max_run_s} s)"
+    return [(result, *staged.get(i, (None, None))) for i, result in enumerate(results)]
+
+
+def _one_product(backend: Backend, family: Family, prepared: Prepared, out: Any, x: Any) -> float:
+    """Wall seconds of one product alone."""
+    backend.synchronize()
+    start = time.perf_counter()
+    backend.run(family, prepared, x, out)
+    backend.synchronize()
+    return time.perf_counter() - start
 
 
 def _failed(result: TrialResult, exc: Exception, family: Family, params: dict[str, Any]) -> None:
     """Record ``exc`` on ``result``; a failure that broke the CUDA context raises ContextLostError."""
     result.error_kind, result.error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
-    if any(s in str(exc) or s in type(exc).__name__ for s in _STICKY):
+    if _breaks_context(exc):
         raise ContextLostError(
             f"{family.name} {params} broke the CUDA context ({result.error}); "
             "run the command again: the study resumes where it stopped",
             result,
         ) from exc
+
+
+def _breaks_context(exc: BaseException) -> bool:
+    """Whether ``exc`` left the CUDA context unusable (every later launch fails too)."""
+    return any(s in str(exc) or s in type(exc).__name__ for s in _STICKY)
 
 
 def round_robin(backend: Backend, fns: Sequence[Callable[[], object]], *, rounds: int = 3, repeats: int = 100,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,23 @@ class Reference:
         rtol = float(np.finfo(dtype).eps) * (8.0 + 2.0 * np.sqrt(npr_max))
         atol = float(np.finfo(dtype).tiny) * 2.0 * max(npr_max, 1)
         return cls(x=x, y=y, scale=scale, rtol=rtol, atol=atol)
+
+    def check_all(self, ys: Sequence[Any]) -> list[tuple[bool, float, str]]:
+        """:meth:`check` of each of ``ys``; on the GPU, every check is queued behind the products that wrote
+        them and their worst errors read back at once (a race checks its entrants so: the GPU runs one's
+        product while the host queues the next), a failed one then checked again to say why."""
+        if not ys or not type(self.y).__module__.startswith("cupy"):
+            return [self.check(y) for y in ys]
+        import cupy
+
+        worst = cupy.zeros(len(ys), dtype=cupy.uint64)
+        fast = [bool(type(y).__module__.startswith("cupy") and y.shape == self.y.shape and y.size) for y in ys]
+        for i, y in enumerate(ys):
+            if fast[i]:
+                _worst_rel_on_gpu(y, self.y, self.scale, self.atol, out=worst[i:i + 1])
+        values = worst.get().view(np.float64).tolist()
+        return [(True, value, "") if quick and value <= self.rtol else self.check(y)
+                for y, quick, value in zip(ys, fast, values, strict=True)]
 
     def check(self, y: Any) -> tuple[bool, float, str]:
         """(passed, max relative error, message). NaN anywhere fails: outputs are poisoned with NaN first.
@@ -154,21 +172,22 @@ def _uniform_kernel() -> Any:
         "spmv_reference_x")
 
 
-def _worst_rel_on_gpu(y: Any, ref: Any, scale: Any, atol: float) -> float:
+def _worst_rel_on_gpu(y: Any, ref: Any, scale: Any, atol: float, out: Any = None) -> float | None:
     """:meth:`Reference.check`'s largest relative error of a CuPy ``y``, in one pass and one read-back of one
     word (``rel_error_max`` in reference_spmv.cu; what failed is found apart). An elementwise kernel, then
     CuPy's maximum, took four launches and an array of the rows' size: a tenth of a millisecond of the host's
-    time for every config a race or a search checks."""
+    time for every config a race or a search checks. ``out`` (one zeroed uint64 on the GPU): the error's
+    float64 bits are written there and not read back (None is returned)."""
     import cupy
 
     if y.dtype not in C_TYPES:  # no instantiation for it: checked in float64
         y = y.astype(cupy.float64)
     y = cupy.ascontiguousarray(y)
-    worst = cupy.zeros(1, dtype=cupy.uint64)
+    worst = cupy.zeros(1, dtype=cupy.uint64) if out is None else out
     names = reference_kernel_names(y.dtype)
     get_kernels(REFERENCE_CU, names)[names[1]](
         (min(grid(y.size, 256), 4096),), (256,), (np.int32(y.size), y, ref, scale, np.float64(atol), worst))
-    return float(worst.get().view(np.float64)[0])
+    return float(worst.get().view(np.float64)[0]) if out is None else None
 
 
 def _module(a: Any) -> Any:

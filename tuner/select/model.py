@@ -200,7 +200,9 @@ def design_matrix(features: Any, *, dtype: np.dtype | str, device: DeviceSpec,
     }
     f.update(derived)
     out = [*names, *derived]
-    X = np.column_stack([np.log1p(np.maximum(f[n], 0)) if n in COUNT_FEATURES else f[n] for n in out])
+    X = np.column_stack([f[n] for n in out])
+    counts = [i for i, n in enumerate(out) if n in COUNT_FEATURES]
+    X[:, counts] = np.log1p(np.maximum(X[:, counts], 0))
     return X, out
 
 
