@@ -114,3 +114,16 @@ def test_fingerprints_on_the_gpu_equal_the_cpu_ones() -> None:
         on_gpu = cusp.csr_matrix(A)
         assert fingerprint(on_gpu) == fingerprint(A)
         assert legacy_fingerprint(on_gpu) == legacy_fingerprint(A)
+
+
+@pytest.mark.gpu
+def test_a_fingerprint_of_millions_of_entries_on_the_gpu_equals_the_cpu_one() -> None:
+    """Past three strides of the kernel's grid (about 0.8 M words on an H100) each thread loads four words at a
+    time: the sums, and so the fingerprint, are the same."""
+    import cupyx.scipy.sparse as cusp
+
+    A = sp.random(300_000, 200_000, density=2e-5, format="csr", random_state=7)  # 1.2 M entries
+    A.sum_duplicates()
+    for B in (A, A[: A.shape[0] - 1]):  # and one row fewer: the four-word loop ends mid-stride
+        B = sp.csr_matrix(B)
+        assert fingerprint(cusp.csr_matrix(B)) == fingerprint(B)

@@ -331,19 +331,22 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
 
     A canonical CuPy CSR matrix with int32 indices stays where it is: no copy
     through the host, only its values converted on the GPU when ``dtype``
-    asks for another type. Anything else goes through :func:`as_csr`, then to
-    the GPU.
+    asks for another type (canonical: :func:`tuner.matrix.canonical_gpu.is_canonical`,
+    one pass). Anything else goes through :func:`as_csr`, then to the GPU.
     """
     import cupyx.scipy.sparse as cusp
 
-    if (cusp.isspmatrix_csr(A) and A.has_canonical_format and A.indices.dtype == np.int32
-            and A.indptr.dtype == np.int32):
+    from tuner.matrix.canonical_gpu import is_canonical
+
+    if (cusp.isspmatrix_csr(A) and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32
+            and is_canonical(A.indptr, A.indices)):
         _check_index_range(A.shape, A.nnz)
         wanted = _value_dtype(np.dtype(A.dtype), dtype)
-        if wanted == A.dtype:
-            return A
-        return cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
-    return cusp.csr_matrix(as_csr(A, dtype=dtype))
+        B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
+    else:
+        B = cusp.csr_matrix(as_csr(A, dtype=dtype))  # canonical on the host, so on the GPU
+    B.has_canonical_format = True  # CuPy's own flag: its check (a thread a row, then a reduction) never runs on B
+    return B
 
 
 def _from_cupy(A: Any) -> Any:

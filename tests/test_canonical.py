@@ -1,0 +1,75 @@
+"""tuner.matrix.canonical_gpu: a CSR matrix is canonical exactly when its non-increasing neighbour pairs all span
+two rows; the NumPy count against SciPy everywhere, the GPU's against the NumPy one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tests.kernel_cases import CASES, load_shared, shared_cases
+from tuner.matrix.canonical_gpu import canonical_reference
+
+
+def crafted() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(indptr, indices) pairs at the edges of the count: descents at row starts (after empty rows too),
+    within a row, a duplicate, a first row that starts low, one entry, none."""
+    return {
+        "descents at row starts": (np.array([0, 3, 3, 5, 7]), np.array([4, 6, 9, 0, 2, 1, 8])),
+        "a descent within a row": (np.array([0, 3, 5]), np.array([4, 9, 6, 0, 2])),
+        "a duplicate": (np.array([0, 2, 4]), np.array([1, 5, 3, 3])),
+        "a duplicate across rows": (np.array([0, 2, 4]), np.array([1, 3, 3, 5])),
+        "empty rows first": (np.array([0, 0, 0, 2, 3]), np.array([7, 8, 0])),
+        "one entry": (np.array([0, 0, 1]), np.array([5])),
+        "none": (np.array([0, 0, 0]), np.array([], dtype=np.int64)),
+    }
+
+
+def scipy_says(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    m, n = indptr.size - 1, int(indices.max(initial=0)) + 1
+    return sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(m, n)).has_canonical_format
+
+
+def all_cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    cases = crafted()
+    for name, A in [*((n, make()) for n, make in CASES.items()), *((n, load_shared(n)) for n in shared_cases())]:
+        A = sp.csr_matrix(A)
+        cases[name] = (A.indptr, A.indices)
+        if A.nnz > 1:  # its rows' columns reversed: not canonical wherever a row holds two
+            rev = A.indices.copy()
+            for i in range(A.shape[0]):
+                rev[A.indptr[i]:A.indptr[i + 1]] = rev[A.indptr[i]:A.indptr[i + 1]][::-1]
+            cases[name + " reversed"] = (A.indptr, rev)
+    return cases
+
+
+def test_the_count_agrees_with_scipy() -> None:
+    cases = all_cases()
+    assert [name for name, (p, i) in crafted().items() if not canonical_reference(p, i)] == \
+        ["a descent within a row", "a duplicate"]
+    for name, (indptr, indices) in cases.items():
+        assert canonical_reference(indptr, indices) == scipy_says(indptr, indices), name
+
+
+@pytest.mark.gpu
+def test_the_gpu_count_agrees_with_the_reference_and_plan_keeps_a_canonical_matrix_where_it_is() -> None:
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from tuner.matrix.canonical_gpu import is_canonical
+    from tuner.matrix.io import as_device_csr
+
+    big = sp.random(200_000, 150_000, density=2e-4, format="csr", random_state=3)  # strides of many blocks
+    cases = {**all_cases(), "big": (big.indptr, big.indices)}
+    swapped = big.indices.copy()
+    row = int(np.flatnonzero(np.diff(big.indptr) > 1)[-1])  # the last row of two or more: its first two swapped
+    swapped[[big.indptr[row], big.indptr[row] + 1]] = swapped[[big.indptr[row] + 1, big.indptr[row]]]
+    cases["big, one row's first two swapped"] = (big.indptr, swapped)
+    for name, (indptr, indices) in cases.items():
+        on_gpu = is_canonical(cupy.asarray(indptr, dtype=cupy.int32), cupy.asarray(indices, dtype=cupy.int32))
+        assert on_gpu == canonical_reference(indptr, indices), name
+    A = cusp.csr_matrix(big)
+    assert as_device_csr(A) is A and A.has_canonical_format
+    unsorted = cusp.csr_matrix((A.data, cupy.asarray(swapped), A.indptr), shape=A.shape)
+    B = as_device_csr(unsorted)  # canonicalised through the host
+    assert B is not unsorted and B.has_canonical_format and np.array_equal(B.indices.get(), big.indices)
