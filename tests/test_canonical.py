@@ -25,6 +25,16 @@ def crafted() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     }
 
 
+def random_rows(m: int, n: int, longest: int, *, seed: int) -> sp.csr_matrix:
+    """Rows of 0 to ``longest`` random columns, canonical (sp.random draws from all m x n cells: at millions of
+    entries it took more memory than the GPU machine's workers have)."""
+    rng = np.random.default_rng(seed)
+    indptr = np.concatenate([[0], np.cumsum(rng.integers(0, longest + 1, m))])
+    A = sp.csr_matrix((np.ones(indptr[-1]), rng.integers(0, n, indptr[-1]), indptr), shape=(m, n))
+    A.sum_duplicates()
+    return A
+
+
 def scipy_says(indptr: np.ndarray, indices: np.ndarray) -> bool:
     m, n = indptr.size - 1, int(indices.max(initial=0)) + 1
     return sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(m, n)).has_canonical_format
@@ -59,17 +69,22 @@ def test_the_gpu_count_agrees_with_the_reference_and_plan_keeps_a_canonical_matr
     from tuner.matrix.canonical_gpu import is_canonical
     from tuner.matrix.io import as_device_csr
 
-    big = sp.random(200_000, 150_000, density=2e-4, format="csr", random_state=3)  # strides of many blocks
+    big = random_rows(200_000, 150_000, 60, seed=3)  # about 6 M entries: strides of many blocks
     cases = {**all_cases(), "big": (big.indptr, big.indices)}
     swapped = big.indices.copy()
     row = int(np.flatnonzero(np.diff(big.indptr) > 1)[-1])  # the last row of two or more: its first two swapped
     swapped[[big.indptr[row], big.indptr[row] + 1]] = swapped[[big.indptr[row] + 1, big.indptr[row]]]
     cases["big, one row's first two swapped"] = (big.indptr, swapped)
     for name, (indptr, indices) in cases.items():
-        on_gpu = is_canonical(cupy.asarray(indptr, dtype=cupy.int32), cupy.asarray(indices, dtype=cupy.int32))
-        assert on_gpu == canonical_reference(indptr, indices), name
+        on_gpu = cusp.csr_matrix((cupy.ones(indices.size), cupy.asarray(indices, dtype=cupy.int32),
+                                  cupy.asarray(indptr, dtype=cupy.int32)),
+                                 shape=(indptr.size - 1, int(indices.max(initial=0)) + 1))
+        assert is_canonical(on_gpu) == canonical_reference(indptr, indices), name
     A = cusp.csr_matrix(big)
     assert as_device_csr(A) is A and A.has_canonical_format
+    A.indices[:] = cupy.asarray(swapped)  # changed in place: the matrix is remembered as canonical, as CuPy's
+    assert is_canonical(A)  # own flag remembers it (a copy is a new matrix, and is checked)
+    assert not is_canonical(cusp.csr_matrix((A.data, A.indices, A.indptr), shape=A.shape))
     unsorted = cusp.csr_matrix((A.data, cupy.asarray(swapped), A.indptr), shape=A.shape)
     B = as_device_csr(unsorted)  # canonicalised through the host
     assert B is not unsorted and B.has_canonical_format and np.array_equal(B.indices.get(), big.indices)

@@ -1,21 +1,24 @@
 """Whether a CSR matrix on the GPU is canonical (each row's columns strictly increasing), in one pass.
 
 CuPy's ``has_canonical_format`` gives each row a thread that walks its entries,
-then reduces the rows' answers: 0.2 ms of the H100's time on a matrix of
-24 M entries, 1.5 ms of the H200's on one with rows of thousands of entries,
-the first time ``plan()`` sees a matrix. Here one kernel runs over the entries
+then reduces the rows' answers, the first time ``plan()`` sees a matrix: 0.17-0.31
+ms of an H100's time on unseen matrices of 18-32 M entries (``bench/unseen.py``),
+1.5 ms on one whose rows hold thousands (bursts). Here one kernel runs over the entries
 and the rows at once: a pair of neighbouring entries whose column does not
 increase is either within a row (the matrix is not canonical) or the last entry
 of a row and the first of the next nonempty one; so the matrix is canonical
 exactly when the pairs that do not increase are as many as the nonempty rows
 (after the first entry) whose first entry does not increase on the entry before
-it. Two counters, one read-back. :func:`canonical_reference` is the same count
-in NumPy (the tests hold both to SciPy's ``has_canonical_format``).
+it. Two counters, one read-back: 0.11-0.17 ms on the same matrices, bursts
+included. A matrix found canonical is remembered while it lives, as CuPy remembers its own
+answer. :func:`canonical_reference` is the same count in NumPy (the tests hold
+both to SciPy's ``has_canonical_format``).
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import numpy as np
@@ -49,25 +52,35 @@ extern "C" __global__ void csr_descents(const int* __restrict__ indptr, const in
 """
 
 
+_CANONICAL: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+"""The matrices found canonical, by id, while they live."""
+
+
 @functools.cache
 def _kernel(cupy: Any, device: int) -> Any:
     """The kernel, compiled once per device and process."""
     return cupy.RawKernel(_SOURCE, "csr_descents")
 
 
-def is_canonical(indptr: Any, indices: Any) -> bool:
-    """Whether each row's columns strictly increase (sorted, no duplicates), for CuPy int32 ``indptr`` and
-    ``indices`` of a CSR matrix (``indptr`` nondecreasing from 0 to ``indices.size``)."""
+def is_canonical(A: Any) -> bool:
+    """Whether each row's columns strictly increase (sorted, no duplicates), for a CuPy CSR matrix with int32
+    ``indptr`` (nondecreasing from 0 to nnz) and ``indices``. A matrix found canonical is remembered while it
+    lives (by identity, as CuPy's own flag is kept on it): a later ``plan()`` of it asks nothing of the GPU."""
     import cupy
 
-    nnz, m = int(indices.size), int(indptr.size) - 1
-    if nnz < 2:
+    if _CANONICAL.get(id(A)) is A:
         return True
-    out = cupy.zeros(2, dtype=cupy.uint64)
-    blocks = max(1, min(-(-max(nnz, m) // 256), 16 * device_attributes()["MultiProcessorCount"]))
-    _kernel(cupy, cupy.cuda.Device().id)((blocks,), (256,), (indptr, indices, np.int32(m), np.int64(nnz), out))
-    pairs, across = out.get().tolist()
-    return pairs == across
+    indptr, indices = A.indptr, A.indices
+    nnz, m = int(indices.size), int(indptr.size) - 1
+    if nnz > 1:
+        out = cupy.zeros(2, dtype=cupy.uint64)
+        blocks = max(1, min(-(-max(nnz, m) // 256), 16 * device_attributes()["MultiProcessorCount"]))
+        _kernel(cupy, cupy.cuda.Device().id)((blocks,), (256,), (indptr, indices, np.int32(m), np.int64(nnz), out))
+        pairs, across = out.get().tolist()
+        if pairs != across:
+            return False
+    _CANONICAL[id(A)] = A
+    return True
 
 
 def canonical_reference(indptr: np.ndarray, indices: np.ndarray) -> bool:

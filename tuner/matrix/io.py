@@ -339,7 +339,7 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
     from tuner.matrix.canonical_gpu import is_canonical
 
     if (cusp.isspmatrix_csr(A) and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32
-            and is_canonical(A.indptr, A.indices)):
+            and is_canonical(A)):
         _check_index_range(A.shape, A.nnz)
         wanted = _value_dtype(np.dtype(A.dtype), dtype)
         B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
