@@ -175,7 +175,7 @@ def checked_prepares(
     except Exception as exc:  # an error no launch raised (a broken context), or the checks' memory
         if len(staged) > 1 and _breaks_context(exc):
             for i in staged:
-                results[i].error_kind, results[i].error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
+                _record(results[i], exc)
             named = "; ".join(f"{configs[i][0].name} {configs[i][1]}" for i in staged)
             raise ContextLostError(f"one of {named} broke the CUDA context ({type(exc).__name__}: {exc}); run the "
                                    "command again", results[next(iter(staged))]) from exc
@@ -206,13 +206,18 @@ def _one_product(backend: Backend, family: Family, prepared: Prepared, out: Any,
 
 def _failed(result: TrialResult, exc: Exception, family: Family, params: dict[str, Any]) -> None:
     """Record ``exc`` on ``result``; a failure that broke the CUDA context raises ContextLostError."""
-    result.error_kind, result.error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
+    _record(result, exc)
     if _breaks_context(exc):
         raise ContextLostError(
             f"{family.name} {params} broke the CUDA context ({result.error}); "
             "run the command again: the study resumes where it stopped",
             result,
         ) from exc
+
+
+def _record(result: TrialResult, exc: BaseException) -> None:
+    """``exc`` as ``result``'s error: its kind (:func:`classify`) and its message."""
+    result.error_kind, result.error = classify(exc), f"{type(exc).__name__}: {exc}"[:2000]
 
 
 def _breaks_context(exc: BaseException) -> bool:

@@ -86,7 +86,7 @@ class Reference:
         fast = [bool(type(y).__module__.startswith("cupy") and y.shape == self.y.shape and y.size) for y in ys]
         for i, y in enumerate(ys):
             if fast[i]:
-                _worst_rel_on_gpu(y, self.y, self.scale, self.atol, out=worst[i:i + 1])
+                _queue_worst_rel(y, self.y, self.scale, self.atol, worst[i:i + 1])
         values = worst.get().view(np.float64).tolist()
         return [(True, value, "") if quick and value <= self.rtol else self.check(y)
                 for y, quick, value in zip(ys, fast, values, strict=True)]
@@ -172,22 +172,29 @@ def _uniform_kernel() -> Any:
         "spmv_reference_x")
 
 
-def _worst_rel_on_gpu(y: Any, ref: Any, scale: Any, atol: float, out: Any = None) -> float | None:
+def _worst_rel_on_gpu(y: Any, ref: Any, scale: Any, atol: float) -> float:
     """:meth:`Reference.check`'s largest relative error of a CuPy ``y``, in one pass and one read-back of one
     word (``rel_error_max`` in reference_spmv.cu; what failed is found apart). An elementwise kernel, then
     CuPy's maximum, took four launches and an array of the rows' size: a tenth of a millisecond of the host's
-    time for every config a race or a search checks. ``out`` (one zeroed uint64 on the GPU): the error's
-    float64 bits are written there and not read back (None is returned)."""
+    time for every config a race or a search checks."""
+    import cupy
+
+    worst = cupy.zeros(1, dtype=cupy.uint64)
+    _queue_worst_rel(y, ref, scale, atol, worst)
+    return float(worst.get().view(np.float64)[0])
+
+
+def _queue_worst_rel(y: Any, ref: Any, scale: Any, atol: float, out: Any) -> None:
+    """Queue ``rel_error_max`` for a CuPy ``y``: the largest relative error's float64 bits into ``out`` (one zeroed
+    uint64 on the GPU), not read back."""
     import cupy
 
     if y.dtype not in C_TYPES:  # no instantiation for it: checked in float64
         y = y.astype(cupy.float64)
     y = cupy.ascontiguousarray(y)
-    worst = cupy.zeros(1, dtype=cupy.uint64) if out is None else out
     names = reference_kernel_names(y.dtype)
     get_kernels(REFERENCE_CU, names)[names[1]](
-        (min(grid(y.size, 256), 4096),), (256,), (np.int32(y.size), y, ref, scale, np.float64(atol), worst))
-    return float(worst.get().view(np.float64)[0]) if out is None else None
+        (min(grid(y.size, 256), 4096),), (256,), (np.int32(y.size), y, ref, scale, np.float64(atol), out))
 
 
 def _module(a: Any) -> Any:
