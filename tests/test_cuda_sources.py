@@ -16,7 +16,7 @@ import pytest
 from kernels import REGISTRY, _narrow
 from kernels._cuda import KERNEL_DIR
 from kernels.spmspv import MODES
-from tuner.matrix import canonical_gpu, features_gpu, fingerprint
+from tuner.matrix import features_gpu, structure_gpu
 from tuner.measure import backend, verify
 
 NVCC = shutil.which("nvcc")
@@ -51,8 +51,7 @@ def test_cu_file_compiles_with_nvcc(family, tmp_path):
 
 
 INLINE = {"features": (features_gpu._SOURCE, ("feature_rows", "feature_xor_bits", "feature_columns", "feature_tail")),
-          "fingerprint": (fingerprint._KERNEL, ("fingerprint_sums",)),
-          "canonical": (canonical_gpu._SOURCE, ("csr_descents",)),
+          "structure": (structure_gpu._SOURCE, ("csr_structure",)),
           "spin": (backend._SPIN, ("spin_cycles",)), "gate": (backend._GATE, ("wait_for_host",))}
 """The kernels kept as source strings in Python modules (compiled by NVRTC at run time), and their entry points."""
 

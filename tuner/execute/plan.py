@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from db import write_behind
+from db.shared import shared_store
 from db.store import Store
 from kernels._cuda import gpu_available
 from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
@@ -50,8 +51,8 @@ from tuner.execute.race import (
     shortlist,
 )
 from tuner.matrix.features import extract_features
-from tuner.matrix.fingerprint import fingerprint, legacy_fingerprint
-from tuner.matrix.io import as_csr, as_device_csr
+from tuner.matrix.fingerprint import device_csr_and_fingerprint, fingerprint, legacy_fingerprint
+from tuner.matrix.io import as_csr
 from tuner.measure.backend import Backend, GpuBackend
 from tuner.measure.metrics import effective_bytes
 from tuner.measure.verify import Reference
@@ -71,11 +72,12 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
          effort: str = "race", trials: int | None = None, race_size: int = 4) -> Executor | SpMSpVExecutor:
     """Prepare y = A·x for ``A`` (a .mtx path, SciPy/CuPy sparse matrix or CSR triple) on this GPU.
 
-    The store ``db`` (default: the per-user store) is asked first; without a tuned or raced best config
-    for this matrix (by structural fingerprint), GPU model and dtype, ``effort`` decides: ``"predict"``,
-    ``"race"`` (up to ``race_size`` configs of the selector's ranking, and cuSPARSE) or ``"tune"``
-    (``trials`` trials of the search, 30 by default). Without a GPU, SciPy computes y (``effort`` is
-    checked, and has nothing to do). ``op="spmspv"`` prepares y = A·x for a *sparse* x instead.
+    The store ``db`` (default: the per-user store; a path is opened once a thread,
+    :func:`db.shared.shared_store`) is asked first; without a tuned or raced best config for this matrix
+    (by structural fingerprint), GPU model and dtype, ``effort`` decides: ``"predict"``, ``"race"`` (up to
+    ``race_size`` configs of the selector's ranking, and cuSPARSE) or ``"tune"`` (``trials`` trials of the
+    search, 30 by default). Without a GPU, SciPy computes y (``effort`` is checked, and has nothing to do).
+    ``op="spmspv"`` prepares y = A·x for a *sparse* x instead.
     """
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}: one of {', '.join(map(repr, EFFORTS))}")
@@ -96,14 +98,12 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         return Executor(A=host, choice=Choice("scipy", {}, "cpu"), backend=None, fingerprint=fingerprint(host))
     start = time.perf_counter()
     backend = GpuBackend()
-    store = db if isinstance(db, Store) else Store(db)
+    store = db if isinstance(db, Store) else shared_store(db)
     steps = _Steps(backend)
-    with steps("matrix"):
-        A_dev = as_device_csr(A, dtype=dtype)
+    with steps("matrix"):  # on the GPU, canonical, and named: one pass over a CuPy matrix's structure
+        A_dev, fp = device_csr_and_fingerprint(A, dtype=dtype)
     dtype = str(A_dev.dtype)
     device = backend.info.id
-    with steps("fingerprint"):
-        fp = fingerprint(A_dev)
     with steps("lookup"):
         write_behind.wait(store.path)  # an earlier plan()'s race, still being written
         choice = stored_choice(store, fp, device=device, dtype=dtype)

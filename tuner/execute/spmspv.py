@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from db.shared import shared_store
 from db.store import Store
 from kernels._cuda import gpu_available, require_cupy
 from kernels.spmspv import MODES, sum_runs
@@ -184,7 +185,7 @@ def plan_spmspv(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Sto
 
         features = extract_features(A)
         device = GpuBackend().info.id
-        store = db if isinstance(db, Store) else Store(db)
+        store = db if isinstance(db, Store) else shared_store(db)
         selector, source = spmspv_selector.load(store, device=device, dtype=str(A.dtype))
         if "dense" not in params:  # the SpMV that plan(A) would run: tuned, predicted or cuSPARSE
             choice = choose(fp, store=store, device=device, dtype=str(A.dtype), features=features)

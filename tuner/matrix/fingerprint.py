@@ -8,7 +8,9 @@ two sums, one per array: over every element ``w`` at position ``i``, the mix
 of ``(i << 32) | w`` with a tag of its array and lane, added modulo 2**64.
 A sum needs no order, so the GPU computes it in one pass over the arrays in
 place (about one SpMV's time, where hashing on the CPU costs a thousand and a
-copy to the host), and the chunked NumPy twin gives the same bits anywhere.
+copy to the host; :mod:`tuner.matrix.structure_gpu`, in the pass that checks a
+new matrix's canonical form), and the chunked NumPy twin gives the same bits
+anywhere.
 
 Stores written before this scheme name their matrices by BLAKE2b of the same
 arrays (:func:`legacy_fingerprint`, scheme 1); ``plan()`` computes that one
@@ -21,15 +23,16 @@ True
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Any
 
 import numpy as np
 
 from tuner.matrix.features import csr_arrays
+from tuner.matrix.io import as_device_csr
+from tuner.matrix.structure_gpu import remember_canonical, structure_pass
 
-__all__ = ["SCHEME", "fingerprint", "legacy_fingerprint"]
+__all__ = ["SCHEME", "device_csr_and_fingerprint", "fingerprint", "legacy_fingerprint"]
 
 SCHEME = 2
 """The fingerprint scheme :func:`fingerprint` computes (the store records it per matrix)."""
@@ -41,50 +44,9 @@ _TAGS = ((0x243F6A8885A308D3, 0x13198A2E03707344),  # indptr: lane 0, lane 1
          (0xA4093822299F31D0, 0x082EFA98EC4E6C89))  # indices
 _CHUNK = 1 << 22  # elements per NumPy step: bounds the temporaries at 32 MB each
 
-_KERNEL = r"""
-__device__ __forceinline__ unsigned long long mix(unsigned long long z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-extern "C" __global__ void fingerprint_sums(const unsigned int* __restrict__ w, long long n,
-                                            unsigned long long tag0, unsigned long long tag1,
-                                            unsigned long long* __restrict__ out) {
-    unsigned long long s0 = 0, s1 = 0;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n; i += 4 * stride) {  // four loads in flight a thread, then their mixes (2-13 %
-        // less time than one at a time on an H100: 0.12-0.17 ms for a matrix of 19-32 M entries)
-        unsigned int v[4];
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = w[i + j * stride];
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            unsigned long long k = ((unsigned long long)(i + j * stride) << 32) | v[j];
-            s0 += mix(k ^ tag0);
-            s1 += mix(k ^ tag1);
-        }
-    }
-    for (; i < n; i += stride) {
-        unsigned long long k = ((unsigned long long)i << 32) | w[i];
-        s0 += mix(k ^ tag0);
-        s1 += mix(k ^ tag1);
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        s0 += __shfl_down_sync(0xffffffffu, s0, offset);
-        s1 += __shfl_down_sync(0xffffffffu, s1, offset);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        atomicAdd(out, s0);
-        atomicAdd(out + 1, s1);
-    }
-}
-"""
-
 
 def _mix(z: int) -> int:
-    """splitmix64's finalizer on a Python int (the kernel's ``mix``)."""
+    """splitmix64's finalizer on a Python int (``mix`` of :mod:`tuner.matrix.structure_gpu`'s kernel)."""
     z = (z + _GOLDEN) & _MASK
     z = ((z ^ (z >> 30)) * _M1) & _MASK
     z = ((z ^ (z >> 27)) * _M2) & _MASK
@@ -107,46 +69,40 @@ def _sums_numpy(w: np.ndarray, tags: tuple[int, int]) -> tuple[int, int]:
     return sums[0], sums[1]
 
 
-def _sums_cupy(w: Any, tags: tuple[int, int], out: Any) -> None:
-    """Both lanes' sums of one CuPy array, on the GPU, added into ``out`` (two zeroed uint64; not yet read)."""
-    import cupy
-
-    from kernels._cuda import device_attributes
-
-    n = int(w.size)
-    if n:
-        blocks = max(1, min(-(-n // 256), 8 * device_attributes()["MultiProcessorCount"]))
-        _kernel()((blocks,), (256,), (w.view(cupy.uint32), np.int64(n), np.uint64(tags[0]), np.uint64(tags[1]), out))
-
-
-def _kernel() -> Any:
-    from kernels._cuda import require_cupy
-
-    cupy = require_cupy()
-    return _compiled(cupy, cupy.cuda.Device().id)
-
-
-@functools.cache
-def _compiled(cupy: Any, device: int) -> Any:
-    """The sums' kernel, compiled once per device and process."""
-    return cupy.RawKernel(_KERNEL, "fingerprint_sums")
-
-
 def fingerprint(A: Any) -> str:
     """The scheme-2 fingerprint of a canonical CSR matrix: on the GPU for a CuPy one, else in NumPy."""
     xp, m, n, indptr, indices = csr_arrays(A)
     if xp is np:
         sums = [*_sums_numpy(indptr, _TAGS[0]), *_sums_numpy(indices, _TAGS[1])]
     else:
-        both = xp.zeros(4, dtype=xp.uint64)  # indptr's two lanes, then indices'
-        _sums_cupy(indptr, _TAGS[0], both[:2])
-        _sums_cupy(indices, _TAGS[1], both[2:])
-        sums = [int(s) for s in both.get()]
+        sums = structure_pass(indptr, indices, tags=(*_TAGS[0], *_TAGS[1]))[1]
+    return _name(m, n, int(indices.size), sums)
+
+
+def device_csr_and_fingerprint(A: Any, *, dtype: Any = None) -> tuple[Any, str]:
+    """:func:`~tuner.matrix.io.as_device_csr` of ``A`` and its fingerprint (what ``plan()`` starts from). A CuPy
+    CSR matrix of int32 arrays is checked and fingerprinted in one pass over its structure
+    (:func:`~tuner.matrix.structure_gpu.structure_pass`); where it is not canonical, its canonical form is
+    fingerprinted."""
+    if type(A).__module__.startswith("cupyx") and getattr(A, "format", None) == "csr" \
+            and A.indptr.dtype == np.int32 and A.indices.dtype == np.int32:
+        canonical, sums = structure_pass(A.indptr, A.indices, tags=(*_TAGS[0], *_TAGS[1]))
+        if canonical:
+            remember_canonical(A)  # as_device_csr asks the GPU nothing more
+            B = as_device_csr(A, dtype=dtype)
+            return B, _name(B.shape[0], B.shape[1], int(B.indices.size), sums)
+    B = as_device_csr(A, dtype=dtype)
+    return B, fingerprint(B)
+
+
+def _name(m: int, n: int, nnz: int, sums: list[int]) -> str:
+    """The fingerprint of a matrix of shape (m, n) and ``nnz`` entries from its four sums (indptr's two lanes,
+    then indices')."""
     lanes = []
     for lane, seed in enumerate(_SEEDS):
         h = _mix(seed ^ m)
         h = _mix(h ^ n)
-        h = _mix(h ^ int(indices.size))
+        h = _mix(h ^ nnz)
         h = _mix((h + sums[lane]) & _MASK)
         lanes.append(_mix((h + sums[2 + lane]) & _MASK))
     return f"{lanes[0]:016x}{lanes[1]:016x}"

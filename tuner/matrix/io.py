@@ -331,12 +331,12 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
 
     A canonical CuPy CSR matrix with int32 indices stays where it is: no copy
     through the host, only its values converted on the GPU when ``dtype``
-    asks for another type (canonical: :func:`tuner.matrix.canonical_gpu.is_canonical`,
+    asks for another type (canonical: :func:`tuner.matrix.structure_gpu.is_canonical`,
     one pass). Anything else goes through :func:`as_csr`, then to the GPU.
     """
     import cupyx.scipy.sparse as cusp
 
-    from tuner.matrix.canonical_gpu import is_canonical
+    from tuner.matrix.structure_gpu import is_canonical
 
     if (cusp.isspmatrix_csr(A) and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32
             and is_canonical(A)):

@@ -215,9 +215,10 @@ def bytes_time(features: Any, *, dtype: np.dtype | str, device: DeviceSpec,
     return compulsory_bytes(rows, cols, nnz, dtype) / (device.bandwidth_gbs * 1e9)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RankedConfig:
-    """One config of a matrix's ranking."""
+    """One config of a matrix's ranking (not frozen: every plan() builds some seventy, and a frozen dataclass
+    takes three times as long to build)."""
 
     kernel: str
     params: dict[str, Any]

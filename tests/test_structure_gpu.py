@@ -1,5 +1,6 @@
-"""tuner.matrix.canonical_gpu: a CSR matrix is canonical exactly when its non-increasing neighbour pairs all span
-two rows; the NumPy count against SciPy everywhere, the GPU's against the NumPy one."""
+"""tuner.matrix.structure_gpu: a CSR matrix is canonical exactly when its non-increasing neighbour pairs all span
+two rows; the NumPy count against SciPy everywhere, the GPU's against the NumPy one; the fingerprint's sums of the
+same pass against the NumPy twin's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from tests.kernel_cases import CASES, load_shared, shared_cases
-from tuner.matrix.canonical_gpu import canonical_reference
+from tuner.matrix.structure_gpu import canonical_reference
 
 
 def crafted() -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -66,8 +67,8 @@ def test_the_gpu_count_agrees_with_the_reference_and_plan_keeps_a_canonical_matr
     import cupy
     import cupyx.scipy.sparse as cusp
 
-    from tuner.matrix.canonical_gpu import is_canonical
     from tuner.matrix.io import as_device_csr
+    from tuner.matrix.structure_gpu import is_canonical
 
     big = random_rows(200_000, 150_000, 60, seed=3)  # about 6 M entries: strides of many blocks
     cases = {**all_cases(), "big": (big.indptr, big.indices)}
@@ -88,3 +89,33 @@ def test_the_gpu_count_agrees_with_the_reference_and_plan_keeps_a_canonical_matr
     unsorted = cusp.csr_matrix((A.data, cupy.asarray(swapped), A.indptr), shape=A.shape)
     B = as_device_csr(unsorted)  # canonicalised through the host
     assert B is not unsorted and B.has_canonical_format and np.array_equal(B.indices.get(), big.indices)
+
+
+@pytest.mark.gpu
+def test_one_pass_checks_and_names_a_new_matrix_as_each_would_alone() -> None:
+    """plan()'s first step: the canonical check and the fingerprint in one pass, the same answers as the
+    NumPy count and the NumPy fingerprint, with or without the sums; a matrix that is not canonical is named by
+    its canonical form."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from tuner.matrix.fingerprint import device_csr_and_fingerprint, fingerprint
+    from tuner.matrix.structure_gpu import structure_pass
+
+    big = random_rows(300_000, 200_000, 9, seed=5)  # 1.35 M entries: past the four-entry loop's strides
+    cases = {"big": big, "big less a row": sp.csr_matrix(big[:-1]), "empty": sp.csr_matrix((3, 4)),
+             "one entry": sp.csr_matrix(([1.0], [2], [0, 1]), shape=(1, 3))}
+    for name, A in cases.items():
+        on_gpu = cusp.csr_matrix(A)
+        assert structure_pass(on_gpu.indptr, on_gpu.indices)[0], name
+        B, fp = device_csr_and_fingerprint(on_gpu)
+        assert B is on_gpu and fp == fingerprint(A), name
+        B32, fp32 = device_csr_and_fingerprint(on_gpu, dtype="float32")
+        assert B32.dtype == np.float32 and fp32 == fp, name
+    rev = big.indices.copy()
+    row = int(np.flatnonzero(np.diff(big.indptr) > 1)[0])
+    rev[big.indptr[row]:big.indptr[row + 1]] = rev[big.indptr[row]:big.indptr[row + 1]][::-1]
+    unsorted = cusp.csr_matrix((cupy.ones(rev.size), cupy.asarray(rev), cupy.asarray(big.indptr)), shape=big.shape)
+    assert not structure_pass(unsorted.indptr, unsorted.indices, tags=(1, 2, 3, 4))[0]
+    B, fp = device_csr_and_fingerprint(unsorted)
+    assert B is not unsorted and np.array_equal(B.indices.get(), big.indices) and fp == fingerprint(big)
