@@ -23,6 +23,7 @@ GPU's model (its times pick the configs timed again, and its device is the selec
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -193,8 +194,9 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001  (a matrix that fails is recorded, and the run goes on)
                 rows.append({"matrix": src.name, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"{src.name} {dtype}: {rows[-1]['error']}", flush=True)
-        (out / f"{stem}.json").write_text(json.dumps({"env": env, "corpus": args.corpus, "missing": missing,
-                                                      "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
+        with gzip.open(out / f"{stem}.json.gz", "wt") as f:  # a run's rows are about a megabyte of JSON
+            f.write(json.dumps({"env": env, "corpus": args.corpus, "missing": missing, "rows": rows,
+                                "summary": summary(rows)}, indent=1) + "\n")
     print("\n".join(summary(rows)))
 
 
