@@ -122,7 +122,7 @@ def test_a_fingerprint_of_millions_of_entries_on_the_gpu_equals_the_cpu_one() ->
     time: the sums, and so the fingerprint, are the same."""
     import cupyx.scipy.sparse as cusp
 
-    from tests.test_canonical import random_rows
+    from tests.test_structure_gpu import random_rows
 
     A = random_rows(300_000, 200_000, 8, seed=7)  # 1.2 M entries
     for B in (A, A[: A.shape[0] - 1]):  # and one row fewer: the four-word loop ends mid-stride
