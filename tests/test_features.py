@@ -366,3 +366,26 @@ def test_features_on_the_gpu_equal_the_cpu_ones() -> None:
         assert got.keys() == want.keys()
         for name in want:
             assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("aggregate_below", [0, 10**9], ids=["one atomic an entry", "a warp's lanes aggregated"])
+def test_both_ways_of_counting_columns_give_the_cpu_features(monkeypatch, aggregate_below) -> None:
+    """The column counts either way, on a matrix with hub columns (short rows naming the same few columns, where
+    a warp's lanes share them) and one without, whatever the rows' mean length would pick."""
+    import cupyx.scipy.sparse as cusp
+
+    from tuner.matrix import features_gpu
+
+    monkeypatch.setattr(features_gpu, "AGGREGATE_BELOW", aggregate_below)
+    rng = np.random.default_rng(11)
+    m, n = 50_000, 40_000
+    hubs = rng.integers(0, n, 5)
+    rows = np.repeat(np.arange(m), 6)
+    cols = np.where(rng.random(rows.size) < 0.5, hubs[rng.integers(0, 5, rows.size)], rng.integers(0, n, rows.size))
+    for A in (sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(m, n)),
+              sp.random(3000, 5000, density=0.02, format="csr", random_state=2)):
+        A.sum_duplicates()
+        want, got = extract_features(A), extract_features(cusp.csr_matrix(A))
+        for name in want:
+            assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12), name

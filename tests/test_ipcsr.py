@@ -287,6 +287,8 @@ def test_builder_equals_the_greedy_on_random_rows(lengths, shared_size, nt):
     indptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
     starts = row_blocks(indptr, shared_size, nt)
     assert starts.tolist() == greedy_blocks(lengths, shared_size, nt)
+    m, nnz = len(lengths), int(indptr[-1])  # the bound the pointer doubling's rounds rest on
+    assert len(starts) - 1 <= min(m, 3 * nnz // shared_size + m // nt + 2)
 
 
 @pytest.mark.parametrize("params", CONFIGS, ids=lambda p: "-".join(map(str, p.values())))
