@@ -10,15 +10,18 @@ is either within a row (the matrix is not canonical) or the last entry of a row
 and the first of the next nonempty one; so the matrix is canonical exactly when
 the pairs that do not increase are as many as the nonempty rows (after the first
 entry) whose first entry does not increase on the entry before it. Two counters,
-one read-back: 0.11-0.17 ms on the same matrices, bursts included. A matrix
-found canonical is remembered while it lives, as CuPy remembers its own answer.
+one read-back: 0.11-0.17 ms on the same matrices, bursts included (stop 42's
+kernel, which this one extends). A matrix found canonical is remembered while
+it lives, as CuPy remembers its own answer.
 :func:`canonical_reference` is the same count in NumPy (the tests hold both to
 SciPy's ``has_canonical_format``).
 
 The same pass can add up the fingerprint's sums (:mod:`tuner.matrix.fingerprint`
 defines them, and mixes them into the name): each word of ``indptr`` and
 ``indices`` is read there anyway, so ``plan()`` checks a new CuPy matrix and
-names it in one launch and one read-back rather than two of each.
+names it in one launch and one read-back rather than two of each: 0.22-0.32 ms
+of ``plan()`` against 0.42-0.54 for the two apart (an H100, four unseen
+matrices in both dtypes, ``bench/results/..._ab_plan-a0e28ed.txt``).
 """
 
 from __future__ import annotations
