@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from db import Store
@@ -55,19 +56,24 @@ def test_only_the_newest_files_stay_open(tmp_path) -> None:
     assert stores[1].matrix("none") is None  # let go, not closed: whoever holds it can still use it
 
 
+def _open_in_child(path: str, parent_id: int) -> None:
+    """A forked child's work: exit 0 only if the Store it gets is not the parent's and writes through."""
+    child = shared_store(path)
+    if id(child) == parent_id:
+        sys.exit(1)
+    child.add_matrix("child", name="child", rows=2, cols=2, nnz=1)
+
+
 def test_a_forked_child_opens_its_own(tmp_path) -> None:
     """The parent's connection must not be used in a forked child: the child opens the file again."""
+    import multiprocessing
+
     parent = shared_store(tmp_path / "s.db")
-    pid = os.fork()
-    if pid == 0:  # the child: exit code 0 only if it opened a Store of its own and wrote through it
-        code = 1
-        try:
-            child = shared_store(tmp_path / "s.db")
-            if child is not parent:
-                child.add_matrix("child", name="child", rows=2, cols=2, nnz=1)
-                code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    child = multiprocessing.get_context("fork").Process(target=_open_in_child,
+                                                        args=(str(tmp_path / "s.db"), id(parent)))
+    child.start()
+    child.join(timeout=30)
+    if child.is_alive():  # hung on something the fork copied: not left behind
+        child.kill()
+    assert child.exitcode == 0
     assert parent.matrix("child") is not None
