@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tuner.matrix.features import csr_arrays
-from tuner.matrix.io import as_device_csr
+from tuner.matrix.io import as_device_csr, stays_on_device
 from tuner.matrix.structure_gpu import remember_canonical, structure_pass
 
 __all__ = ["SCHEME", "device_csr_and_fingerprint", "fingerprint", "legacy_fingerprint"]
@@ -84,8 +84,7 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None) -> tuple[Any, str]:
     CSR matrix of int32 arrays is checked and fingerprinted in one pass over its structure
     (:func:`~tuner.matrix.structure_gpu.structure_pass`); where it is not canonical, its canonical form is
     fingerprinted."""
-    if type(A).__module__.startswith("cupyx") and getattr(A, "format", None) == "csr" \
-            and A.indptr.dtype == np.int32 and A.indices.dtype == np.int32:
+    if stays_on_device(A):
         canonical, sums = structure_pass(A.indptr, A.indices, tags=(*_TAGS[0], *_TAGS[1]))
         if canonical:
             remember_canonical(A)  # as_device_csr asks the GPU nothing more

@@ -36,7 +36,8 @@ from common.errors import InvalidConfigError, MatrixFormatError
 from tuner.matrix.bounds import GZIP_MAGIC, ReadLimits, scan_mtx
 
 __all__ = [
-    "INDEX_MAX", "as_csr", "as_device_csr", "check_dtype", "matrix_name", "read_mtx", "read_mtx_watched", "write_mtx",
+    "INDEX_MAX", "as_csr", "as_device_csr", "check_dtype", "matrix_name", "read_mtx", "read_mtx_watched",
+    "stays_on_device", "write_mtx",
 ]
 
 INDEX_MAX = int(np.iinfo(np.int32).max)
@@ -338,8 +339,7 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
 
     from tuner.matrix.structure_gpu import is_canonical
 
-    if (cusp.isspmatrix_csr(A) and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32
-            and is_canonical(A)):
+    if stays_on_device(A) and is_canonical(A):
         _check_index_range(A.shape, A.nnz)
         wanted = _value_dtype(np.dtype(A.dtype), dtype)
         B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
@@ -347,6 +347,13 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
         B = cusp.csr_matrix(as_csr(A, dtype=dtype))  # canonical on the host, so on the GPU
     B.has_canonical_format = True  # CuPy's own flag: its check (a thread a row, then a reduction) never runs on B
     return B
+
+
+def stays_on_device(A: Any) -> bool:
+    """Whether :func:`as_device_csr` may keep ``A`` where it is, if canonical: a CuPy CSR matrix with int32
+    ``indptr`` and ``indices`` (no import of CuPy for anything else)."""
+    return (type(A).__module__.startswith("cupyx") and getattr(A, "format", None) == "csr"
+            and A.indptr.dtype == np.int32 and A.indices.dtype == np.int32)
 
 
 def _from_cupy(A: Any) -> Any:
