@@ -83,7 +83,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidConfigError, NoDeviceError
-from kernels._arrays import stable_argsort
+from kernels._arrays import argsort_unique, stable_argsort
 from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy, to_numpy
 from kernels._family import Family, Prepared
 from kernels._space import Param, Space
@@ -403,7 +403,7 @@ def _work_items(tile_entry_ptr: np.ndarray, tiles_per_group: np.ndarray, group_t
     # The order the blocks take the items in: band by band, slab by slab, the most nonzeros first.
     band_of_panel = np.searchsorted(_band_starts(panel_ptr, m, bands), np.arange(n_panels), side="right") - 1
     launch = band_of_panel[item_panel] * slabs + item_group % slabs
-    item_order = np.argsort(launch * (nnz + 1) + (nnz - item_nnz), kind="stable")
+    item_order = argsort_unique(launch * (nnz + 1) + (nnz - item_nnz))
 
     # Rows no item stores: those of panels with several items, which add to them.
     cleared = np.nonzero(items_of_panel > 1)[0]
