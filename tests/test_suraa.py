@@ -24,6 +24,8 @@ import subprocess
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels._cuda import KERNEL_DIR
 from kernels.suraa import (
@@ -269,6 +271,20 @@ def test_long_rows_over_the_budget_go_to_g2():
         assert ex["group_bounds"].tolist() == [0, g1, 3, 200], mct
         assert ex["child_threads"] == 1024 * g1
         assert ex["g2_launches"] == (((g1, 3, 1024, 1024),) if g1 < 3 else ())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=400), st.sampled_from([1, 7, 1000]))
+def test_decompose_reads_the_rule_and_the_sums_off_the_sorted_rows(lengths, scale):
+    """decompose reads the quartiles at their positions in the sorted rows, and sums segments as differences
+    of running sums: the segments of freedman_diaconis_segments (np.percentile), the sums of np.add.reduceat."""
+    npr = np.sort(np.array(lengths, dtype=np.int64) // scale)[::-1]
+    d = decompose(npr, max_child_threads=4096, threshold=32, vector_cap=1024)
+    size, count = freedman_diaconis_segments(npr)
+    np.testing.assert_array_equal(d.seg_bounds, np.append(np.arange(0, npr.size, size), npr.size))
+    assert d.seg_bounds.size - 1 <= count
+    np.testing.assert_array_equal(d.seg_mean, np.add.reduceat(npr, d.seg_bounds[:-1]) / np.diff(d.seg_bounds))
+    np.testing.assert_array_equal(d.seg_threads, threads_per_row(npr[d.seg_bounds[:-1]], 1024))
 
 
 def test_decompose_checks_its_input():
