@@ -150,7 +150,9 @@ def decompose(
     m = int(npr.size)
     if m == 0:
         raise ValueError("decompose needs at least one row")
-    if bool((npr[1:] > npr[:-1]).any()):
+    # Checked on the host; on the GPU the caller's sort made the order (a reduction would cost CuPy a kernel
+    # build for every new number of rows, on a machine's first use).
+    if xp is np and np.any(npr[1:] > npr[:-1]):
         raise ValueError("npr_sorted must be in descending order")
     size, _ = segments_of_quartiles(m, *_sorted_spread(xp, npr))
     starts = np.arange(0, m, size, dtype=np.int64)
