@@ -248,7 +248,7 @@ class Suraa(Family):
         scalar, vector, parent = (kernels[n] for n in self.name_expressions(prepared.dtype)[:3])
         npr, key = _sort_key(cupy, A.indptr, A.indices, prepared.shape[1])
         perm = stable_argsort(cupy, key).astype(cupy.int32)
-        dec = self._decompose_segments(npr[perm], p)  # on the GPU: only the segments come back
+        dec = self._decompose_segments(npr[perm], p, cupy)  # on the GPU: only the segments come back
         self._lay_out(prepared, perm)
         n_side = len(dec.g2_launches) + int(dec.group_bounds[1] > 0)
         n_streams = min(p["streams"], n_side) if p["streams"] > 1 else 0
@@ -350,12 +350,13 @@ class Suraa(Family):
 
     # -- shared by both paths -----------------------------------------------------
     @staticmethod
-    def _decompose_segments(npr_sorted: np.ndarray, p: dict[str, Any]) -> Decomposition:
+    def _decompose_segments(npr_sorted: Any, p: dict[str, Any], xp: Any = np) -> Decomposition:
         return decompose(
             npr_sorted,
             max_child_threads=p.get("max_child_threads", DEFAULT_BUDGET),
             threshold=p["threshold"],
             vector_cap=p["vector_cap"],
+            xp=xp,
         )
 
     @staticmethod

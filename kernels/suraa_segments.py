@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kernels._arrays import stable_argsort
+from kernels._cuda import to_numpy
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -121,10 +122,9 @@ class Decomposition:
 
 
 
-def threads_per_row(npr: Any, vector_cap: int) -> Any:
-    """``min(vector_cap, 32·ceil(max(npr, 1) / 32))``: the smallest whole warps covering a row, capped (NumPy or
-    CuPy, as ``npr`` is; int64)."""
-    xp = _array_module(npr)
+def threads_per_row(npr: Any, vector_cap: int, xp: Any = np) -> Any:
+    """``min(vector_cap, 32·ceil(max(npr, 1) / 32))``: the smallest whole warps covering a row, capped (int64,
+    in ``xp``: NumPy or CuPy)."""
     return xp.minimum(vector_cap, (xp.maximum(xp.asarray(npr, dtype=np.int64), 1) + 31) & ~31)  # & ~31: // 32 * 32
 
 
@@ -134,18 +134,18 @@ def _leading_true(mask: np.ndarray) -> int:
 
 
 def decompose(
-    npr_sorted: Any, *, max_child_threads: int, threshold: int, vector_cap: int
+    npr_sorted: Any, *, max_child_threads: int, threshold: int, vector_cap: int, xp: Any = np
 ) -> Decomposition:
-    """The segments and groups for row lengths already sorted in descending order (m >= 1), a NumPy or a CuPy
-    array: the passes over the rows run where it is, and only what a segment needs comes back (the result is
-    NumPy either way).
+    """The segments and groups for row lengths already sorted in descending order (m >= 1).
+
+    ``xp`` is ``numpy`` (the reference) or ``cupy`` (prepare: the passes over the rows run on the GPU; only
+    what a segment needs comes back). The result is NumPy either way, the same from both.
 
     >>> npr = np.array([300, 290, 280, 40, 40, 33, 5, 5, 5, 2, 1, 0])
     >>> d = decompose(npr, max_child_threads=1024, threshold=32, vector_cap=1024)
     >>> d.seg_bounds.tolist(), d.group_of_segment.tolist(), d.group_bounds.tolist(), d.child_threads
     ([0, 3, 6, 9, 12], [1, 2, 3, 3], [0, 3, 6, 12], 928)
     """
-    xp = _array_module(npr_sorted)
     npr = xp.asarray(npr_sorted, dtype=np.int64)
     m = int(npr.size)
     if m == 0:
@@ -162,9 +162,9 @@ def decompose(
     # in int64), and its first (longest) row; one read-back.
     running = xp.zeros((2, m + 1), dtype=np.int64)
     xp.cumsum(npr, out=running[0, 1:])
-    xp.cumsum(threads_per_row(npr, vector_cap), out=running[1, 1:])
+    xp.cumsum(threads_per_row(npr, vector_cap, xp), out=running[1, 1:])
     bounds = xp.asarray(seg_bounds)
-    per_segment = _to_numpy(xp.concatenate([(running[:, bounds[1:]] - running[:, bounds[:-1]]).ravel(),
+    per_segment = to_numpy(xp.concatenate([(running[:, bounds[1:]] - running[:, bounds[:-1]]).ravel(),
                                             npr[bounds[:-1]]]))
     sums, child, longest = per_segment.reshape(3, len(starts))
 
@@ -209,25 +209,12 @@ def _sorted_spread(xp: Any, npr_desc: Any) -> tuple[int, int, float, float]:
         below = math.floor(virtual)
         at += [m - 1 - below, m - 1 - min(below + 1, m - 1)]  # ascending position p is descending m - 1 - p
         weights.append(virtual - below)
-    got = _to_numpy(npr_desc[xp.asarray([0, m - 1, *at])]).astype(np.float64)
+    got = to_numpy(npr_desc[xp.asarray([0, m - 1, *at])]).astype(np.float64)
     quartiles = []
     for (a, b), t in zip(got[2:].reshape(2, 2), weights, strict=True):
         diff = b - a  # numpy's _lerp: a + diff * t, or b - diff * (1 - t) where t >= 0.5
         quartiles.append(float(b - diff * (1 - t) if t >= 0.5 else a + diff * t))
     return int(got[1]), int(got[0]), quartiles[0], quartiles[1]
-
-
-def _array_module(a: Any) -> Any:
-    """NumPy for NumPy arrays, lists and numbers; CuPy for CuPy arrays (imported only then)."""
-    if isinstance(a, np.ndarray | np.generic | list | tuple | int):
-        return np
-    import cupy
-
-    return cupy.get_array_module(a)
-
-
-def _to_numpy(a: Any) -> np.ndarray:
-    return a if isinstance(a, np.ndarray) else a.get()
 
 
 def _npr_first(xp: Any, indptr: Any, indices: Any, n_cols: int) -> tuple[Any, Any]:
