@@ -35,6 +35,13 @@ settled on set ``a`` (so nothing was tuned to them):
   B a quarter as many rows of 24 entries near a random centre: stencil rows,
   ragged rows and an empty block.
 
+Set ``c``, added at stop 45, when a matrix like it showed rcm's preparation
+(a read-back a breadth-first level) costing a race 1,500-6,900 SpMVs:
+
+- ``mesh2d``: a 2-D mesh of bilinear quadrilaterals (each node coupled to its 8
+  neighbours, a 9-point pattern), nodes numbered at random: regular rows, no
+  column locality, and a breadth-first search of 1,200 levels.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -226,6 +233,17 @@ def sawtooth(n: int, rng: np.random.Generator, period: int = 64, width: int = 20
     return _csr(rows, cols, (n, n), rng)
 
 
+def mesh2d(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 9-point pattern on a side^2 grid (each node, its 8 neighbours and itself), rows and columns under one
+    random permutation."""
+    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+    A = sp.kron(path, path, format="csr")
+    p = rng.permutation(A.shape[0])
+    A = A[p][:, p].tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
 def kkt(n: int, rng: np.random.Generator, constraint: int = 24) -> sp.csr_matrix:
     """[[K, B^T], [B, 0]]: K the 7-point Laplacian on a side^3 grid (side^3 about n), B n // 4 rows of
     ``constraint`` entries (a column drawn twice counted once) normal around a random centre (sd 1 % of K's
@@ -252,10 +270,11 @@ class Unseen:
     build: Callable[..., sp.csr_matrix]
     size: int
     seed: int
-    group: str = "a"  # the set: "a" the first seven, "b" those added after the race's rules were settled
+    group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45
 
     def make(self, scale: float) -> sp.csr_matrix:
-        size = max(8, round(self.size * (scale ** (1 / 3) if self.build is perm27 else scale)))
+        power = {perm27: 1 / 3, mesh2d: 1 / 2}.get(self.build, 1.0)
+        size = max(8, round(self.size * scale ** power))
         return as_csr(self.build(size, np.random.default_rng(self.seed)))
 
 
@@ -273,6 +292,7 @@ MATRICES = (
     Unseen("denserows", denserows, 4_000, 24, "b"),            # ~16 M
     Unseen("sawtooth", sawtooth, 1_000_000, 25, "b"),          # ~32 M
     Unseen("kkt", kkt, 1_000_000, 26, "b"),                    # ~19 M
+    Unseen("mesh2d", mesh2d, 1_200, 31, "c"),                  # ~13 M
 )
 
 
@@ -408,7 +428,7 @@ def main() -> None:
     ap.add_argument("--effort", nargs="+", default=list(EFFORTS), choices=EFFORTS)
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
-    ap.add_argument("--set", nargs="+", default=["a", "b"], choices=["a", "b"], help="which sets of matrices")
+    ap.add_argument("--set", nargs="+", default=["a", "b", "c"], choices=["a", "b", "c"], help="which sets of matrices")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")

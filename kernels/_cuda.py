@@ -69,25 +69,41 @@ def _read(cu_file: str) -> str:
 
 
 @functools.cache
-def _compile(cu_file: str, name_expressions: tuple[str, ...], options: tuple[str, ...], device: int) -> Any:
+def _compile(cu_file: str, name_expressions: tuple[str, ...], options: tuple[str, ...], cooperative: bool,
+             device: int) -> Any:
     cupy = require_cupy()
     code = f'#line 1 "{cu_file}"\n' + _read(cu_file)
-    module = cupy.RawModule(code=code, options=("-std=c++17", *options), name_expressions=name_expressions)
+    module = cupy.RawModule(code=code, options=("-std=c++17", *options), name_expressions=name_expressions,
+                            enable_cooperative_groups=cooperative)
     module.compile()
     return module
 
 
 def get_kernels(
-    cu_file: str, name_expressions: tuple[str, ...], *, options: tuple[str, ...] = ()
+    cu_file: str, name_expressions: tuple[str, ...], *, options: tuple[str, ...] = (), cooperative: bool = False
 ) -> dict[str, Any]:
     """Compile ``cu_file`` once per (instantiations, options, device); return its kernels by name.
 
     Templates take their tunables as template arguments (``csr_vector<double, 8, true>``),
-    so one compilation serves every config of a family and dtype.
+    so one compilation serves every config of a family and dtype. ``cooperative``: every kernel of this
+    compilation is launched cooperatively (all its blocks resident at once, or the launch fails), so a
+    grid-wide barrier in it cannot deadlock; a launch must then ask no more blocks than
+    :func:`resident_threads` allows.
     """
     cupy = require_cupy()
-    module = _compile(cu_file, name_expressions, options, cupy.cuda.Device().id)
+    module = _compile(cu_file, name_expressions, options, cooperative, cupy.cuda.Device().id)
     return {name: module.get_function(name) for name in name_expressions}
+
+
+def resident_threads(regs: int, block: int, attributes: dict[str, int]) -> int:
+    """Threads of a kernel using ``regs`` registers a thread, in blocks of ``block``, that the GPU holds at
+    once: the register file's limit (registers are given out 8 a thread at a time), the threads', the
+    blocks' (shared memory, a few KB a block where a kernel of ours holds any, is never the limit)."""
+    per_block = -(-regs // 8) * 8 * block
+    # Every GPU since Volta has 64 K registers and at least 16 blocks an SM, should CuPy not list the attribute.
+    blocks = min(attributes.get("MaxRegistersPerMultiprocessor", 65536) // per_block,
+                 attributes["MaxThreadsPerMultiProcessor"] // block, attributes.get("MaxBlocksPerMultiprocessor", 16))
+    return attributes["MultiProcessorCount"] * blocks * block
 
 
 def grid(n_threads: int, block: int) -> int:

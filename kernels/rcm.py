@@ -10,23 +10,25 @@ has a narrow band and its gathers of x come back to the same lines.
 - The graph: a square matrix's rows are its vertices and its columns their neighbours (one order for rows
   and columns: the diagonal stays the diagonal); another matrix's bipartite graph (rows on one side,
   columns on the other), whose order splits into an order of the rows and one of the columns.
-- The order (:func:`orders`), one level at a time, the same steps on the GPU (a warp a vertex of the level,
-  ``rcm.cu``: three kernels and a scan, no sort) and in NumPy (the reference): a vertex of the next level
-  takes the lowest number of the level's vertices that reach it, and the level is numbered by that, then
-  by vertex. A search starts at the vertex of fewest neighbours (then the lowest); where it ends before
-  every vertex is numbered (another component), the next starts from the next such vertices, twice as many
-  each time, so that a matrix of many components takes a few dozen searches, not one each; each start's
-  share of the order stays together (a component two of whose vertices start the same search is cut in
-  two). Vertices no search reaches (no entries, in no one's row) come last.
+- The order (:func:`orders`), one level at a time, the same steps on the GPU and in NumPy (the reference): a
+  vertex of the next level takes the lowest number of the level's vertices that reach it, and the level is
+  numbered by that, then by vertex. A search starts at the vertex of fewest neighbours (then the lowest);
+  where it ends before every vertex is numbered (another component), the next starts from the next such
+  vertices, twice as many each time, so that a matrix of many components takes a few dozen searches, not one
+  each; each start's share of the order stays together (a component two of whose vertices start the same
+  search is cut in two). Vertices no search reaches (no entries, in no one's row, or beyond the depth a search
+  stops at, :data:`DEEP_LEVELS`) come last. On the GPU a
+  whole search is one cooperative launch (``rcm_search``: a warp a vertex of the level, a grid-wide barrier
+  between the steps, no sort, no read-back a level): a randomly numbered 2-D mesh has thousands of levels,
+  and with a read-back and a dozen launches a level (0.2-0.5 ms on the device hosts) it took seconds.
 - A large graph with no narrow order (a small-world graph: a random or power-law one, where some level holds
   a quarter of the vertices) makes the preparation fail (:class:`~common.errors.InvalidConfigError`) as soon
   as that level appears: renumbering it would not bring gathers together.
 
 A product is then a gather of x into the new order, csr_vector on B (``threads_per_row``, ``block_size``:
 its parameters, declared there) and a scatter of y back to the old rows: a few percent more bytes than the
-product itself. The preparation takes a few launches and one read-back a level: milliseconds for the ~120
-levels of a 27-point stencil of 46 M nonzeros. A race at plan time enters it unranked where A is square,
-its rows regular and its gathers of x scattered (:meth:`Rcm.unranked_config`).
+product itself. The preparation takes a few launches and one read-back a search. A race at plan time enters
+it unranked where A is square, its rows regular and its gathers of x scattered (:meth:`Rcm.unranked_config`).
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tuner.matrix.io import as_csr
@@ -46,7 +48,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from common.errors import InvalidConfigError
-from kernels._cuda import c_type, get_kernels, grid, require_cupy
+from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy, resident_threads
 from kernels._family import Family, Prepared
 from kernels._space import Value
 from kernels.csr_vector import BATCH_BYTES, THREADS_PER_ROW, CsrVector
@@ -76,17 +78,30 @@ starting vertices) shows a graph with no narrow order, on a graph of at least :d
 SEED_SPREAD = 64
 LARGE_GRAPH = 1 << 16
 
+DEEP_LEVELS = 512
+NNZ_A_LEVEL = 1 << 15
+"""A search stops after ``max(DEEP_LEVELS, entries of the graph / NNZ_A_LEVEL)`` levels, and no other starts: the
+vertices not numbered by then keep their order, after the others. A level costs a few grid-wide barriers whatever
+its size (25 us on an H100), and a long, thin graph has thousands (a randomly numbered 2-D mesh: twice its
+side): on the H100 (stop 45) the 5-point mesh of 3000 x 3000 numbered at random took 149 ms for its 6000
+levels, 140 products, and its renumbered product was no faster than cuSPARSE's (x of 72 MB: the gather of x and
+the scatter of y into the new order cost what the band saved). The bound orders whole a 27-point stencil of
+46 M nonzeros (120 levels, 7 ms) and a 7-point one of 4 M rows (480 levels, 18 ms), and holds a search to about
+100 products of a matrix of more than 17 M entries and 13 ms on a smaller one."""
+
 
 class Rcm(Family):
     name = "rcm"
     summary = "rows and columns renumbered by reverse Cuthill-McKee, then csr_vector on the renumbered matrix"
     source = "Cuthill & McKee, 1969; George, 1971 (reverse Cuthill-McKee); csr_vector on the result"
     cu_file = "rcm.cu"
-    prepare_spmvs = 100.0  # H100: 26-45 ms on the unseen perm27 (46 M nonzeros), products of 190-280 us
+    # H100 (stop 45): 6-8 ms on the unseen perm27 (46 M nonzeros, products of 200-280 us), 4 ms on kkt (19 M,
+    # 120-140 us), 10.5 ms on a randomly numbered 2-D mesh of 10 M (its search stopped at 512 levels, 118 us)
+    prepare_spmvs = 50.0
     space = _INNER.space
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return "rcm_reach", "rcm_count", "rcm_write", f"rcm_renumber<{c_type(dtype)}>"
+        return SEARCH, f"rcm_renumber<{c_type(dtype)}>"
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced where A is square with regular rows and columns whose gathers of x are scattered (a mesh or a
@@ -107,14 +122,14 @@ class Rcm(Family):
         import cupyx.scipy.sparse as cusp
 
         A, (m, n) = prepared.A, prepared.shape
-        kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        rows, cols = orders(A, cupy, _gpu_expand(kernels))
+        rows, cols = orders(A, cupy, gpu_search())
         lengths = cupy.diff(A.indptr)[rows]
         indptr = cupy.zeros(m + 1, dtype=np.int32)
         cupy.cumsum(lengths, out=indptr[1:])
         new_col = _inverse(cols, cupy)
         indices, data = cupy.empty_like(A.indices), cupy.empty_like(A.data)
-        kernels[f"rcm_renumber<{c_type(prepared.dtype)}>"](
+        renumber = f"rcm_renumber<{c_type(prepared.dtype)}>"
+        get_kernels(self.cu_file, (renumber,))[renumber](
             (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data, new_col,
                                            indices, data))
         B = cusp.csr_matrix((data, indices, indptr), shape=(m, n))
@@ -144,16 +159,29 @@ class Rcm(Family):
         return y
 
 
-Expand = Callable[[Any, Any, Any, Any], tuple[Any, Any]]
-"""One level: (graph's indptr, its indices, the level's vertices in the order numbered, the numbers so far)
--> (the next level's vertices, each one's parent: the lowest number among the level's vertices that reach
-it), in Cuthill-McKee's order: by parent, then by vertex."""
+Search = Callable[[Any, Any, Any, Any, Any, int, int, int, int], tuple[int, int, bool]]
+"""A breadth-first search: (graph's indptr, its indices, number, order, root, start, count, wide, deep), from the
+level ``order[start:start + count]`` (numbered already), numbering level after level (``order``: the vertices by
+number, ``number``: each vertex's, ``root``: by number, the number of the search's start it came from) until a
+level is empty -> (vertices numbered in all, 0, False), holds more than ``wide`` vertices -> (those numbered
+before it, its size, False), or ``deep`` levels are numbered, the last one not searched -> (those numbered, 0,
+True)."""
+
+SEARCH = "rcm_search"
+"""The GPU's :data:`Search`, a cooperative launch (``rcm.cu``)."""
+BLOCK = 512
+SM_BLOCKS = 2
+"""Threads a block of :data:`SEARCH` (up to 1024), and its blocks an SM at most: every grid-wide barrier waits for
+each block. On the H100 (stop 45) 512 x 2 and 1024 x 1 ordered the 27-point stencil of 46 M nonzeros in 6.3 ms,
+a 7-point one of 4 M rows in 13.9-14.1 ms and 1,373 levels of a 2-D mesh in 25-27 ms; 256 x 4 took 6.5, 14.7 and
+31 ms, 128 x 4 7.5, 17.5 and 33 ms."""
 
 
-def orders(A: Any, xp: Any = np, expand: Expand | None = None) -> tuple[Any, Any]:
+def orders(A: Any, xp: Any = np, search: Search | None = None) -> tuple[Any, Any]:
     """(rows, cols): the old number of each new row and of each new column (int32), by reverse Cuthill-McKee
     on A's graph (see the module's docstring); ``xp``: NumPy for a SciPy A (the reference), CuPy for a
-    cupyx A with the GPU's ``expand``. Raises InvalidConfigError where the graph has no narrow order."""
+    cupyx A with the GPU's ``search`` (:func:`gpu_search`). Raises InvalidConfigError where the graph has no
+    narrow order."""
     m, n = A.shape
     if m == n:
         indptr, indices = A.indptr.astype(np.int64), A.indices
@@ -161,7 +189,7 @@ def orders(A: Any, xp: Any = np, expand: Expand | None = None) -> tuple[Any, Any
         T = A.T.tocsr()
         indptr = xp.concatenate([A.indptr.astype(np.int64), T.indptr[1:].astype(np.int64) + A.nnz])
         indices = xp.concatenate([A.indices + np.int32(m), T.indices.astype(np.int32)])
-    order = xp.ascontiguousarray(_cuthill_mckee(indptr, indices, xp, expand or _cpu_expand)[::-1])
+    order = xp.ascontiguousarray(_cuthill_mckee(indptr, indices, xp, search or _cpu_search)[::-1])
     if m == n:
         return order, order
     return order[order < m], order[order >= m] - np.int32(m)
@@ -183,8 +211,8 @@ def _inverse(order: Any, xp: Any) -> Any:
     return new
 
 
-def _cuthill_mckee(indptr: Any, indices: Any, xp: Any, expand: Expand) -> Any:
-    """The Cuthill-McKee order of the graph (its vertices in the order numbered), level by level; a search
+def _cuthill_mckee(indptr: Any, indices: Any, xp: Any, search: Search) -> Any:
+    """The Cuthill-McKee order of the graph (its vertices in the order numbered), a search at a time; a search
     started from several vertices at once keeps each one's share together (ordered by where it started,
     then by number), as if each had had a search of its own."""
     size = indptr.size - 1
@@ -196,12 +224,13 @@ def _cuthill_mckee(indptr: Any, indices: Any, xp: Any, expand: Expand) -> Any:
     starts, _ = _by_key(degree[linked], linked, xp)  # fewest neighbours first, then the lowest vertex
     numbered = taken = 0
     seeds_wanted = 1
+    deep = max(DEEP_LEVELS, int(indices.size) // NNZ_A_LEVEL)
 
-    def assign(vertices: Any, roots: Any | None = None) -> int:
+    def assign(vertices: Any) -> int:
         span = slice(numbered, numbered + vertices.size)
         order[span] = vertices
         number[vertices] = xp.arange(span.start, span.stop, dtype=np.int32)
-        root[span] = number[vertices] if roots is None else roots
+        root[span] = number[vertices]
         return span.stop
 
     while taken < starts.size:
@@ -211,16 +240,15 @@ def _cuthill_mckee(indptr: Any, indices: Any, xp: Any, expand: Expand) -> Any:
         level = starts[taken + free]
         taken += int(free[-1]) + 1
         seeds, seeds_wanted = int(level.size), 2 * seeds_wanted
-        numbered = assign(level)
-        while True:
-            level, parent = expand(indptr, indices, level, number)
-            if level.size == 0:
-                break
-            if size >= LARGE_GRAPH and level.size > max(WIDE_LEVEL * size, SEED_SPREAD * seeds):
-                raise InvalidConfigError(
-                    f"rcm: no narrow order for this matrix: a breadth-first level holds {level.size} of its "
-                    f"{size} vertices (a small-world graph); renumbering would not bring its gathers together")
-            numbered = assign(level, root[parent])
+        begin, numbered = numbered, assign(level)
+        wide = max(WIDE_LEVEL * size, SEED_SPREAD * seeds) if size >= LARGE_GRAPH else size
+        numbered, too_wide, cut = search(indptr, indices, number, order, root, begin, seeds, int(wide), deep)
+        if too_wide:
+            raise InvalidConfigError(
+                f"rcm: no narrow order for this matrix: a breadth-first level holds {too_wide} of its "
+                f"{size} vertices (a small-world graph); renumbering would not bring its gathers together")
+        if cut:
+            break
     assign(xp.flatnonzero(number < 0).astype(np.int32))
     by_search, _ = _by_key(root, xp.arange(size, dtype=np.int32), xp)
     return order[by_search]
@@ -233,44 +261,53 @@ def _by_key(key: Any, vertices: Any, xp: Any) -> tuple[Any, Any]:
     return (words & 0xFFFFFFFF).astype(np.int32), (words >> 32).astype(np.int32)
 
 
-def _cpu_expand(indptr: np.ndarray, indices: np.ndarray, level: np.ndarray, number: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """The reference of a level on the GPU (:func:`_gpu_expand`): every (vertex of the level, neighbour) pair,
-    vectorized, then a sort."""
-    first, lengths = indptr[level], indptr[level + 1] - indptr[level]
-    pos = np.repeat(first - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
-    child, parent = indices[pos], np.repeat(number[level], lengths)
-    keep = number[child] < 0
-    child, parent = child[keep], parent[keep]
-    by_child = np.lexsort((parent, child))
-    child, parent = child[by_child], parent[by_child]
-    first_of_child = np.concatenate([[True], child[1:] != child[:-1]]) if child.size else np.zeros(0, bool)
-    return _by_key(parent[first_of_child], child[first_of_child], np)
+def _cpu_search(indptr: np.ndarray, indices: np.ndarray, number: np.ndarray, order: np.ndarray, root: np.ndarray,
+                start: int, count: int, wide: int, deep: int) -> tuple[int, int, bool]:
+    """The reference of :data:`SEARCH`, level by level: every (vertex of the level, neighbour) pair, vectorized,
+    then a sort."""
+    for _ in range(deep):
+        if not count:
+            break
+        level = order[start:start + count]
+        first, lengths = indptr[level], indptr[level + 1] - indptr[level]
+        pos = np.repeat(first - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+        child, parent = indices[pos], np.repeat(number[level], lengths)
+        keep = number[child] < 0
+        child, parent = child[keep], parent[keep]
+        by_child = np.lexsort((parent, child))
+        child, parent = child[by_child], parent[by_child]
+        first_of_child = np.concatenate([[True], child[1:] != child[:-1]]) if child.size else np.zeros(0, bool)
+        children, parents = _by_key(parent[first_of_child], child[first_of_child], np)
+        if children.size > wide:
+            return start + count, int(children.size), False
+        start, count = start + count, int(children.size)
+        order[start:start + count] = children
+        number[children] = np.arange(start, start + count, dtype=np.int32)
+        root[start:start + count] = root[parents]
+    return start + count, 0, count > 0
 
 
-def _gpu_expand(kernels: Mapping[str, Any]) -> Expand:
-    """``rcm_reach``, ``rcm_count``, a scan and ``rcm_write`` (rcm.cu), with their work arrays (made at the
-    first level, kept for the others; the next level goes to the other of two buffers, as the level it is
-    made from may be in one): the next level in order without a sort."""
+def gpu_search() -> Search:
+    """:data:`SEARCH` on this GPU: as many blocks as it holds at once (a cooperative launch must have every
+    block resident), with its work arrays (made at the first search of an order, kept for the others)."""
     cupy = require_cupy()
+    kernel = get_kernels(Rcm.cu_file, (SEARCH,), cooperative=True)[SEARCH]
+    attributes = device_attributes()
+    sms = attributes["MultiProcessorCount"]
+    blocks = sms * min(SM_BLOCKS, resident_threads(kernel.num_regs, BLOCK, attributes) // BLOCK // sms)
     work: dict[str, Any] = {}
 
-    def expand(indptr: Any, indices: Any, level: Any, number: Any) -> tuple[Any, Any]:
+    def search(indptr: Any, indices: Any, number: Any, order: Any, root: Any, start: int, count: int,
+               wide: int, deep: int) -> tuple[int, int, bool]:
         if not work:
-            size = number.size
-            work.update(parent=cupy.full(size, np.iinfo(np.int32).max, dtype=np.int32),
-                        children=cupy.empty(size, dtype=np.int32), ends=cupy.empty(size, dtype=np.int32),
-                        buffers=[cupy.empty((2, size), dtype=np.int32) for _ in range(2)])
-        work["buffers"].reverse()
-        out = work["buffers"][0]
-        launch = ((grid(32 * level.size, 256),), (256,))
-        args = (np.int32(level.size), level, indptr, indices, number)
-        children, ends = work["children"][:level.size], work["ends"][:level.size]
-        kernels["rcm_reach"](*launch, (*args, work["parent"]))
-        kernels["rcm_count"](*launch, (*args, work["parent"], children))
-        cupy.cumsum(children, out=ends)
-        size = int(ends[-1].get())
-        kernels["rcm_write"](*launch, (*args, work["parent"], ends, out[0], out[1]))
-        return out[0, :size], out[1, :size]
+            work.update(parent=cupy.full(number.size, np.iinfo(np.int32).max, dtype=np.int32),
+                        children=cupy.empty(number.size, dtype=np.int32),
+                        block_sums=cupy.empty(blocks, dtype=np.int32), barrier=cupy.zeros(2, dtype=np.uint32),
+                        result=cupy.empty(3, dtype=np.int32))
+        kernel((blocks,), (BLOCK,), (indptr, indices, number, order, root, work["parent"], work["children"],
+                                     work["block_sums"], work["barrier"], work["result"], np.int32(start),
+                                     np.int32(count), np.int32(min(wide, np.iinfo(np.int32).max)), np.int32(deep)))
+        numbered, too_wide, too_deep = (int(v) for v in work["result"].get())
+        return numbered, too_wide, bool(too_deep)
 
-    return expand
+    return search

@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy
+from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy, resident_threads
 from kernels._family import Family, Prepared, _check_vector
 from kernels._reference import products, row_ids
 from kernels._space import Param, Space
@@ -241,17 +241,6 @@ def add_synchronizer(y: np.ndarray, sync_row: np.ndarray, sync_val: np.ndarray) 
     """y[sync_row[b]] += sync_val[b] for every bunch that started inside a row."""
     live = sync_row >= 0
     np.add.at(y, sync_row[live], sync_val[live])
-
-
-def resident_threads(regs: int, block: int, attributes: dict[str, int]) -> int:
-    """Threads of a kernel using ``regs`` registers a thread, in blocks of ``block``, that the GPU holds at
-    once: the register file's limit (registers are given out 8 a thread at a time), the threads', the
-    blocks' (specsum's shared memory is a few KB a block, never the limit)."""
-    per_block = -(-regs // 8) * 8 * block
-    # Every GPU since Volta has 64 K registers and at least 16 blocks an SM, should CuPy not list the attribute.
-    blocks = min(attributes.get("MaxRegistersPerMultiprocessor", 65536) // per_block,
-                 attributes["MaxThreadsPerMultiProcessor"] // block, attributes.get("MaxBlocksPerMultiprocessor", 16))
-    return attributes["MultiProcessorCount"] * blocks * block
 
 
 class SpecSum(Family):
@@ -493,5 +482,5 @@ class SpecSum(Family):
 
 
 __all__ = [
-    "SpecSum", "add_synchronizer", "decompose", "dirty_rows", "rescatter", "resident_threads", "speculate", "tile_rows",
+    "SpecSum", "add_synchronizer", "decompose", "dirty_rows", "rescatter", "speculate", "tile_rows",
 ]

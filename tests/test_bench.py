@@ -356,6 +356,21 @@ def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under
         ["csr_scalar", "csr5", BASELINE]
 
 
+def test_the_unseen_benchmarks_third_set_is_a_randomly_numbered_mesh() -> None:
+    """bench/unseen.py set c: mesh2d, the 9-point pattern of a grid (9 entries a row inside, 4 at a corner)
+    under a random numbering: its columns far from the diagonal."""
+    module = _bench_module("unseen")
+    (mesh,) = [m for m in module.MATRICES if m.group == "c"]
+    A = mesh.make(0.01)  # 120 x 120 nodes
+    lengths = np.diff(A.indptr)
+    assert A.has_canonical_format and A.shape == (120 * 120, 120 * 120)
+    assert lengths.max() == 9 and lengths.min() == 4 and (lengths == 9).sum() == 118 * 118
+    pattern = A.copy()
+    pattern.data[:] = 1.0
+    assert (pattern != pattern.T).nnz == 0  # one numbering for rows and columns
+    assert np.abs(A.tocoo().row - A.tocoo().col).mean() > 0.2 * A.shape[0]
+
+
 def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> None:
     """bench/unseen.py set b at a small scale: each generator's defining trait, and every matrix canonical."""
     module = _bench_module("unseen")

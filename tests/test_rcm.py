@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 from common.errors import InvalidConfigError
-from kernels.rcm import LARGE_GRAPH, Rcm, orders, renumbered
+from kernels.rcm import DEEP_LEVELS, LARGE_GRAPH, Rcm, orders, renumbered
 from tests.kernel_cases import CASES, load_shared, shared_cases
 from tuner.matrix.features import extract_features
 from tuner.matrix.io import as_csr
@@ -92,6 +92,24 @@ def test_vertices_no_search_reaches_come_last():
     assert sorted(rows[:2]) == [3, 7]  # last in Cuthill-McKee: first once reversed
 
 
+def _path(n: int) -> sp.csr_matrix:
+    """The path 0 - 1 - ... - n-1 with its diagonal: n levels from an end."""
+    return sp.diags([1.0, 2.0, 1.0], [-1, 0, 1], shape=(n, n), format="csr")
+
+
+def test_a_search_stops_at_its_depth_and_the_vertices_beyond_keep_their_order():
+    """A shuffled path of 3000 vertices: the search from an end numbers DEEP_LEVELS levels beyond it, one vertex
+    each, along the path, and stops; the others follow in their own order (all reversed, as RCM is)."""
+    n = 3000
+    A = _shuffled(_path(n), seed=2)
+    cm = orders(A)[0][::-1]
+    assert np.array_equal(np.sort(cm), np.arange(n))
+    walked, rest = cm[:DEEP_LEVELS + 1], cm[DEEP_LEVELS + 1:]
+    assert A[walked[0]].nnz == 2  # an end of the path: fewest neighbours
+    assert all(A[a, b] != 0 for a, b in zip(walked[:-1], walked[1:], strict=True))
+    assert np.array_equal(rest, np.sort(rest))
+
+
 def test_a_small_world_graph_fails_fast_with_the_reason():
     A = _random_graph(LARGE_GRAPH + 4000, 8, seed=5)
     with pytest.raises(InvalidConfigError, match="no narrow order.*small-world"):
@@ -140,27 +158,27 @@ def test_a_race_gives_it_the_fewest_threads_whose_first_loads_cover_a_row():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["shuffled_grid", "blocks", "rectangular_tall", "rectangular_wide", "empty_rows",
-                                  "huge_row", *shared_cases()])
+@pytest.mark.parametrize("name", ["shuffled_grid", "blocks", "deep_path", "rectangular_tall", "rectangular_wide",
+                                  "empty_rows", "huge_row", *shared_cases()])
 def test_gpu_orders_as_the_reference_does(name):
-    """The GPU's levels (rcm_reach, rcm_count, a scan, rcm_write) give exactly the reference's order, and its B is the
-    reference's B, on the cases and every shared matrix; a small-world graph fails there too."""
+    """The GPU's searches (rcm_search: a cooperative launch a search) give exactly the reference's order, and its B
+    is the reference's B, on the cases and every shared matrix."""
     import cupy
     import cupyx.scipy.sparse as cusp
 
-    from kernels._cuda import get_kernels
-    from kernels.rcm import _gpu_expand
+    from kernels.rcm import gpu_search
 
     if name == "shuffled_grid":
         A = _shuffled(_grid(300), seed=8)
     elif name == "blocks":
         A = _shuffled(sp.block_diag([np.ones((3, 3))] * 3000, format="csr"), seed=9)
+    elif name == "deep_path":  # the search stops at DEEP_LEVELS
+        A = _shuffled(_path(5000), seed=10)
     else:
         A = CASES[name]() if name in CASES else load_shared(name)
     f = Rcm()
-    expand = _gpu_expand(get_kernels(f.cu_file, f.name_expressions(np.float64)))
     A_dev = cusp.csr_matrix(A)
-    rows, cols = orders(A_dev, cupy, expand)
+    rows, cols = orders(A_dev, cupy, gpu_search())
     want_rows, want_cols = orders(A)
     np.testing.assert_array_equal(rows.get(), want_rows)
     np.testing.assert_array_equal(cols.get(), want_cols)

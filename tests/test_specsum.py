@@ -21,6 +21,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernels._cuda import resident_threads
 from kernels._reference import products
 from kernels.specsum import (
     SpecSum,
@@ -28,7 +29,6 @@ from kernels.specsum import (
     decompose,
     dirty_rows,
     rescatter,
-    resident_threads,
     speculate,
 )
 from tests.kernel_cases import CASES, gpu_runs, load_shared, shared_cases
