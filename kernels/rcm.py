@@ -79,15 +79,16 @@ SEED_SPREAD = 64
 LARGE_GRAPH = 1 << 16
 
 DEEP_LEVELS = 512
-NNZ_A_LEVEL = 1 << 15
+NNZ_A_LEVEL = 1 << 13
 """A search stops after ``max(DEEP_LEVELS, entries of the graph / NNZ_A_LEVEL)`` levels, and no other starts: the
 vertices not numbered by then keep their order, after the others. A level costs a few grid-wide barriers whatever
-its size (25 us on an H100), and a long, thin graph has thousands (a randomly numbered 2-D mesh: twice its
-side): on the H100 (stop 45) the 5-point mesh of 3000 x 3000 numbered at random took 149 ms for its 6000
-levels, 140 products, and its renumbered product was no faster than cuSPARSE's (x of 72 MB: the gather of x and
-the scatter of y into the new order cost what the band saved). The bound orders whole a 27-point stencil of
-46 M nonzeros (120 levels, 7 ms) and a 7-point one of 4 M rows (480 levels, 18 ms), and holds a search to about
-100 products of a matrix of more than 17 M entries and 13 ms on a smaller one."""
+its size (18-20 us on an H100), and a long, thin graph has thousands (a 2-D mesh: one or two a node of its side),
+while a product takes about 10 ps a nonzero (cuSPARSE on the unseen matrices whose x fits the L2, H100): so a
+search is held to about 200 products, and to 10 ms on a graph of fewer than 4 M entries. On the H100 (stop 45)
+the search of a randomly numbered 5-point mesh of 3000 x 3000 (6000 levels) took 149 ms, 140 products, in five
+barriers a level (three since); renumbered, that mesh (x of 72 MB) ran no faster than cuSPARSE: the gather of x
+and the scatter of y into the new order cost what the band saved. A 27-point stencil of 46 M nonzeros has 120
+levels (7 ms)."""
 
 
 class Rcm(Family):
