@@ -96,8 +96,8 @@ class Rcm(Family):
     summary = "rows and columns renumbered by reverse Cuthill-McKee, then csr_vector on the renumbered matrix"
     source = "Cuthill & McKee, 1969; George, 1971 (reverse Cuthill-McKee); csr_vector on the result"
     cu_file = "rcm.cu"
-    # H100 (stop 45): 6-8 ms on the unseen perm27 (46 M nonzeros, products of 200-280 us), 4 ms on kkt (19 M,
-    # 120-140 us), 10.5 ms on a randomly numbered 2-D mesh of 10 M (its search stopped at 512 levels, 118 us)
+    # H100 (stop 45): 6-8 ms on the unseen perm27 (46 M nonzeros, products of 200-280 us), 4-6 ms on kkt (19 M,
+    # 120-160 us), 21 ms on mesh2d (13 M, 1,200 levels, 130-140 us)
     prepare_spmvs = 50.0
     space = _INNER.space
 
