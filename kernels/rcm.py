@@ -17,10 +17,10 @@ has a narrow band and its gathers of x come back to the same lines.
   vertices, twice as many each time, so that a matrix of many components takes a few dozen searches, not one
   each; each start's share of the order stays together (a component two of whose vertices start the same
   search is cut in two). Vertices no search reaches (no entries, in no one's row, or beyond the depth a search
-  stops at, :data:`DEEP_LEVELS`) come last. On the GPU a
-  whole search is one cooperative launch (``rcm_search``: a warp a vertex of the level, a grid-wide barrier
-  between the steps, no sort, no read-back a level): a randomly numbered 2-D mesh has thousands of levels,
-  and with a read-back and a dozen launches a level (0.2-0.5 ms on the device hosts) it took seconds.
+  stops at, :data:`DEEP_LEVELS`) come last. On the GPU a whole search is one cooperative launch
+  (``rcm_search``: a warp a vertex of the level, grid-wide barriers between the steps, no sort, no read-back
+  a level): a randomly numbered 2-D mesh has thousands of levels, and with a read-back and a dozen launches a
+  level (0.2-0.5 ms on the device hosts) it took seconds.
 - A large graph with no narrow order (a small-world graph: a random or power-law one, where some level holds
   a quarter of the vertices) makes the preparation fail (:class:`~common.errors.InvalidConfigError`) as soon
   as that level appears: renumbering it would not bring gathers together.
