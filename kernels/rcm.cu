@@ -173,20 +173,3 @@ __global__ void rcm_renumber(const int m, const int* __restrict__ rows, const in
         out_data[dst + j] = data[src + j];
     }
 }
-
-// A product's moves into the renumbered order and back, a thread an entry: x_new[i] = x[cols[i]] before the
-// product on B, y[rows[i]] = y_new[i] after it (CuPy's take and fancy-index assignment took 18-27 and 25-64 us
-// on the H100 for 1.2-1.7 M entries, a third of rcm's product on the unseen mesh2d and perm27).
-template <typename T>
-__global__ void rcm_gather(const int n, const int* __restrict__ cols, const T* __restrict__ x, T* __restrict__ x_new)
-{
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x_new[i] = x[cols[i]];
-}
-
-template <typename T>
-__global__ void rcm_scatter(const int n, const int* __restrict__ rows, const T* __restrict__ y_new, T* __restrict__ y)
-{
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[rows[i]] = y_new[i];
-}

@@ -26,10 +26,9 @@ has a narrow band and its gathers of x come back to the same lines.
   as that level appears: renumbering it would not bring gathers together.
 
 A product is then a gather of x into the new order, csr_vector on B (``threads_per_row``, ``block_size``:
-its parameters, declared there) and a scatter of y back to the old rows (``rcm_gather``, ``rcm_scatter``: a
-thread an entry), a few percent more bytes than the product itself. The preparation takes a few launches and
-one read-back a search. A race at plan time enters it unranked where A is square, its rows regular and its
-gathers of x scattered (:meth:`Rcm.unranked_config`).
+its parameters, declared there) and a scatter of y back to the old rows: a few percent more bytes than the
+product itself. The preparation takes a few launches and one read-back a search. A race at plan time enters
+it unranked where A is square, its rows regular and its gathers of x scattered (:meth:`Rcm.unranked_config`).
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tuner.matrix.io import as_csr
@@ -103,7 +102,7 @@ class Rcm(Family):
     space = _INNER.space
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return SEARCH, *_per_product(dtype)
+        return SEARCH, f"rcm_renumber<{c_type(dtype)}>"
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced where A is square with regular rows and columns whose gathers of x are scattered (a mesh or a
@@ -130,23 +129,23 @@ class Rcm(Family):
         cupy.cumsum(lengths, out=indptr[1:])
         new_col = _inverse(cols, cupy)
         indices, data = cupy.empty_like(A.indices), cupy.empty_like(A.data)
-        names = _per_product(prepared.dtype)
-        renumber, gather, scatter = get_kernels(self.cu_file, names).values()
-        renumber((grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data, new_col,
-                                                indices, data))
+        renumber = f"rcm_renumber<{c_type(prepared.dtype)}>"
+        get_kernels(self.cu_file, (renumber,))[renumber](
+            (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data, new_col,
+                                           indices, data))
         B = cusp.csr_matrix((data, indices, indptr), shape=(m, n))
         ex = prepared.extra
         ex["inner"] = _INNER.prepare(B, prepared.params)
         ex.update(indptr=indptr, indices=indices, data=data,  # counted in extra_bytes: B is a copy of A
                   rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype),
-                  y_renumbered=cupy.empty(m, dtype=prepared.dtype), gather=gather, scatter=scatter)
+                  y_renumbered=cupy.empty(m, dtype=prepared.dtype))
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
+        cupy = require_cupy()
         ex = prepared.extra
-        (m, n), block = prepared.shape, 256
-        ex["gather"]((grid(n, block),), (block,), (np.int32(n), ex["cols"], x, ex["x_renumbered"]))
+        cupy.take(x, ex["cols"], out=ex["x_renumbered"])
         _INNER.run(ex["inner"], ex["x_renumbered"], ex["y_renumbered"])
-        ex["scatter"]((grid(m, block),), (block,), (np.int32(m), ex["rows"], ex["y_renumbered"], out))
+        out[ex["rows"]] = ex["y_renumbered"]
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
@@ -204,13 +203,6 @@ def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> sp.csr_m
     indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     pos = np.repeat(A.indptr[rows].astype(np.int64) - indptr[:-1], lengths) + np.arange(indptr[-1])
     return sp.csr_matrix((A.data[pos], _inverse(cols, np)[A.indices[pos]], indptr), shape=A.shape)
-
-
-def _per_product(dtype: Any) -> tuple[str, str, str]:
-    """The kernels of rcm.cu for ``dtype`` that a preparation (``rcm_renumber``) and every product (``rcm_gather``,
-    ``rcm_scatter``) launch."""
-    t = c_type(dtype)
-    return f"rcm_renumber<{t}>", f"rcm_gather<{t}>", f"rcm_scatter<{t}>"
 
 
 def _inverse(order: Any, xp: Any) -> Any:
