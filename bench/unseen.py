@@ -159,14 +159,20 @@ def blockdiag(n: int, rng: np.random.Generator, largest: int = 400) -> sp.csr_ma
     return A
 
 
-def perm27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
-    """The 27-point stencil on a side^3 grid, rows and columns under one random permutation."""
+def _box_stencil_at_random(side: int, dims: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Each node of a side^dims grid coupled to every node of its 3^dims box, rows and columns under one random
+    permutation."""
     path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    A = sp.kron(sp.kron(path, path, format="csr"), path, format="csr")
+    A = functools.reduce(lambda a, b: sp.kron(a, b, format="csr"), [path] * dims)
     p = rng.permutation(A.shape[0])
     A = A[p][:, p].tocsr()
     A.data = _values(rng, A.nnz)
     return A
+
+
+def perm27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 27-point stencil on a side^3 grid, rows and columns under one random permutation."""
+    return _box_stencil_at_random(side, 3, rng)
 
 
 def skyline(n: int, rng: np.random.Generator, typical: int = 12, tail: float = 1.6, longest: int = 4000
@@ -236,12 +242,7 @@ def sawtooth(n: int, rng: np.random.Generator, period: int = 64, width: int = 20
 def mesh2d(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     """The 9-point pattern on a side^2 grid (each node, its 8 neighbours and itself), rows and columns under one
     random permutation."""
-    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    A = sp.kron(path, path, format="csr")
-    p = rng.permutation(A.shape[0])
-    A = A[p][:, p].tocsr()
-    A.data = _values(rng, A.nnz)
-    return A
+    return _box_stencil_at_random(side, 2, rng)
 
 
 def kkt(n: int, rng: np.random.Generator, constraint: int = 24) -> sp.csr_matrix:
