@@ -10,6 +10,8 @@
 // NARROW: a row whose columns span fewer than 65,536 (base[row] >= 0) reads them as 16-bit offsets from
 // base[row], its lowest column (narrow.cu writes them, a row a segment); a wider row (base[row] == -1) reads
 // the CSR's int32 columns. Bytes an entry: 10 instead of 12 in float64, 6 instead of 8 in float32.
+// ROWS (rcm, kernels/rcm.py): where not null, the sum of row `row` is y's entry rows[row] (B's row `row` is A's
+// row rows[row]): y is written in A's order, without a copy of it in B's order and a launch to scatter that.
 // Instantiated per value type, group size and columns: csr_vector<double, 8, true>.
 
 // Lane `lane`'s sum of a row of n entries, values at `values`, the column of entry k column(k): batches of
@@ -47,7 +49,8 @@ __global__ void csr_vector(const int m,
                            const unsigned short* __restrict__ offsets,
                            const T* __restrict__ data,
                            const T* __restrict__ x,
-                           T* __restrict__ y)
+                           T* __restrict__ y,
+                           const int* __restrict__ rows)
 {
     static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "TPR must be a power of two <= 32");
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -71,5 +74,5 @@ __global__ void csr_vector(const int m,
     for (int offset = TPR / 2; offset > 0; offset >>= 1) {
         sum += __shfl_down_sync(0xffffffffu, sum, offset, TPR);
     }
-    if (lane == 0 && row < m) y[row] = sum;
+    if (lane == 0 && row < m) y[rows == nullptr ? row : rows[row]] = sum;
 }

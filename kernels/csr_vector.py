@@ -53,12 +53,17 @@ class CsrVector(Family):
         ex["kernel"] = kernels[f"csr_vector<{c_type(prepared.dtype)}, {p['threads_per_row']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
+        self.launch(prepared, x, out)
+
+    def launch(self, prepared: Prepared, x: Any, out: Any, rows: Any = None) -> None:
+        """The product into ``out``; with ``rows`` (int32, a row's number in ``out``), row i's sum is
+        ``out[rows[i]]`` (rcm's matrix, renumbered, writing y in A's order)."""
         A, p, ex = prepared.A, prepared.params, prepared.extra
         m, block = prepared.shape[0], p["block_size"]
         ex["kernel"](
             (grid(m * p["threads_per_row"], block),),
             (block,),
-            (np.int32(m), A.indptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out),
+            (np.int32(m), A.indptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out, rows),
         )
 
     def _prepare_reference(self, prepared: Prepared) -> None:

@@ -25,10 +25,10 @@ has a narrow band and its gathers of x come back to the same lines.
   a quarter of the vertices) makes the preparation fail (:class:`~common.errors.InvalidConfigError`) as soon
   as that level appears: renumbering it would not bring gathers together.
 
-A product is then a gather of x into the new order, csr_vector on B (``threads_per_row``, ``block_size``:
-its parameters, declared there) and a scatter of y back to the old rows: a few percent more bytes than the
-product itself. The preparation takes a few launches and one read-back a search. A race at plan time enters
-it unranked where A is square, its rows regular and its gathers of x scattered (:meth:`Rcm.unranked_config`).
+A product is then a gather of x into the new order and csr_vector on B (``threads_per_row``, ``block_size``:
+its parameters, declared there), each row's sum written to its old row (no copy of y in the new order). The
+preparation takes a few launches and one read-back a search. A race at plan time enters it unranked where A is
+square, its rows regular and its gathers of x scattered (:meth:`Rcm.unranked_config`).
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tuner.matrix.io import as_csr
@@ -107,14 +107,16 @@ class Rcm(Family):
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced where A is square with regular rows and columns whose gathers of x are scattered (a mesh or a
         graph numbered at random, the matrices renumbering is for; elsewhere it fails fast or loses), with the
-        fewest threads a row whose first batch of loads covers a row of average length (perm27, 27 a row:
-        8 in float64, 4 in float32; on the H200 1.62x and 2.27x cuSPARSE, 4 in float64 1.49x, 8 in float32
-        1.97x)."""
+        threads a row whose first batches of loads cover a row of average length, the power of two nearest (by
+        ratio) the lanes that takes. On the H100 (stop 45, ``..._probe_rcm_threads-f48e247.txt``) that was the
+        fastest of 2, 4 and 8 each time: perm27 (27 a row) 8 in float64, 4 in float32 (1.57x and 2.20x
+        cuSPARSE); mesh2d (9 a row) 2 in both (1.08x and 1.40x; 4, the fewest that cover a row at once in
+        float64, ran at 1.03x)."""
         if (features is None or features["rows"] != features["cols"] or features["cf_128"] >= SCATTERED_CF
                 or features["npr_cv"] >= REGULAR_CV or features["col_cv"] >= REGULAR_CV):
             return None
         lanes = features["npr_mean"] * itemsize / BATCH_BYTES
-        threads = next((t for t in THREADS_PER_ROW if t >= lanes), THREADS_PER_ROW[-1])
+        threads = next((t for t in THREADS_PER_ROW if t * t >= lanes * lanes / 2), THREADS_PER_ROW[-1])
         return self.space.validate({"threads_per_row": threads}, family=self.name)
 
     # -- GPU path ---------------------------------------------------------------
@@ -137,15 +139,13 @@ class Rcm(Family):
         ex = prepared.extra
         ex["inner"] = _INNER.prepare(B, prepared.params)
         ex.update(indptr=indptr, indices=indices, data=data,  # counted in extra_bytes: B is a copy of A
-                  rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype),
-                  y_renumbered=cupy.empty(m, dtype=prepared.dtype))
+                  rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         cupy = require_cupy()
         ex = prepared.extra
         cupy.take(x, ex["cols"], out=ex["x_renumbered"])
-        _INNER.run(ex["inner"], ex["x_renumbered"], ex["y_renumbered"])
-        out[ex["rows"]] = ex["y_renumbered"]
+        _INNER.launch(ex["inner"], ex["x_renumbered"], out, rows=ex["rows"])
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:

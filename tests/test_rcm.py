@@ -146,13 +146,16 @@ def test_a_race_enters_it_only_on_square_regular_scattered_matrices():
     assert f.unranked_config(None, 8) is None
 
 
-def test_a_race_gives_it_the_fewest_threads_whose_first_loads_cover_a_row():
-    """27 entries a row (perm27): a lane's first loads are 4 doubles or 8 floats, so 8 threads in float64 and
-    4 in float32 cover the row in one batch each (probe E on the H200: 1.62x and 2.27x cuSPARSE)."""
+def test_a_race_gives_it_the_power_of_two_threads_nearest_the_lanes_a_row_fills():
+    """A lane's first loads are 4 doubles or 8 floats: 27 entries a row (perm27) fill 6.75 lanes in float64
+    and 3.4 in float32, so 8 and 4 threads; 9 a row (mesh2d) fill 2.25 and 1.1, so 2 in both (the fastest on
+    the H100's probe, stop 45), not the 4 that would cover a row of doubles in one batch."""
     features = {"rows": 1e6, "cols": 1e6, "cf_128": 1.0, "npr_cv": 0.07, "col_cv": 0.07, "npr_mean": 26.6}
     f = Rcm()
     assert f.unranked_config(features, 8) == {"threads_per_row": 8, "block_size": 256, "indices": "narrow"}
     assert f.unranked_config(features, 4) == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
+    assert f.unranked_config({**features, "npr_mean": 9.0}, 8)["threads_per_row"] == 2
+    assert f.unranked_config({**features, "npr_mean": 12.0}, 8)["threads_per_row"] == 4  # 3 lanes: nearer 4
     assert f.unranked_config({**features, "npr_mean": 3.0}, 4)["threads_per_row"] == 2  # the fewest there are
     assert f.unranked_config({**features, "npr_mean": 900.0}, 8)["threads_per_row"] == 32  # the most
 
