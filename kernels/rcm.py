@@ -26,7 +26,8 @@ has a narrow band and its gathers of x come back to the same lines.
   as that level appears: renumbering it would not bring gathers together.
 
 A product is then a gather of x into the new order and csr_vector on B (``threads_per_row``, ``block_size``:
-its parameters, declared there), each row's sum written to its old row (no copy of y in the new order). The
+its parameters, declared there), each row's sum written to its old row, or, on a matrix that streams too much
+through the L2 for that (:func:`writes_in_place`), to a copy of y in the new order, scattered after. The
 preparation takes a few launches and one read-back a search. A race at plan time enters it unranked where A is
 square, its rows regular and its gathers of x scattered (:meth:`Rcm.unranked_config`).
 
@@ -140,12 +141,18 @@ class Rcm(Family):
         ex["inner"] = _INNER.prepare(B, prepared.params)
         ex.update(indptr=indptr, indices=indices, data=data,  # counted in extra_bytes: B is a copy of A
                   rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
+        if not writes_in_place(A.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
+            ex["y_renumbered"] = cupy.empty(m, dtype=prepared.dtype)
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         cupy = require_cupy()
         ex = prepared.extra
         cupy.take(x, ex["cols"], out=ex["x_renumbered"])
-        _INNER.launch(ex["inner"], ex["x_renumbered"], out, rows=ex["rows"])
+        if "y_renumbered" not in ex:
+            _INNER.launch(ex["inner"], ex["x_renumbered"], out, rows=ex["rows"])
+            return
+        _INNER.launch(ex["inner"], ex["x_renumbered"], ex["y_renumbered"])
+        out[ex["rows"]] = ex["y_renumbered"]
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
@@ -158,6 +165,21 @@ class Rcm(Family):
         y = np.empty(prepared.shape[0], dtype=prepared.dtype)
         y[ex["rows"]] = _INNER.run_reference(ex["inner"], x[ex["cols"]])
         return y
+
+
+def writes_in_place(nnz: int, itemsize: int, l2_bytes: int) -> bool:
+    """Whether rcm's product writes y in A's order itself (each row's sum to its old row, kept in the L2:
+    csr_vector.cu's ROWS) rather than in B's order, scattered by a second launch. A 32-byte sector of y gets
+    32 / itemsize sums, at random times through the product, between two of which about
+    ``nnz * (itemsize + 4) * itemsize / 32`` bytes of the matrix stream through the L2; where that is more than
+    the L2 holds, the sectors go back to DRAM written in part, again and again, and the copy and its scatter win.
+
+    On the H100 (50 MiB of L2; stop 46, ``..._probe_rcm_writes-fae0e2e.txt``), in place against the copy, us:
+    mesh2d 104 / 131 (37 MiB by that measure) and in float32 69 / 88; a 27-point stencil of 13.5 M entries 76 /
+    89 (39 MiB), of 46 M in float32 154 / 183 (44 MiB); but the 46 M one in float64 294 / 279 (131 MiB), a
+    7-point one of 28.5 M 452 / 364 (82 MiB), mesh2d three times as large 514 / 428 (111 MiB). Of 12 cases the
+    rule missed two, by 1 % (37 MiB) and 5 % (54 MiB, where rcm lost to cuSPARSE either way)."""
+    return nnz * (itemsize + 4) * itemsize / 32 <= l2_bytes
 
 
 Search = Callable[[Any, Any, Any, Any, Any, int, int, int, int], tuple[int, int, bool]]
