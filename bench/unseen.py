@@ -42,6 +42,18 @@ Set ``c``, added at stop 45, when a matrix like it showed rcm's preparation
   neighbours, a 9-point pattern), nodes numbered at random: regular rows, no
   column locality, and a breadth-first search of 1,200 levels.
 
+Set ``d``, added at stop 46 after the race on sets a to c was settled, and measured only as it came (nothing
+was changed for it):
+
+- ``fem3x3``: 3 unknowns a node on the 7-point pattern of a 3-D grid (dense 3 x 3
+  blocks), nodes numbered at random: 21 entries a row in 7 runs of 3 columns far apart;
+- ``scatterwide``: 1 M rows of 12 random columns out of 32 M: x of 256 MB (float64),
+  every gather a random read of DRAM;
+- ``densepanel``: a tall dense panel, 1 M rows x 32 columns, every entry stored:
+  equal rows, all reading the same 32 entries of x;
+- ``mixedrows``: a tridiagonal matrix whose rows are, one in twenty at random, 300
+  random columns instead: short and long rows side by side in every warp.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -263,6 +275,42 @@ def kkt(n: int, rng: np.random.Generator, constraint: int = 24) -> sp.csr_matrix
     return A
 
 
+def fem3x3(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Dense 3 x 3 blocks on the 7-point pattern of a side^3 grid of nodes, nodes under a random permutation, a
+    node's 3 unknowns numbered together."""
+    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+    eye = sp.identity(side, format="csr")
+    nodes = (sp.kron(sp.kron(path, eye), eye) + sp.kron(sp.kron(eye, path), eye)
+             + sp.kron(sp.kron(eye, eye), path)).tocoo()
+    p = rng.permutation(side**3)
+    within = np.arange(9)
+    rows = np.repeat(3 * p[nodes.row].astype(np.int64), 9) + np.tile(within // 3, nodes.nnz)
+    cols = np.repeat(3 * p[nodes.col].astype(np.int64), 9) + np.tile(within % 3, nodes.nnz)
+    return _csr(rows, cols, (3 * side**3, 3 * side**3), rng)
+
+
+def scatterwide(rows: int, rng: np.random.Generator, cols: int = 32_000_000, per_row: int = 12) -> sp.csr_matrix:
+    """``rows`` rows of ``per_row`` uniformly random columns (of ``cols``; a column drawn twice counted once)."""
+    return _csr(np.repeat(np.arange(rows), per_row), rng.integers(0, cols, rows * per_row), (rows, cols), rng)
+
+
+def densepanel(rows: int, rng: np.random.Generator, width: int = 32) -> sp.csr_matrix:
+    """Every entry of a ``rows`` x ``width`` matrix."""
+    return _csr(np.repeat(np.arange(rows), width), np.tile(np.arange(width), rows), (rows, width), rng)
+
+
+def mixedrows(n: int, rng: np.random.Generator, long_share: float = 0.05, long: int = 300) -> sp.csr_matrix:
+    """A tridiagonal n x n matrix, but a ``long_share`` of its rows, drawn at random, hold ``long`` random columns
+    instead (a column drawn twice counted once)."""
+    is_long = rng.random(n) < long_share
+    lengths = np.where(is_long, long, 3)
+    rows = np.repeat(np.arange(n), lengths)
+    offsets = np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths) - 1  # -1, 0, 1 in short rows
+    cols = np.where(is_long[rows], rng.integers(0, n, rows.size), rows + offsets)
+    keep = (cols >= 0) & (cols < n)
+    return _csr(rows[keep], cols[keep], (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1."""
@@ -271,10 +319,10 @@ class Unseen:
     build: Callable[..., sp.csr_matrix]
     size: int
     seed: int
-    group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45
+    group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45, "d" 46
 
     def make(self, scale: float) -> sp.csr_matrix:
-        power = {perm27: 1 / 3, mesh2d: 1 / 2}.get(self.build, 1.0)
+        power = {perm27: 1 / 3, fem3x3: 1 / 3, mesh2d: 1 / 2}.get(self.build, 1.0)
         size = max(8, round(self.size * scale ** power))
         return as_csr(self.build(size, np.random.default_rng(self.seed)))
 
@@ -294,6 +342,10 @@ MATRICES = (
     Unseen("sawtooth", sawtooth, 1_000_000, 25, "b"),          # ~32 M
     Unseen("kkt", kkt, 1_000_000, 26, "b"),                    # ~19 M
     Unseen("mesh2d", mesh2d, 1_200, 31, "c"),                  # ~13 M
+    Unseen("fem3x3", fem3x3, 80, 41, "d"),                     # ~31 M
+    Unseen("scatterwide", scatterwide, 1_000_000, 42, "d"),    # ~12 M
+    Unseen("densepanel", densepanel, 1_000_000, 43, "d"),      # 32 M
+    Unseen("mixedrows", mixedrows, 2_000_000, 44, "d"),        # ~36 M
 )
 
 
@@ -429,7 +481,8 @@ def main() -> None:
     ap.add_argument("--effort", nargs="+", default=list(EFFORTS), choices=EFFORTS)
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
-    ap.add_argument("--set", nargs="+", default=["a", "b", "c"], choices=["a", "b", "c"], help="which sets of matrices")
+    ap.add_argument("--set", nargs="+", default=["a", "b", "c", "d"], choices=["a", "b", "c", "d"],
+                    help="which sets of matrices")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")

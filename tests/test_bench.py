@@ -371,6 +371,27 @@ def test_the_unseen_benchmarks_third_set_is_a_randomly_numbered_mesh() -> None:
     assert np.abs(A.tocoo().row - A.tocoo().col).mean() > 0.2 * A.shape[0]
 
 
+def test_the_unseen_benchmarks_fourth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set d at a small scale: each generator's defining trait, and every matrix canonical."""
+    module = _bench_module("unseen")
+    built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == "d"}
+    assert set(built) == {"fem3x3", "scatterwide", "densepanel", "mixedrows"}
+    for A in built.values():
+        assert A.has_canonical_format and A.nnz > 0
+    fem = built["fem3x3"]  # 17^3 nodes
+    lengths = np.diff(fem.indptr)
+    assert fem.shape == (3 * 17**3, 3 * 17**3) and lengths.max() == 21 and (lengths == 21).sum() == 3 * 15**3
+    assert (fem.indices.reshape(-1, 3) % 3 == [0, 1, 2]).all()  # a node's 3 unknowns together, in every block
+    assert np.abs(fem.tocoo().row - fem.tocoo().col).mean() > 0.2 * fem.shape[0]  # nodes numbered at random
+    wide = built["scatterwide"]
+    assert wide.shape == (10_000, 32_000_000) and np.diff(wide.indptr).max() == 12
+    panel = built["densepanel"]
+    assert panel.shape == (10_000, 32) and panel.nnz == 32 * 10_000
+    mixed = built["mixedrows"]
+    lengths = np.diff(mixed.indptr)
+    assert lengths.max() <= 300 and 0.03 < (lengths > 3).mean() < 0.07 and (lengths <= 3).mean() > 0.9
+
+
 def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> None:
     """bench/unseen.py set b at a small scale: each generator's defining trait, and every matrix canonical."""
     module = _bench_module("unseen")
