@@ -72,6 +72,11 @@ reported apart (``compile_s``).
     python bench/unseen.py --out bench/results            # both sets, both dtypes, every effort
     python bench/unseen.py --set b --effort predict race   # the set added at stop 37
     python bench/unseen.py --dtype float32 --effort race --only rgg,perm27 --scale 0.25
+    python bench/unseen.py --suite issue18 --effort predict race   # the six structures issue #18 names
+
+``--suite NAME`` measures a named suite of :mod:`tuner.matrix.suites` instead, the same way: ``issue18`` is the
+six structures issue #18 names, at its sizes. Those are kinds the selector's corpus has (at smaller sizes, most
+of them), so they are not unseen structures: they say how ``plan()`` does on what the issue measured.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +113,7 @@ from tuner.execute.plan import EFFORTS, plan  # noqa: E402
 from tuner.execute.race import unranked_entrants  # noqa: E402
 from tuner.matrix.features import extract_features  # noqa: E402
 from tuner.matrix.io import as_csr  # noqa: E402
+from tuner.matrix.suites import SuiteMatrix, suite  # noqa: E402
 from tuner.measure.backend import GpuBackend  # noqa: E402
 from tuner.measure.evaluate import round_robin  # noqa: E402
 from tuner.measure.metrics import gbps  # noqa: E402
@@ -349,6 +355,17 @@ MATRICES = (
 )
 
 
+def from_suite(name: str) -> list[Unseen]:
+    """The matrices of a named suite of :mod:`tuner.matrix.suites`, as this benchmark's (their set: the suite's
+    name)."""
+    return [Unseen(m.name, functools.partial(_suite_matrix, m), m.size, m.seed, name) for m in suite(name)]
+
+
+def _suite_matrix(m: SuiteMatrix, size: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """``m`` built at ``size`` (its own seed: ``rng`` is not used)."""
+    return replace(m, size=size).build()
+
+
 # --------------------------------------------------------------------------- measuring
 
 def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
@@ -483,11 +500,14 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated matrix names")
     ap.add_argument("--set", nargs="+", default=["a", "b", "c", "d"], choices=["a", "b", "c", "d"],
                     help="which sets of matrices")
+    ap.add_argument("--suite", default="", help="a named suite of tuner.matrix.suites instead (issue18: the six "
+                    "structures issue #18 names); --set and --only are then not used")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")
     args = ap.parse_args()
-    chosen = [m for m in MATRICES if m.group in args.set and (not args.only or m.name in args.only.split(","))]
+    chosen = from_suite(args.suite) if args.suite else \
+        [m for m in MATRICES if m.group in args.set and (not args.only or m.name in args.only.split(","))]
     import cupyx.scipy.sparse as cusp
 
     backend = GpuBackend()

@@ -16,7 +16,7 @@ from kernels import BASELINE, REGISTRY
 from tuner.benchmark.bench import COLUMNS, PLAN_LABEL
 from tuner.benchmark.report import render
 from tuner.cli import app
-from tuner.matrix.suites import SUITES
+from tuner.matrix.suites import SUITES, approx_nnz
 
 runner = CliRunner()
 
@@ -390,6 +390,25 @@ def test_the_unseen_benchmarks_fourth_set_builds_the_structures_it_names() -> No
     mixed = built["mixedrows"]
     lengths = np.diff(mixed.indptr)
     assert lengths.max() <= 300 and 0.03 < (lengths > 3).mean() < 0.07 and (lengths <= 3).mean() > 0.9
+
+
+def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
+    """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
+    module = _bench_module("unseen")
+    matrices = module.from_suite("issue18")
+    assert [m.name for m in matrices] == [m.name for m in SUITES["issue18"]]
+    assert {m.group for m in matrices} == {"issue18"}
+    lp = next(m for m in matrices if m.name.startswith("lp-"))
+    A = lp.make(0.05)  # 1,000 rows x 200 times as many columns
+    assert A.shape == (1_000, 200_000) and A.has_canonical_format and np.diff(A.indptr).mean() > 300
+
+
+def test_the_issue18_suite_is_the_six_structures_the_issue_names_at_its_sizes() -> None:
+    kinds = {m.kind: m for m in SUITES["issue18"]}
+    assert set(kinds) == {"blockfem", "kronecker", "arrowband", "bipartite", "emptyrows", "lp"}
+    assert all(approx_nnz(m.kind, m.size, dict(m.options)) > 1.3e7 for m in kinds.values())
+    assert kinds["bipartite"].size == 8_000_000 and dict(kinds["emptyrows"].options)["empty"] == 0.4
+    assert kinds["lp"].size == 20_000 and kinds["lp"].size * dict(kinds["lp"].options)["width"] == 4_000_000
 
 
 def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> None:

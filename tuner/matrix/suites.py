@@ -3,7 +3,9 @@
 ``small`` runs anywhere in seconds (CI, ``--device cpu-reference``); ``large``
 is sized for a GPU: 10 M to 100 M nonzeros, x well above a 50 MB L2 for the
 power-law and LP cases; ``graphs``: power-law graphs of 12 M and 16 M rows
-(over 100 M nonzeros each). ``corpus`` (:func:`corpus`) is the selector's training
+(over 100 M nonzeros each); ``issue18``: the six structures issue #18 names, at its sizes (a 3 x 3-block FEM
+matrix, an R-MAT graph, a band with dense rows and columns, a tall 8 M x 200 K bipartite matrix with clustered
+columns, 40 % empty rows, a wide 20 K x 4 M LP matrix). ``corpus`` (:func:`corpus`) is the selector's training
 set and ``corpus-smoke`` one small matrix of each kind from it, to try the
 corpus pipeline on a CPU; ``corpus-more`` (:func:`corpus_more`) its second part,
 the structures the first lacks and every kind above 10 M nonzeros, with its own
@@ -250,6 +252,14 @@ SUITES: dict[str, tuple[SuiteMatrix, ...]] = {
     "graphs": (  # power-law graphs over 10 M rows: x (96-128 MB in float64) far above L2
         SuiteMatrix("powerlaw", 12_000_000),                                      # ~129 M nnz
         SuiteMatrix("powerlaw", 16_000_000, options=(("shape", 1.3), ("minimum", 2))),  # heavier tail
+    ),
+    "issue18": (  # the six structures issue #18 names, at its sizes: kinds the corpus has, larger than most of it
+        SuiteMatrix("blockfem", 600_000),                                          # 3 x 3 blocks, ~45 M nnz
+        SuiteMatrix("kronecker", 1 << 21),                                         # R-MAT, ~30 M nnz
+        SuiteMatrix("arrowband", 4_000_000),                                       # a band, 64 dense rows and columns
+        SuiteMatrix("bipartite", 8_000_000),                                       # 8 M x 200 K, ~68 M nnz
+        SuiteMatrix("emptyrows", 3_000_000, options=(("empty", 0.4),)),            # 40 % empty, ~36 M nnz
+        SuiteMatrix("lp", 20_000, options=(("width", 200), ("median", 400.0))),   # 20 K x 4 M, ~16 M nnz
     ),
     "corpus": _CORPUS,
     "corpus-more": _CORPUS_MORE,
