@@ -69,7 +69,7 @@ its first plan(): CuPy keeps compiled kernels on disk, so a machine pays it
 once) and the copy-bandwidth probe (once a process) come first, and are
 reported apart (``compile_s``).
 
-    python bench/unseen.py --out bench/results            # both sets, both dtypes, every effort
+    python bench/unseen.py --out bench/results            # every set, both dtypes, every effort
     python bench/unseen.py --set b --effort predict race   # the set added at stop 37
     python bench/unseen.py --dtype float32 --effort race --only rgg,perm27 --scale 0.25
     python bench/unseen.py --suite issue18 --effort predict race   # the six structures issue #18 names

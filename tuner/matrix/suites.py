@@ -254,10 +254,10 @@ SUITES: dict[str, tuple[SuiteMatrix, ...]] = {
         SuiteMatrix("powerlaw", 16_000_000, options=(("shape", 1.3), ("minimum", 2))),  # heavier tail
     ),
     "issue18": (  # the six structures issue #18 names, at its sizes: kinds the corpus has, larger than most of it
-        SuiteMatrix("blockfem", 600_000),                                          # 3 x 3 blocks, ~45 M nnz
-        SuiteMatrix("kronecker", 1 << 21),                                         # R-MAT, ~30 M nnz
+        SuiteMatrix("blockfem", 600_000),                                          # 3 x 3 blocks, ~46 M nnz
+        SuiteMatrix("kronecker", 1 << 21),                                         # R-MAT, ~32 M nnz
         SuiteMatrix("arrowband", 4_000_000),                                       # a band, 64 dense rows and columns
-        SuiteMatrix("bipartite", 8_000_000),                                       # 8 M x 200 K, ~68 M nnz
+        SuiteMatrix("bipartite", 8_000_000),                                       # 8 M x 200 K, ~60 M nnz
         SuiteMatrix("emptyrows", 3_000_000, options=(("empty", 0.4),)),            # 40 % empty, ~36 M nnz
         SuiteMatrix("lp", 20_000, options=(("width", 200), ("median", 400.0))),   # 20 K x 4 M, ~16 M nnz
     ),
