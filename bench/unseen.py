@@ -112,6 +112,7 @@ from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.plan import EFFORTS, plan  # noqa: E402
 from tuner.execute.race import unranked_entrants  # noqa: E402
 from tuner.matrix.features import extract_features  # noqa: E402
+from tuner.matrix.generate import generate  # noqa: E402
 from tuner.matrix.io import as_csr  # noqa: E402
 from tuner.matrix.suites import SuiteMatrix, suite  # noqa: E402
 from tuner.measure.backend import GpuBackend  # noqa: E402
@@ -268,9 +269,7 @@ def kkt(n: int, rng: np.random.Generator, constraint: int = 24) -> sp.csr_matrix
     ``constraint`` entries (a column drawn twice counted once) normal around a random centre (sd 1 % of K's
     rows, wrapped around)."""
     side = max(2, round(n ** (1 / 3)))
-    path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    eye = sp.identity(side, format="csr")
-    K = (sp.kron(sp.kron(path, eye), eye) + sp.kron(sp.kron(eye, path), eye) + sp.kron(sp.kron(eye, eye), path))
+    K = generate("poisson3d", n=side)
     m, size = max(1, side**3 // 4), side**3
     rows = np.repeat(np.arange(m), constraint)
     cols = np.floor(np.repeat(rng.random(m) * size, constraint) + rng.normal(0.0, 0.01 * size, rows.size)
@@ -284,15 +283,13 @@ def kkt(n: int, rng: np.random.Generator, constraint: int = 24) -> sp.csr_matrix
 def fem3x3(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     """Dense 3 x 3 blocks on the 7-point pattern of a side^3 grid of nodes, nodes under a random permutation, a
     node's 3 unknowns numbered together."""
-    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    eye = sp.identity(side, format="csr")
-    nodes = (sp.kron(sp.kron(path, eye), eye) + sp.kron(sp.kron(eye, path), eye)
-             + sp.kron(sp.kron(eye, eye), path)).tocoo()
+    nodes = generate("poisson3d", n=side).tocoo()
     p = rng.permutation(side**3)
-    within = np.arange(9)
-    rows = np.repeat(3 * p[nodes.row].astype(np.int64), 9) + np.tile(within // 3, nodes.nnz)
-    cols = np.repeat(3 * p[nodes.col].astype(np.int64), 9) + np.tile(within % 3, nodes.nnz)
-    return _csr(rows, cols, (3 * side**3, 3 * side**3), rng)
+    renumbered = sp.coo_matrix((nodes.data, (p[nodes.row], p[nodes.col])), shape=nodes.shape)
+    A = sp.kron(renumbered, np.ones((3, 3)), format="csr")
+    A.sum_duplicates()
+    A.data = _values(rng, A.nnz)
+    return A
 
 
 def scatterwide(rows: int, rng: np.random.Generator, cols: int = 32_000_000, per_row: int = 12) -> sp.csr_matrix:
