@@ -74,6 +74,14 @@ reported apart (``compile_s``).
     python bench/unseen.py --dtype float32 --effort race --only rgg,perm27 --scale 0.25
     python bench/unseen.py --suite issue18 --effort predict race   # the six structures issue #18 names
 
+``--renumbered`` plans each (square) matrix with :func:`tuner.execute.renumbered.plan_renumbered` instead: the
+ratio is then cuSPARSE's best on A over the planned kernel on B (A renumbered by degree), x and y in B's
+numbering, as a caller that keeps them there runs; ``moves_s`` is what moving x into that numbering and y out of
+it take (once an iteration, not once a product), and the renumbering's seconds are in the plan's cost
+(``renumber``). A matrix that is not square is left out.
+
+    python bench/unseen.py --renumbered --only hubcols,communities,bursts --effort race --label renumbered
+
 ``--suite NAME`` measures a named suite of :mod:`tuner.matrix.suites` instead, the same way: ``issue18`` is the
 six structures issue #18 names, at its sizes. Those are kinds the selector's corpus has (at smaller sizes, most
 of them), so they are not unseen structures: they say how ``plan()`` does on what the issue measured.
@@ -111,6 +119,7 @@ from kernels import BASELINE, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.plan import EFFORTS, plan  # noqa: E402
 from tuner.execute.race import unranked_entrants  # noqa: E402
+from tuner.execute.renumbered import plan_renumbered  # noqa: E402
 from tuner.matrix.features import extract_features  # noqa: E402
 from tuner.matrix.generate import generate  # noqa: E402
 from tuner.matrix.io import as_csr  # noqa: E402
@@ -391,7 +400,7 @@ def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
 
 
 def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype: str, efforts: list[str],
-              trials: int, warm_up: dict[str, Any]) -> list[dict[str, Any]]:
+              trials: int, warm_up: dict[str, Any], renumber: bool = False) -> list[dict[str, Any]]:
     import cupyx.scipy.sparse as cusp
 
     A = A_host.astype(dtype)
@@ -410,43 +419,54 @@ def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype:
     y_ref = cus.run(base[0], x).copy()
     info = {"matrix": matrix.name, "set": matrix.group, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
             "dtype": dtype, "compile_s": compile_s, "upload_s": upload_s}
-    return [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up) for effort in efforts]
+    return [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up, renumber) for effort in efforts]
 
 
 def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], y_ref: Any, effort: str,
-            trials: int, info: dict[str, Any], warm_up: dict[str, Any]) -> dict[str, Any]:
+            trials: int, info: dict[str, Any], warm_up: dict[str, Any], renumber: bool = False) -> dict[str, Any]:
     """plan() at one effort, :data:`PLANS` times, each on a fresh store and a matrix new to it: the median
     plan's wall time and pick, that pick timed cold beside cuSPARSE, its y checked against cuSPARSE's ``y_ref``
     (``rel_error``: the norm of the difference over y_ref's). The store holds ``warm_up`` (the warm-up
-    matrix's shape and features) before the clock starts."""
+    matrix's shape and features) before the clock starts. With ``renumber``, plan_renumbered() instead, its
+    product timed in B's numbering, and the moves into it and out of it (``moves_s``) timed beside."""
     runs = []
     for _ in range(PLANS if effort != "tune" else 1):
-        runs.append(one_plan(backend, A_dev, effort, trials, warm_up))
+        runs.append(one_plan(backend, A_dev, effort, trials, warm_up, renumber))
     plan_s, ex, record_s = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
-    out = backend.cp.empty(A_dev.shape[0], dtype=A_dev.dtype)
-    t1, t2, t_plan = (t.median_s for t in round_robin(backend, [*baseline, lambda: ex(x, out=out)], repeats=10,
-                                                      max_duration=0.5, flush_l2=True))
     cp = backend.cp
-    rel_error = float(cp.linalg.norm(ex(x) - y_ref) / max(float(cp.linalg.norm(y_ref)), 1e-300))
+    out = cp.empty(A_dev.shape[0], dtype=A_dev.dtype)
+    x_in, moves = x, []
+    if renumber:  # x moved in once, and the moves in and out timed beside (y out into a buffer of its own)
+        x_in, back = ex.to_internal(x), cp.empty_like(out)
+        moves = [lambda: ex.to_internal(x), lambda: ex.from_internal(out, out=back)]
+    times = [t.median_s for t in round_robin(backend, [*baseline, lambda: ex(x_in, out=out), *moves], repeats=10,
+                                             max_duration=0.5, flush_l2=True)]
+    t1, t2, t_plan = times[:3]
+    y = ex.from_internal(ex(x_in)) if renumber else ex(x)
+    rel_error = float(cp.linalg.norm(y - y_ref) / max(float(cp.linalg.norm(y_ref)), 1e-300))
+    inner = ex.inner if renumber else ex
     best = min(t1, t2)
     bandwidth = backend.copy_bandwidth_gbs()
     rate = functools.partial(gbps, A_dev.shape[0], A_dev.shape[1], A_dev.nnz, A_dev.dtype)
-    row = {**info, "effort": effort, "source": ex.source, "kernel": ex.kernel,
-           "params": json.dumps(ex.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
+    steps = {**inner.cost, "renumber": ex.renumber_s} if renumber else inner.cost
+    row = {**info, "effort": effort, "source": inner.source, "kernel": inner.kernel,
+           "params": json.dumps(inner.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
            "cusparse_alg2_s": t2, "cusparse_best_s": best, "ratio_to_cusparse": best / t_plan, "plan_s": plan_s,
-           "plan_spmvs": plan_s / best, "plan_steps_s": ex.cost, "record_behind_s": record_s, "rel_error": rel_error,
+           "plan_spmvs": plan_s / best, "plan_steps_s": steps, "record_behind_s": record_s, "rel_error": rel_error,
            "bandwidth_fraction": rate(t_plan) / bandwidth, "cusparse_bandwidth_fraction": rate(best) / bandwidth,
-           "race": ex.race.table() if ex.race is not None else None,
-           "race_steps_s": ex.race.seconds if ex.race is not None else None}
+           "race": inner.race.table() if inner.race is not None else None,
+           "race_steps_s": inner.race.seconds if inner.race is not None else None}
+    if renumber:
+        row |= {"renumbered": True, "moves_s": sum(times[3:]), "moves_spmvs": sum(times[3:]) / best}
     print(f"{info['matrix']:18s} {info['dtype']} {effort:8s} {row['ratio_to_cusparse']:.3f}x "
           f"{row['bandwidth_fraction']:4.0%} of copy  plan "
-          f"{plan_s * 1e3:8.1f} ms = {plan_s / best:7.1f} SpMVs  {ex.source:9s} {ex.kernel} {ex.params}  "
-          f"error {rel_error:.1e}", flush=True)
+          f"{plan_s * 1e3:8.1f} ms = {plan_s / best:7.1f} SpMVs  {inner.source:9s} {inner.kernel} {inner.params}  "
+          f"error {rel_error:.1e}" + (f"  moves {row['moves_spmvs']:.2f} SpMVs" if renumber else ""), flush=True)
     return row
 
 
-def one_plan(backend: GpuBackend, A_dev: Any, effort: str, trials: int, warm_up: dict[str, Any]
-             ) -> tuple[float, Any, float | None]:
+def one_plan(backend: GpuBackend, A_dev: Any, effort: str, trials: int, warm_up: dict[str, Any],
+             renumber: bool = False) -> tuple[float, Any, float | None]:
     """One plan() of ``A_dev`` (as a CuPy matrix new to plan(): its arrays in a new matrix object) on a fresh
     store: (wall seconds, the executor, the seconds the race's laps took to land behind it)."""
     import cupyx.scipy.sparse as cusp
@@ -458,11 +478,13 @@ def one_plan(backend: GpuBackend, A_dev: Any, effort: str, trials: int, warm_up:
         store.add_matrix("warm-up", name="warm-up", **warm_up)  # and it has seen another matrix (tables shaped)
         backend.synchronize()
         start = time.perf_counter()
-        ex = plan(A, effort=effort, db=store.path, trials=trials if effort == "tune" else None)  # as users do
+        ex = (plan_renumbered if renumber else plan)(A, effort=effort, db=store.path,
+                                                     trials=trials if effort == "tune" else None)  # as users do
         backend.synchronize()
         plan_s = time.perf_counter() - start
         # the race's laps are written behind plan()'s back, while the caller's products run: waited for here
-        record_s = ex.race.recorded.result() if ex.race is not None and ex.race.recorded is not None else None
+        race = (ex.inner if renumber else ex).race
+        record_s = race.recorded.result() if race is not None and race.recorded is not None else None
     return plan_s, ex, record_s
 
 
@@ -500,6 +522,8 @@ def main() -> None:
     ap.add_argument("--suite", default="", help="a named suite of tuner.matrix.suites instead (issue18: the six "
                     "structures issue #18 names); --set and --only are then not used")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
+    ap.add_argument("--renumbered", action="store_true", help="plan_renumbered() instead of plan(): products in "
+                    "the degree numbering (square matrices only)")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")
     args = ap.parse_args()
@@ -527,8 +551,11 @@ def main() -> None:
         matrices = [(m, A) for m, A in zip(chosen, pool.map(functools.partial(Unseen.make, scale=args.scale),
                                                                   chosen), strict=True)]
     for matrix, A in matrices:
+        if args.renumbered and A.shape[0] != A.shape[1]:
+            print(f"{matrix.name}: not square, left out (--renumbered)", flush=True)
+            continue
         for dtype in args.dtype:
-            rows += bench_one(backend, matrix, A, dtype, args.effort, args.trials, warm_up)
+            rows += bench_one(backend, matrix, A, dtype, args.effort, args.trials, warm_up, args.renumbered)
         (out / f"{stem}.json").write_text(json.dumps(
             {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
     print("\n".join(summary(rows)))

@@ -123,23 +123,12 @@ class Rcm(Family):
     # -- GPU path ---------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
-        import cupyx.scipy.sparse as cusp
-
         A, (m, n) = prepared.A, prepared.shape
         rows, cols = orders(A, cupy, gpu_search())
-        lengths = cupy.diff(A.indptr)[rows]
-        indptr = cupy.zeros(m + 1, dtype=np.int32)
-        cupy.cumsum(lengths, out=indptr[1:])
-        new_col = _inverse(cols, cupy)
-        indices, data = cupy.empty_like(A.indices), cupy.empty_like(A.data)
-        renumber = f"rcm_renumber<{c_type(prepared.dtype)}>"
-        get_kernels(self.cu_file, (renumber,))[renumber](
-            (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data, new_col,
-                                           indices, data))
-        B = cusp.csr_matrix((data, indices, indptr), shape=(m, n))
+        B = renumbered_on_gpu(A, rows, cols)
         ex = prepared.extra
         ex["inner"] = _INNER.prepare(B, prepared.params)
-        ex.update(indptr=indptr, indices=indices, data=data,  # counted in extra_bytes: B is a copy of A
+        ex.update(indptr=B.indptr, indices=B.indices, data=B.data,  # counted in extra_bytes: B is a copy of A
                   rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
         if not writes_in_place(A.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
             ex["y_renumbered"] = cupy.empty(m, dtype=prepared.dtype)
@@ -225,6 +214,23 @@ def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> sp.csr_m
     indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     pos = np.repeat(A.indptr[rows].astype(np.int64) - indptr[:-1], lengths) + np.arange(indptr[-1])
     return sp.csr_matrix((A.data[pos], _inverse(cols, np)[A.indices[pos]], indptr), shape=A.shape)
+
+
+def renumbered_on_gpu(A: Any, rows: Any, cols: Any) -> Any:
+    """:func:`renumbered` of a cupyx CSR matrix with CuPy orders, on the GPU (``rcm_renumber``, a warp a row)."""
+    cupy = require_cupy()
+    import cupyx.scipy.sparse as cusp
+
+    m = A.shape[0]
+    lengths = cupy.diff(A.indptr)[rows]
+    indptr = cupy.zeros(m + 1, dtype=np.int32)
+    cupy.cumsum(lengths, out=indptr[1:])
+    indices, data = cupy.empty_like(A.indices), cupy.empty_like(A.data)
+    renumber = f"rcm_renumber<{c_type(A.dtype)}>"
+    get_kernels(Rcm.cu_file, (renumber,))[renumber](
+        (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data, _inverse(cols, cupy),
+                                       indices, data))
+    return cusp.csr_matrix((data, indices, indptr), shape=A.shape)
 
 
 def _inverse(order: Any, xp: Any) -> Any:

@@ -16,11 +16,14 @@ from common.errors import InvalidConfigError, MatrixFormatError, NoDeviceError, 
 if TYPE_CHECKING:
     from tuner.execute.executor import Executor
     from tuner.execute.plan import plan
+    from tuner.execute.renumbered import plan_renumbered
 
 
 def __getattr__(name: str) -> Any:
     if name == "plan":
         from tuner.execute.plan import plan as value
+    elif name == "plan_renumbered":
+        from tuner.execute.renumbered import plan_renumbered as value
     elif name == "Executor":
         from tuner.execute.executor import Executor as value
     else:
@@ -37,4 +40,5 @@ __all__ = [
     "StoreError",
     "TunerError",
     "plan",
+    "plan_renumbered",
 ]

@@ -60,7 +60,7 @@ from tuner.measure.verify import Reference
 if TYPE_CHECKING:
     from tuner.execute.spmspv import SpMSpVExecutor
 
-__all__ = ["DEFAULT_TRIALS", "EFFORTS", "plan", "race_matrix"]
+__all__ = ["DEFAULT_TRIALS", "EFFORTS", "check_effort", "plan", "race_matrix"]
 
 EFFORTS = ("predict", "race", "tune")
 """How much ``plan()`` may spend on a matrix it has no measurement of (see the module's doc)."""
@@ -79,14 +79,7 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     search, 30 by default). Without a GPU, SciPy computes y (``effort`` is checked, and has nothing to do).
     ``op="spmspv"`` prepares y = A·x for a *sparse* x instead.
     """
-    if effort not in EFFORTS:
-        raise ValueError(f"unknown effort {effort!r}: one of {', '.join(map(repr, EFFORTS))}")
-    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 0):
-        raise ValueError(f"trials must be a non-negative integer (the trials of effort='tune'), got {trials!r}")
-    if trials is not None and effort != "tune":
-        raise ValueError(f"trials is for effort='tune' only, not effort={effort!r}")
-    if isinstance(race_size, bool) or not isinstance(race_size, int) or race_size < 1:
-        raise ValueError(f"race_size must be a positive integer, got {race_size!r}")
+    check_effort(effort, trials, race_size)
     if op == "spmspv":
         from tuner.execute.spmspv import plan_spmspv
 
@@ -141,6 +134,18 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     ex.race = raced[1] if raced else None
     ex.cost = {**steps.seconds, "total": time.perf_counter() - start}
     return ex
+
+
+def check_effort(effort: str, trials: int | None, race_size: int) -> None:
+    """ValueError, naming the allowed values, for an unknown ``effort``, a bad ``trials`` or ``race_size``."""
+    if effort not in EFFORTS:
+        raise ValueError(f"unknown effort {effort!r}: one of {', '.join(map(repr, EFFORTS))}")
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 0):
+        raise ValueError(f"trials must be a non-negative integer (the trials of effort='tune'), got {trials!r}")
+    if trials is not None and effort != "tune":
+        raise ValueError(f"trials is for effort='tune' only, not effort={effort!r}")
+    if isinstance(race_size, bool) or not isinstance(race_size, int) or race_size < 1:
+        raise ValueError(f"race_size must be a positive integer, got {race_size!r}")
 
 
 class _Steps:

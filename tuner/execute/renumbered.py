@@ -1,0 +1,140 @@
+"""``plan_renumbered(A)``: y = A·x in a numbering of A's own, for a caller whose vectors stay in it.
+
+The columns of a graph with hubs (a power-law or Kronecker graph, a web or
+citation graph) are read very unevenly: a few columns hold most entries, and
+the rest of x is gathered one sector at a time. Numbered by how many rows read
+them, most first, the hubs' values of x share a few lines that stay in cache:
+``B = P A Pᵀ``, one order for rows and columns (:func:`degree_order`). But moving
+x into that order and y out of it costs about what B saves (the H100 probes of
+stops 46 and 47 in ``bench/results``, ``probe_degree_order`` and
+``probe_column_order``), so no kernel of ``plan(A)`` renumbers by degree. A
+caller that keeps its vectors in B's numbering through an iteration pays those
+moves once: PageRank, a power iteration, a Krylov solver (their vector
+operations do not care about the order)::
+
+    ex = plan_renumbered(A)             # B renumbered, then plan(B): raced, stored
+    x = ex.to_internal(x0)              # once, before
+    for _ in range(iterations):
+        x = ex(x)                       # y = B·x, in B's numbering
+        x /= cupy.linalg.norm(x)
+    result = ex.from_internal(x)        # once, after
+
+Whether it pays depends on the graph: measure it (``bench/unseen.py --renumbered``
+races B's plan against cuSPARSE on A). On a matrix whose numbering is already
+local (a mesh, a band), the degree order scatters it. B is a copy of A (its
+memory besides A's), found again in the store by its own fingerprint: a second
+``plan_renumbered`` of the same matrix answers from the store.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from db.store import Store
+from kernels._cuda import gpu_available
+from kernels.rcm import renumbered, renumbered_on_gpu
+from tuner.execute.executor import Executor
+from tuner.execute.plan import check_effort, plan
+from tuner.matrix.io import as_csr, as_device_csr
+
+__all__ = ["RenumberedExecutor", "degree_order", "plan_renumbered"]
+
+
+def degree_order(A: Any) -> Any:
+    """The vertices of a square matrix's graph by how many rows read them (their column's entries), most first,
+    ties by number: ``order[new] = old`` (int32), a NumPy array for a SciPy ``A``, a CuPy one for a cupyx one
+    (the same steps)."""
+    xp = _module(A.indices)
+    n = A.shape[1]
+    counts = xp.bincount(A.indices, minlength=n).astype(np.int64)
+    # one key a vertex, fewest-missing-entries first then by number: unique, so any sort gives the same order
+    key = (A.nnz - counts) * n + xp.arange(n, dtype=np.int64)
+    return xp.argsort(key).astype(np.int32)
+
+
+class RenumberedExecutor:
+    """y = ex(x) for ``B = P A Pᵀ`` (A renumbered by :func:`degree_order`): x and y in B's numbering.
+    :meth:`to_internal` and :meth:`from_internal` move a vector of A's numbering into B's and back; ``inner``
+    is B's :class:`~tuner.execute.executor.Executor` (its kernel, source, race and cost)."""
+
+    def __init__(self, inner: Executor, order: Any, renumber_s: float) -> None:
+        self.inner = inner
+        self.shape, self.dtype, self.nnz = inner.shape, inner.dtype, inner.nnz
+        self.order = _host(order)  # order[new] = old
+        self._device_order = None if isinstance(order, np.ndarray) else order
+        self.renumber_s = renumber_s  # seconds to order A and build B, before plan(B)
+
+    def __call__(self, x: Any, out: Any = None) -> Any:
+        """y = B·x, both in B's numbering (NumPy in, NumPy out; CuPy in, CuPy out)."""
+        return self.inner(x, out)
+
+    def to_internal(self, v: Any) -> Any:
+        """``v`` (A's numbering) in B's: ``v[order]``, in v's module."""
+        return v[self._order_for(v)]
+
+    def from_internal(self, v: Any, out: Any = None) -> Any:
+        """``v`` (B's numbering) in A's, into ``out`` when given: ``out[order] = v``."""
+        order = self._order_for(v)
+        if out is None:
+            out = _module(v).empty_like(v)
+        out[order] = v
+        return out
+
+    def _order_for(self, v: Any) -> Any:
+        if getattr(v, "shape", None) != (self.shape[0],):
+            raise ValueError(f"the vector must have shape ({self.shape[0]},) for A of shape {self.shape}, "
+                             f"got {getattr(v, 'shape', type(v).__name__)}")
+        if _module(v) is np:
+            return self.order
+        if self._device_order is None:
+            self._device_order = _module(v).asarray(self.order)
+        return self._device_order
+
+    def explain(self) -> str:
+        """B's executor's explanation, after how A was renumbered."""
+        return (f"A renumbered by degree (rows and columns in one order, the most read columns first) in "
+                f"{self.renumber_s * 1e3:.1f} ms; vectors in that numbering (to_internal, from_internal).\n"
+                + self.inner.explain())
+
+    def __repr__(self) -> str:
+        return f"RenumberedExecutor({self.inner!r})"
+
+
+def plan_renumbered(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None,
+                    effort: str = "race", trials: int | None = None, race_size: int = 4) -> RenumberedExecutor:
+    """Renumber a square ``A`` (as :func:`~tuner.execute.plan.plan` takes it) by :func:`degree_order`, then
+    ``plan()`` the renumbered matrix with these arguments (see the module's doc). On the GPU where there is
+    one, else with SciPy. ValueError for a matrix that is not square (x and y share one numbering) and for
+    what ``plan()`` refuses, before any work."""
+    check_effort(effort, trials, race_size)
+    start = time.perf_counter()
+    on_gpu = gpu_available()
+    M = as_device_csr(A, dtype=dtype) if on_gpu else as_csr(A, dtype=dtype)
+    if M.shape[0] != M.shape[1]:
+        raise ValueError(f"plan_renumbered needs a square matrix (x and y share one numbering); A is "
+                         f"{M.shape[0]} x {M.shape[1]}: use plan()")
+    order = degree_order(M)
+    B = renumbered_on_gpu(M, order, order) if on_gpu else renumbered(M, order, order)
+    B.sort_indices()  # each row's entries by their new columns: canonical, as plan() takes it in place
+    if on_gpu:
+        _module(order).cuda.Device().synchronize()
+    renumber_s = time.perf_counter() - start
+    inner = plan(B, dtype=dtype, db=db, effort=effort, trials=trials, race_size=race_size)
+    return RenumberedExecutor(inner, order, renumber_s)
+
+
+def _module(a: Any) -> Any:
+    """NumPy or CuPy, whichever ``a`` belongs to (CuPy imported only for a CuPy array)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _host(a: Any) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else a.get()
