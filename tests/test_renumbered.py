@@ -11,7 +11,7 @@ from kernels._cuda import gpu_available
 from tests.conftest import SHARED_MATRICES
 from tests.kernel_cases import CASES, arrow, load_shared, shared_cases
 from tuner import plan_renumbered
-from tuner.execute.renumbered import RenumberedExecutor, degree_order
+from tuner.execute.renumbered import HUB_FACTOR, RenumberedExecutor, hub_order
 from tuner.matrix.io import as_csr
 
 SQUARE_CASES = {name: build for name, build in CASES.items() if name in ("zero_nnz", "one_by_one", "random")}
@@ -44,20 +44,24 @@ def _square_shared() -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(SQUARE_CASES))
-def test_degree_order_sorts_columns_by_entries_then_number(name):
+def test_hub_order_puts_hubs_first_by_entries_then_the_rest_in_place(name):
     A = SQUARE_CASES[name]()
-    order = degree_order(A)
+    order = hub_order(A)
     counts = np.bincount(A.indices, minlength=A.shape[1])
-    want = sorted(range(A.shape[1]), key=lambda v: (-counts[v], v))
+    mean = A.nnz / A.shape[1]
+    hubs = sorted((v for v in range(A.shape[1]) if counts[v] > HUB_FACTOR * mean), key=lambda v: (-counts[v], v))
+    want = hubs + [v for v in range(A.shape[1]) if counts[v] <= HUB_FACTOR * mean]
     assert order.dtype == np.int32
     np.testing.assert_array_equal(order, want)
 
 
-def test_the_hubs_come_first():
+def test_the_hubs_come_first_and_a_matrix_without_keeps_its_order():
     A = _hubs(800, seed=3)
-    order = degree_order(A)
+    order = hub_order(A)
     counts = np.bincount(A.indices, minlength=800)
-    assert counts[order[0]] == counts.max() and (np.diff(counts[order]) <= 0).all()
+    hubs = int((counts > HUB_FACTOR * A.nnz / 800).sum())
+    assert 0 < hubs < 100 and counts[order[0]] == counts.max() and (np.diff(counts[order[:hubs]]) <= 0).all()
+    np.testing.assert_array_equal(hub_order(CASES["random"]()), np.arange(1000))  # no column of 4x the mean
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the CPU path")
@@ -70,7 +74,7 @@ def test_products_in_the_internal_numbering_match_A(name, tmp_path):
     y = ex.from_internal(ex(ex.to_internal(x)))
     np.testing.assert_allclose(y, A @ x, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(ex.from_internal(ex.to_internal(x)), x)
-    assert "renumbered by degree" in ex.explain() and ex.inner.source == "cpu"
+    assert "hubs first" in ex.explain() and ex.inner.source == "cpu"
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the CPU path")
@@ -113,11 +117,11 @@ def test_gpu_products_in_the_internal_numbering_match_the_reference(name, tmp_pa
     import cupyx.scipy.sparse as cusp
 
     A = SQUARE_CASES[name]()
-    np.testing.assert_array_equal(degree_order(cusp.csr_matrix(A)).get(), degree_order(A))
+    np.testing.assert_array_equal(hub_order(cusp.csr_matrix(A)).get(), hub_order(A))
     for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
         ex = plan_renumbered(cusp.csr_matrix(A.astype(dtype)), db=tmp_path / "s.db", effort="race")
         assert ex.inner.source in ("raced", "default", "predicted")
-        np.testing.assert_array_equal(ex.order, degree_order(A))
+        np.testing.assert_array_equal(ex.order, hub_order(A))
         x = np.random.default_rng(0).standard_normal(A.shape[0]).astype(dtype)
         want = A.astype(np.float64) @ x.astype(np.float64)
         x_dev = cupy.asarray(x)

@@ -2,15 +2,17 @@
 
 The columns of a graph with hubs (a power-law or Kronecker graph, a web or
 citation graph) are read very unevenly: a few columns hold most entries, and
-the rest of x is gathered one sector at a time. Numbered by how many rows read
-them, most first, the hubs' values of x share a few lines that stay in cache:
-``B = P A Pᵀ``, one order for rows and columns (:func:`degree_order`). But moving
-x into that order and y out of it costs about what B saves (the H100 probes of
-stops 46 and 47 in ``bench/results``, ``probe_degree_order`` and
-``probe_column_order``), so no kernel of ``plan(A)`` renumbers by degree. A
-caller that keeps its vectors in B's numbering through an iteration pays those
-moves once: PageRank, a power iteration, a Krylov solver (their vector
-operations do not care about the order)::
+their values of x, scattered over all of it, share cache lines with values
+hardly read. Numbered first, most read first, the hubs' values share a few
+lines that stay in cache: ``B = P A Pᵀ``, one order for rows and columns
+(:func:`hub_order`; every other vertex keeps its place, so the rest of the
+numbering keeps whatever locality it has). But moving x into that order and y
+out of it costs about what B saves (the H100 probes of stops 46 and 47 in
+``bench/results``, ``probe_degree_order`` and ``probe_column_order``), so no
+kernel of ``plan(A)`` renumbers. A caller that keeps its vectors in B's
+numbering through an iteration pays those moves once: PageRank, a power
+iteration, a Krylov solver (their vector operations do not care about the
+order)::
 
     ex = plan_renumbered(A)             # B renumbered, then plan(B): raced, stored
     x = ex.to_internal(x0)              # once, before
@@ -19,11 +21,11 @@ operations do not care about the order)::
         x /= cupy.linalg.norm(x)
     result = ex.from_internal(x)        # once, after
 
-Whether it pays depends on the graph: measure it (``bench/unseen.py --renumbered``
-races B's plan against cuSPARSE on A). On a matrix whose numbering is already
-local (a mesh, a band), the degree order scatters it. B is a copy of A (its
-memory besides A's), found again in the store by its own fingerprint: a second
-``plan_renumbered`` of the same matrix answers from the store.
+Whether it pays depends on the graph: ``bench/unseen.py --renumbered`` races
+B's plan against cuSPARSE on A. B is a copy of A (its memory besides A's),
+found again in the store by its own fingerprint: a second ``plan_renumbered``
+of the same matrix answers from the store (and of a matrix without hubs, B is
+A, stored as A is).
 """
 
 from __future__ import annotations
@@ -41,23 +43,32 @@ from tuner.execute.executor import Executor
 from tuner.execute.plan import check_effort, plan
 from tuner.matrix.io import as_csr, as_device_csr
 
-__all__ = ["RenumberedExecutor", "degree_order", "plan_renumbered"]
+__all__ = ["RenumberedExecutor", "hub_order", "plan_renumbered"]
 
 
-def degree_order(A: Any) -> Any:
-    """The vertices of a square matrix's graph by how many rows read them (their column's entries), most first,
-    ties by number: ``order[new] = old`` (int32), a NumPy array for a SciPy ``A``, a CuPy one for a cupyx one
-    (the same steps)."""
+HUB_FACTOR = 4.0
+"""A column read by more than this many times the mean column's rows is a hub (:func:`hub_order`)."""
+
+
+def hub_order(A: Any) -> Any:
+    """The vertices of a square matrix's graph with its hubs first (columns read by more than :data:`HUB_FACTOR`
+    times the mean column's rows), most read first, then every other vertex in A's order, ties by number:
+    ``order[new] = old`` (int32), a NumPy array for a SciPy ``A``, a CuPy one for a cupyx one (the same steps).
+    The hubs' values of x then share a few lines of cache, and the rest keeps whatever locality A's numbering
+    has (sorting every vertex by degree scattered it: see the module's doc); a matrix without hubs keeps its
+    order."""
     xp = _module(A.indices)
     n = A.shape[1]
     counts = xp.bincount(A.indices, minlength=n).astype(np.int64)
-    # one key a vertex, fewest-missing-entries first then by number: unique, so any sort gives the same order
-    key = (A.nnz - counts) * n + xp.arange(n, dtype=np.int64)
+    hub = counts * n > HUB_FACTOR * A.nnz
+    # one key a vertex, hubs by fewest missing entries, then the others, each then by number: unique, so any
+    # sort gives the same order
+    key = xp.where(hub, A.nnz - counts, A.nnz + 1) * n + xp.arange(n, dtype=np.int64)
     return xp.argsort(key).astype(np.int32)
 
 
 class RenumberedExecutor:
-    """y = ex(x) for ``B = P A Pᵀ`` (A renumbered by :func:`degree_order`): x and y in B's numbering.
+    """y = ex(x) for ``B = P A Pᵀ`` (A renumbered by :func:`hub_order`): x and y in B's numbering.
     :meth:`to_internal` and :meth:`from_internal` move a vector of A's numbering into B's and back; ``inner``
     is B's :class:`~tuner.execute.executor.Executor` (its kernel, source, race and cost)."""
 
@@ -96,8 +107,8 @@ class RenumberedExecutor:
 
     def explain(self) -> str:
         """B's executor's explanation, after how A was renumbered."""
-        return (f"A renumbered by degree (rows and columns in one order, the most read columns first) in "
-                f"{self.renumber_s * 1e3:.1f} ms; vectors in that numbering (to_internal, from_internal).\n"
+        return (f"A renumbered with its hubs first (rows and columns in one order, the most read columns first) "
+                f"in {self.renumber_s * 1e3:.1f} ms; vectors in that numbering (to_internal, from_internal).\n"
                 + self.inner.explain())
 
     def __repr__(self) -> str:
@@ -106,7 +117,7 @@ class RenumberedExecutor:
 
 def plan_renumbered(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | None = None,
                     effort: str = "race", trials: int | None = None, race_size: int = 4) -> RenumberedExecutor:
-    """Renumber a square ``A`` (as :func:`~tuner.execute.plan.plan` takes it) by :func:`degree_order`, then
+    """Renumber a square ``A`` (as :func:`~tuner.execute.plan.plan` takes it) by :func:`hub_order`, then
     ``plan()`` the renumbered matrix with these arguments (see the module's doc). On the GPU where there is
     one, else with SciPy. ValueError for a matrix that is not square (x and y share one numbering) and for
     what ``plan()`` refuses, before any work."""
@@ -117,7 +128,7 @@ def plan_renumbered(A: Any, *, dtype: str | None = None, db: str | os.PathLike |
     if M.shape[0] != M.shape[1]:
         raise ValueError(f"plan_renumbered needs a square matrix (x and y share one numbering); A is "
                          f"{M.shape[0]} x {M.shape[1]}: use plan()")
-    order = degree_order(M)
+    order = hub_order(M)
     B = renumbered_on_gpu(M, order, order) if on_gpu else renumbered(M, order, order)
     B.sort_indices()  # each row's entries by their new columns: canonical, as plan() takes it in place
     if on_gpu:
