@@ -65,6 +65,14 @@ def test_the_hubs_come_first_and_a_matrix_without_keeps_its_order():
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the CPU path")
+def test_a_matrix_without_hubs_is_planned_as_itself(tmp_path):
+    from tuner import plan
+
+    A = CASES["random"]()
+    assert plan_renumbered(A, db=tmp_path / "s.db").inner.fingerprint == plan(A, db=tmp_path / "s.db").fingerprint
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the CPU path")
 @pytest.mark.parametrize("name", sorted(SQUARE_CASES))
 def test_products_in_the_internal_numbering_match_A(name, tmp_path):
     A = SQUARE_CASES[name]()
@@ -130,6 +138,10 @@ def test_gpu_products_in_the_internal_numbering_match_the_reference(name, tmp_pa
         scale = max(1.0, float(np.abs(want).max(initial=0)))
         np.testing.assert_allclose(y_dev.get(), want, rtol=tol, atol=tol * scale)
         np.testing.assert_allclose(ex.from_internal(ex(ex.to_internal(x))), want, rtol=tol, atol=tol * scale)
+        if name == "random":  # no hubs: A itself, found in the store as plan(A) finds it
+            from tuner import plan
+
+            assert plan(cusp.csr_matrix(A.astype(dtype)), db=tmp_path / "s.db").fingerprint == ex.inner.fingerprint
         again = plan_renumbered(cusp.csr_matrix(A.astype(dtype)), db=tmp_path / "s.db", effort="race")
         assert again.inner.fingerprint == ex.inner.fingerprint  # B found again: answered from the store
         if ex.inner.source == "raced":

@@ -129,10 +129,12 @@ def plan_renumbered(A: Any, *, dtype: str | None = None, db: str | os.PathLike |
         raise ValueError(f"plan_renumbered needs a square matrix (x and y share one numbering); A is "
                          f"{M.shape[0]} x {M.shape[1]}: use plan()")
     order = hub_order(M)
-    B = renumbered_on_gpu(M, order, order) if on_gpu else renumbered(M, order, order)
-    # each row's entries by their new columns (canonical, as plan() takes it in place): transposed twice, as
-    # the GPU's sort of each row took 5x longer (H100, stop 47: 21 ms against 4 on the unseen hubcols)
-    B = B.T.tocsr().T.tocsr()
+    B = M  # without hubs, A itself (no copy)
+    if bool((order != _module(order).arange(len(order), dtype=np.int32)).any()):
+        B = renumbered_on_gpu(M, order, order) if on_gpu else renumbered(M, order, order)
+        # each row's entries by their new columns (canonical, as plan() takes it in place): transposed twice,
+        # as the GPU's sort of each row took 5x longer (H100, stop 47: 21 ms against 4 on the unseen hubcols)
+        B = B.T.tocsr().T.tocsr()
     if on_gpu:
         _module(order).cuda.Device().synchronize()
     renumber_s = time.perf_counter() - start
