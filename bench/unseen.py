@@ -75,7 +75,7 @@ reported apart (``compile_s``).
     python bench/unseen.py --suite issue18 --effort predict race   # the six structures issue #18 names
 
 ``--renumbered`` plans each (square) matrix with :func:`tuner.execute.renumbered.plan_renumbered` instead: the
-ratio is then cuSPARSE's best on A over the planned kernel on B (A renumbered by degree), x and y in B's
+ratio is then cuSPARSE's best on A over the planned kernel on B (A renumbered with its hubs first), x and y in B's
 numbering, as a caller that keeps them there runs; ``moves_s`` is what moving x into that numbering and y out of
 it take (once an iteration, not once a product), and the renumbering's seconds are in the plan's cost
 (``renumber``). A matrix that is not square is left out.
