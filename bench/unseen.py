@@ -457,11 +457,13 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
            "race": inner.race.table() if inner.race is not None else None,
            "race_steps_s": inner.race.seconds if inner.race is not None else None}
     if renumber:
-        row |= {"renumbered": True, "moves_s": sum(times[3:]), "moves_spmvs": sum(times[3:]) / best}
+        row |= {"renumbered": True, "order": ex.order_name, "others_s": ex.others, "moves_s": sum(times[3:]),
+                "moves_spmvs": sum(times[3:]) / best}
     print(f"{info['matrix']:18s} {info['dtype']} {effort:8s} {row['ratio_to_cusparse']:.3f}x "
           f"{row['bandwidth_fraction']:4.0%} of copy  plan "
           f"{plan_s * 1e3:8.1f} ms = {plan_s / best:7.1f} SpMVs  {inner.source:9s} {inner.kernel} {inner.params}  "
-          f"error {rel_error:.1e}" + (f"  moves {row['moves_spmvs']:.2f} SpMVs" if renumber else ""), flush=True)
+          f"error {rel_error:.1e}" + (f"  {ex.order_name}, moves {row['moves_spmvs']:.2f} SpMVs" if renumber else ""),
+          flush=True)
     return row
 
 

@@ -11,7 +11,7 @@ from kernels._cuda import gpu_available
 from tests.conftest import SHARED_MATRICES
 from tests.kernel_cases import CASES, arrow, load_shared, shared_cases
 from tuner import plan_renumbered
-from tuner.execute.renumbered import HUB_FACTOR, RenumberedExecutor, hub_order
+from tuner.execute.renumbered import HUB_FACTOR, ORDERS, RenumberedExecutor, hub_order
 from tuner.matrix.io import as_csr
 
 SQUARE_CASES = {name: build for name, build in CASES.items() if name in ("zero_nnz", "one_by_one", "random")}
@@ -64,6 +64,25 @@ def test_the_hubs_come_first_and_a_matrix_without_keeps_its_order():
     np.testing.assert_array_equal(hub_order(CASES["random"]()), np.arange(1000))  # no column of twice the mean
 
 
+@pytest.mark.parametrize("name", sorted(SQUARE_CASES))
+def test_the_degree_order_sorts_every_vertex_by_readers_then_number(name):
+    A = SQUARE_CASES[name]()
+    counts = np.bincount(A.indices, minlength=A.shape[1])
+    want = sorted(range(A.shape[1]), key=lambda v: (-counts[v], v))
+    np.testing.assert_array_equal(hub_order(A, ORDERS["degree"]), want)
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the CPU path")
+@pytest.mark.parametrize("order", ["degree", "best"])
+def test_orders_on_the_cpu(order, tmp_path):
+    A = _hubs(800, seed=3)
+    ex = plan_renumbered(A, db=tmp_path / "s.db", order=order)
+    assert ex.order_name == ("degree" if order == "degree" else "hubs") and not ex.others  # nothing measured
+    np.testing.assert_array_equal(ex.order, hub_order(A, ORDERS[ex.order_name]))
+    x = np.random.default_rng(2).standard_normal(800)
+    np.testing.assert_allclose(ex.from_internal(ex(ex.to_internal(x))), A @ x, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.skipif(gpu_available(), reason="checks the CPU path")
 def test_a_matrix_without_hubs_is_planned_as_itself(tmp_path):
     from tuner import plan
@@ -104,6 +123,7 @@ def test_shared_square_matrices(tmp_path):
     (lambda: CASES["rectangular_wide"](), {}, "needs a square matrix .*A is 40 x 700"),
     (lambda: CASES["random"](), {"effort": "fast"}, "unknown effort 'fast'"),
     (lambda: CASES["random"](), {"effort": "tune", "trials": -1}, "trials must be a non-negative integer"),
+    (lambda: CASES["random"](), {"order": "rcm"}, "unknown order 'rcm': one of 'hubs', 'degree', 'best'"),
 ])
 def test_refuses_what_it_cannot_mean(A, kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
@@ -129,7 +149,10 @@ def test_gpu_products_in_the_internal_numbering_match_the_reference(name, tmp_pa
     for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
         ex = plan_renumbered(cusp.csr_matrix(A.astype(dtype)), db=tmp_path / "s.db", effort="race")
         assert ex.inner.source in ("raced", "default", "predicted")
-        np.testing.assert_array_equal(ex.order, hub_order(A))
+        np.testing.assert_array_equal(ex.order, hub_order(A, ORDERS[ex.order_name]))
+        (other, other_s), = ex.others.items()  # the race planned both orders and kept the faster
+        assert other != ex.order_name
+        assert other_s is None or ex.inner.choice.time_s <= other_s
         x = np.random.default_rng(0).standard_normal(A.shape[0]).astype(dtype)
         want = A.astype(np.float64) @ x.astype(np.float64)
         x_dev = cupy.asarray(x)
@@ -138,11 +161,11 @@ def test_gpu_products_in_the_internal_numbering_match_the_reference(name, tmp_pa
         scale = max(1.0, float(np.abs(want).max(initial=0)))
         np.testing.assert_allclose(y_dev.get(), want, rtol=tol, atol=tol * scale)
         np.testing.assert_allclose(ex.from_internal(ex(ex.to_internal(x))), want, rtol=tol, atol=tol * scale)
-        if name == "random":  # no hubs: A itself, found in the store as plan(A) finds it
+        if name == "random" and ex.order_name == "hubs":  # no hubs: A itself, found in the store as plan(A) finds it
             from tuner import plan
 
             assert plan(cusp.csr_matrix(A.astype(dtype)), db=tmp_path / "s.db").fingerprint == ex.inner.fingerprint
-        again = plan_renumbered(cusp.csr_matrix(A.astype(dtype)), db=tmp_path / "s.db", effort="race")
+        again = plan_renumbered(cusp.csr_matrix(A.astype(dtype)), db=tmp_path / "s.db", order=ex.order_name)
         assert again.inner.fingerprint == ex.inner.fingerprint  # B found again: answered from the store
         if ex.inner.source == "raced":
             assert again.inner.source == "raced" and again.inner.race is None
