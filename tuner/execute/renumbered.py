@@ -24,12 +24,12 @@ order)::
     result = ex.from_internal(x)        # once, after
 
 Which order pays depends on the graph: the default ``order="best"`` plans B
-in both (where the effort measures: ``race`` or ``tune``; else hubs first) and
-keeps the faster; ``bench/unseen.py --renumbered`` races B's plan against
-cuSPARSE on A. B is a copy of A (its memory besides A's),
-found again in the store by its own fingerprint: a second ``plan_renumbered``
-of the same matrix answers from the store (and of a matrix without hubs, B is
-A, stored as A is).
+in both (where the effort measures a product: ``race`` or ``tune``, on a GPU;
+else hubs first) and keeps the faster; ``bench/unseen.py --renumbered`` races
+B's plan against cuSPARSE on A. B is a copy of A (its memory besides A's; two
+copies while both orders are planned), found again in the store by its own
+fingerprint: a second ``plan_renumbered`` of the same matrix answers from the
+store (and of a matrix without hubs, B is A, stored as A is).
 """
 
 from __future__ import annotations
