@@ -3,7 +3,7 @@
 >>> from tuner import plan          # doctest: +SKIP
 >>> ex = plan("A.mtx"); y = ex(x)   # doctest: +SKIP
 
-The exceptions are :mod:`common.errors`'s. ``plan`` and ``Executor`` are
+The exceptions are :mod:`common.errors`'s. ``plan``, ``plan_renumbered`` and ``Executor`` are
 imported on first use, so that importing a submodule stays light.
 """
 
