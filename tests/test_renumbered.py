@@ -1,5 +1,5 @@
-"""plan_renumbered(): the degree order, the renumbered matrix, and products in its numbering, on the CPU anywhere
-and on the GPU where there is one."""
+"""plan_renumbered(): the orders (hubs first, every vertex by degree), the renumbered matrix, and products in its
+numbering, on the CPU anywhere and on the GPU where there is one."""
 
 from __future__ import annotations
 
