@@ -48,6 +48,19 @@ def test_plan_accepts_paths_triples_and_dtypes(A, tmp_path):
         plan(np.ones((3, 3)), db=tmp_path / "s.db")
 
 
+def test_plan_refuses_a_matrix_with_nan_and_stores_nothing(A, tmp_path):
+    bad = A.copy()
+    bad.data[5] = np.nan
+    with pytest.raises(MatrixFormatError, match="1 NaN or Inf value"):
+        plan(bad, db=tmp_path / "s.db")
+    if gpu_available():  # a CuPy matrix stays on the GPU, where its values are checked
+        import cupyx.scipy.sparse as cusp
+
+        with pytest.raises(MatrixFormatError, match="1 NaN or Inf value"):
+            plan(cusp.csr_matrix(bad), db=tmp_path / "s.db")
+    assert not Store(tmp_path / "s.db").db["matrices"].count
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"effort": "fast"}, "unknown effort 'fast': one of 'predict', 'race', 'tune'"),
     ({"effort": "tune", "trials": -1}, "trials must be a non-negative integer"),

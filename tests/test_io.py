@@ -480,6 +480,16 @@ def test_as_csr_rejects_complex_values() -> None:
         as_csr(([0, 1], [0], np.array([1j])))
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_as_csr_rejects_nonfinite_values_and_says_where(bad: float) -> None:
+    A = sp.csr_matrix(np.array([[1.0, 0, 2], [0, 0, 0], [0, 3, 4]]))
+    A.data[2] = bad  # row 2, column 1
+    for source in (A, A.tocoo(), (A.indptr, A.indices, A.data)):
+        with pytest.raises(MatrixFormatError, match=rf"1 NaN or Inf value\(s\); the first is {bad} at row 2, column 1"):
+            as_csr(source)
+    assert np.isnan(A.data[2]) or np.isinf(A.data[2])  # the input is left as it was
+
+
 @pytest.mark.parametrize("dense", [np.eye(3), np.asmatrix(np.eye(3))], ids=["ndarray", "matrix"])
 def test_as_csr_rejects_dense(dense) -> None:
     with pytest.raises(MatrixFormatError, match="pass a sparse matrix"):
@@ -524,6 +534,22 @@ def test_as_csr_from_cupy() -> None:
     np.testing.assert_array_equal(B.toarray(), dense)
     with pytest.raises(MatrixFormatError, match="pass a sparse matrix"):
         as_csr(cupy.asarray(dense))
+
+
+@pytest.mark.gpu
+def test_as_device_csr_checks_the_values_of_a_matrix_it_keeps_on_the_gpu_every_time() -> None:
+    import cupy
+    import cupyx.scipy.sparse
+
+    from tuner.matrix.io import as_device_csr
+
+    A = cupyx.scipy.sparse.csr_matrix(cupy.asarray(reference()))
+    assert as_device_csr(A) is A  # canonical: kept where it is
+    A.data[-1] = cupy.nan  # the structure is the same (and remembered canonical); the values are checked again
+    row, col = (int(v) for v in np.argwhere(reference())[-1])
+    where = f"the first is nan at row {row}, column {col}"
+    with pytest.raises(MatrixFormatError, match=f"1 NaN or Inf value\\(s\\); {where}"):
+        as_device_csr(A)
 
 
 # --------------------------------------------------------------------------- matrix_name

@@ -342,6 +342,7 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
     if stays_on_device(A) and is_canonical(A):
         _check_index_range(A.shape, A.nnz)
         wanted = _value_dtype(np.dtype(A.dtype), dtype)
+        _check_finite_values(A.data, A.indptr, A.indices)
         B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
     else:
         B = cusp.csr_matrix(as_csr(A, dtype=dtype))  # canonical on the host, so on the GPU
@@ -487,7 +488,24 @@ def _canonical(
         copy=False,
     )
     A.sum_duplicates()  # sorts each row's indices too
+    _check_finite_values(A.data, A.indptr, A.indices)
     return A
+
+
+def _check_finite_values(data: Any, indptr: Any, indices: Any) -> None:
+    """Reject NaN and Inf among a CSR matrix's values (NumPy or CuPy arrays; on the GPU one reduction and one
+    read-back), naming how many and where the first is: a product with them would only spread them through y,
+    and no kernel's result could be checked against a reference."""
+    if isinstance(data, np.ndarray):
+        xp = np
+    else:
+        import cupy as xp
+    bad = int(xp.count_nonzero(~xp.isfinite(data)))
+    if bad:
+        k = int(xp.flatnonzero(~xp.isfinite(data))[0])
+        row = int(xp.searchsorted(indptr, k, side="right")) - 1
+        raise MatrixFormatError(f"the matrix holds {bad} NaN or Inf value(s); the first is {float(data[k])} at row "
+                                f"{row}, column {int(indices[k])} (0-based)")
 
 
 # --------------------------------------------------------------------------- writing and naming
