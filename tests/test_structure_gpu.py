@@ -68,7 +68,7 @@ def test_the_gpu_count_agrees_with_the_reference_and_plan_keeps_a_canonical_matr
     import cupyx.scipy.sparse as cusp
 
     from tuner.matrix.io import as_device_csr
-    from tuner.matrix.structure_gpu import is_canonical
+    from tuner.matrix.structure_gpu import structure_pass
 
     big = random_rows(200_000, 150_000, 60, seed=3)  # about 6 M entries: strides of many blocks
     cases = {**all_cases(), "big": (big.indptr, big.indices)}
@@ -77,18 +77,36 @@ def test_the_gpu_count_agrees_with_the_reference_and_plan_keeps_a_canonical_matr
     swapped[[big.indptr[row], big.indptr[row] + 1]] = swapped[[big.indptr[row] + 1, big.indptr[row]]]
     cases["big, one row's first two swapped"] = (big.indptr, swapped)
     for name, (indptr, indices) in cases.items():
-        on_gpu = cusp.csr_matrix((cupy.ones(indices.size), cupy.asarray(indices, dtype=cupy.int32),
-                                  cupy.asarray(indptr, dtype=cupy.int32)),
-                                 shape=(indptr.size - 1, int(indices.max(initial=0)) + 1))
-        assert is_canonical(on_gpu) == canonical_reference(indptr, indices), name
+        canonical = structure_pass(cupy.asarray(indptr, dtype=cupy.int32), cupy.asarray(indices, dtype=cupy.int32))[0]
+        assert canonical == canonical_reference(indptr, indices), name
     A = cusp.csr_matrix(big)
     assert as_device_csr(A) is A and A.has_canonical_format
-    A.indices[:] = cupy.asarray(swapped)  # changed in place: the matrix is remembered as canonical, as CuPy's
-    assert is_canonical(A)  # own flag remembers it (a copy is a new matrix, and is checked)
-    assert not is_canonical(cusp.csr_matrix((A.data, A.indices, A.indptr), shape=A.shape))
-    unsorted = cusp.csr_matrix((A.data, cupy.asarray(swapped), A.indptr), shape=A.shape)
-    B = as_device_csr(unsorted)  # canonicalised through the host
-    assert B is not unsorted and B.has_canonical_format and np.array_equal(B.indices.get(), big.indices)
+    A.indices[:] = cupy.asarray(swapped)  # changed in place: checked again, as every plan() checks its matrix
+    B = as_device_csr(A)  # canonicalised through the host
+    assert B is not A and B.has_canonical_format and np.array_equal(B.indices.get(), big.indices)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_pass_counts_nan_and_inf_values_as_numpy_does(dtype: str) -> None:
+    """Each value's exponent is read where its entry is: NaN, +-Inf counted; the largest finite value,
+    subnormals and -0.0 not; other value types are not checked."""
+    import cupy
+
+    from tuner.matrix.structure_gpu import structure_pass
+
+    big = random_rows(300_000, 200_000, 9, seed=7)  # past the four-entry loop's strides
+    values = np.random.default_rng(0).standard_normal(big.nnz).astype(dtype)
+    info = np.finfo(dtype)
+    special = [np.nan, np.inf, -np.inf, info.max, -info.max, info.smallest_subnormal, -0.0, -np.nan]
+    at = np.random.default_rng(1).choice(big.nnz - 1, len(special), replace=False)
+    values[at] = np.array(special, dtype=dtype)
+    values[-1] = np.inf  # the last entry: the tail loop's
+    indptr, indices = cupy.asarray(big.indptr), cupy.asarray(big.indices)
+    canonical, sums, nonfinite = structure_pass(indptr, indices, values=cupy.asarray(values))
+    assert canonical and sums == [] and nonfinite == int(np.count_nonzero(~np.isfinite(values))) == 5
+    assert structure_pass(indptr, indices)[2] == 0
+    assert structure_pass(indptr, indices, values=cupy.asarray(values.astype(np.complex64)))[2] == 0
 
 
 @pytest.mark.gpu

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from tuner.matrix.features import csr_arrays
-from tuner.matrix.io import as_device_csr, stays_on_device
-from tuner.matrix.structure_gpu import remember_canonical, structure_pass
+from tuner.matrix.io import as_device_csr, kept_on_device, stays_on_device
+from tuner.matrix.structure_gpu import structure_pass
 
 __all__ = ["SCHEME", "device_csr_and_fingerprint", "fingerprint", "legacy_fingerprint"]
 
@@ -81,14 +81,13 @@ def fingerprint(A: Any) -> str:
 
 def device_csr_and_fingerprint(A: Any, *, dtype: Any = None) -> tuple[Any, str]:
     """:func:`~tuner.matrix.io.as_device_csr` of ``A`` and its fingerprint (what ``plan()`` starts from). A CuPy
-    CSR matrix of int32 arrays is checked and fingerprinted in one pass over its structure
+    CSR matrix of int32 arrays is checked (canonical, values finite) and fingerprinted in one pass over it
     (:func:`~tuner.matrix.structure_gpu.structure_pass`); where it is not canonical, its canonical form is
     fingerprinted."""
     if stays_on_device(A):
-        canonical, sums = structure_pass(A.indptr, A.indices, tags=(*_TAGS[0], *_TAGS[1]))
+        canonical, sums, nonfinite = structure_pass(A.indptr, A.indices, tags=(*_TAGS[0], *_TAGS[1]), values=A.data)
         if canonical:
-            remember_canonical(A)  # as_device_csr asks the GPU nothing more
-            B = as_device_csr(A, dtype=dtype)
+            B = kept_on_device(A, dtype, nonfinite)
             return B, _name(B.shape[0], B.shape[1], int(B.indices.size), sums)
     B = as_device_csr(A, dtype=dtype)
     return B, fingerprint(B)

@@ -36,8 +36,8 @@ from common.errors import InvalidConfigError, MatrixFormatError
 from tuner.matrix.bounds import GZIP_MAGIC, ReadLimits, scan_mtx
 
 __all__ = [
-    "INDEX_MAX", "as_csr", "as_device_csr", "check_dtype", "matrix_name", "read_mtx", "read_mtx_watched",
-    "stays_on_device", "write_mtx",
+    "INDEX_MAX", "as_csr", "as_device_csr", "check_dtype", "kept_on_device", "matrix_name", "read_mtx",
+    "read_mtx_watched", "stays_on_device", "write_mtx",
 ]
 
 INDEX_MAX = int(np.iinfo(np.int32).max)
@@ -332,21 +332,36 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
 
     A canonical CuPy CSR matrix with int32 indices stays where it is: no copy
     through the host, only its values converted on the GPU when ``dtype``
-    asks for another type (canonical: :func:`tuner.matrix.structure_gpu.is_canonical`,
-    one pass). Anything else goes through :func:`as_csr`, then to the GPU.
+    asks for another type (canonical, and its values finite: one pass over it,
+    :func:`tuner.matrix.structure_gpu.structure_pass`). Anything else goes through
+    :func:`as_csr`, then to the GPU.
     """
     import cupyx.scipy.sparse as cusp
 
-    from tuner.matrix.structure_gpu import is_canonical
+    from tuner.matrix.structure_gpu import structure_pass
 
-    if stays_on_device(A) and is_canonical(A):
-        _check_index_range(A.shape, A.nnz)
-        wanted = _value_dtype(np.dtype(A.dtype), dtype)
-        _check_finite_values(A.data, A.indptr, A.indices)
-        B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
-    else:
-        B = cusp.csr_matrix(as_csr(A, dtype=dtype))  # canonical on the host, so on the GPU
+    if stays_on_device(A):
+        canonical, _, nonfinite = structure_pass(A.indptr, A.indices, values=A.data)
+        if canonical:
+            return kept_on_device(A, dtype, nonfinite)
+    B = cusp.csr_matrix(as_csr(A, dtype=dtype))  # canonical on the host, so on the GPU
     B.has_canonical_format = True  # CuPy's own flag: its check (a thread a row, then a reduction) never runs on B
+    return B
+
+
+def kept_on_device(A: Any, dtype: Any, nonfinite: int) -> Any:
+    """``A``, a CuPy CSR matrix of int32 indices that :func:`~tuner.matrix.structure_gpu.structure_pass` found
+    canonical with ``nonfinite`` NaN or Inf values, as :func:`as_device_csr` gives it: in ``dtype`` (its values
+    converted on the GPU where they are of another type), flagged canonical; MatrixFormatError where its values
+    are not real, it holds more entries than int32 can count, or NaN or Inf values (naming the first)."""
+    import cupyx.scipy.sparse as cusp
+
+    wanted = _value_dtype(np.dtype(A.dtype), dtype)
+    _check_index_range(A.shape, A.nnz)
+    if nonfinite:
+        _check_finite_values(A.data, A.indptr, A.indices)
+    B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
+    B.has_canonical_format = True
     return B
 
 
@@ -493,9 +508,10 @@ def _canonical(
 
 
 def _check_finite_values(data: Any, indptr: Any, indices: Any) -> None:
-    """Reject NaN and Inf among a CSR matrix's values (NumPy or CuPy arrays; on the GPU one reduction and one
-    read-back), naming how many and where the first is: a product with them would only spread them through y,
-    and no kernel's result could be checked against a reference."""
+    """Reject NaN and Inf among a CSR matrix's values (NumPy or CuPy arrays: on the GPU only where
+    :func:`~tuner.matrix.structure_gpu.structure_pass` counted some), naming how many and where the first is:
+    a product with them would only spread them through y, and no kernel's result could be checked against a
+    reference."""
     if isinstance(data, np.ndarray):
         xp = np
     else:

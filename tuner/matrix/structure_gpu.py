@@ -1,4 +1,4 @@
-"""One pass over a CSR matrix's structure on the GPU: whether it is canonical, and the fingerprint's sums.
+"""One pass over a CSR matrix on the GPU: whether it is canonical, the fingerprint's sums, its NaN and Inf values.
 
 Canonical (each row's columns strictly increasing): CuPy's
 ``has_canonical_format`` gives each row a thread that walks its entries, then
@@ -11,23 +11,23 @@ and the first of the next nonempty one; so the matrix is canonical exactly when
 the pairs that do not increase are as many as the nonempty rows (after the first
 entry) whose first entry does not increase on the entry before it. Two counters,
 one read-back: 0.11-0.17 ms on the same matrices, bursts included (stop 42's
-kernel, which this one extends). A matrix found canonical is remembered while
-it lives, as CuPy remembers its own answer.
-:func:`canonical_reference` is the same count in NumPy (the tests hold both to
-SciPy's ``has_canonical_format``).
+kernel, which this one extends). :func:`canonical_reference` is the same count
+in NumPy (the tests hold both to SciPy's ``has_canonical_format``).
 
 The same pass can add up the fingerprint's sums (:mod:`tuner.matrix.fingerprint`
 defines them, and mixes them into the name): each word of ``indptr`` and
 ``indices`` is read there anyway, so ``plan()`` checks a new CuPy matrix and
 names it in one launch and one read-back rather than two of each: 0.22-0.32 ms
 of ``plan()`` against 0.42-0.54 for the two apart (an H100, four unseen
-matrices in both dtypes, ``bench/results/..._ab_plan-a0e28ed.txt``).
+matrices in both dtypes, ``bench/results/..._ab_plan-a0e28ed.txt``); and, given
+the values, count those that are NaN or Inf (a matrix's values may change while
+its structure stays, so the pass runs on every ``plan()`` and nothing is
+remembered of a matrix between two).
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from kernels._cuda import device_attributes
 
-__all__ = ["canonical_reference", "is_canonical", "remember_canonical", "structure_pass"]
+__all__ = ["canonical_reference", "structure_pass"]
 
 _SOURCE = r"""
 __device__ __forceinline__ unsigned long long mix(unsigned long long z) {  // splitmix64's finalizer
@@ -54,15 +54,23 @@ __device__ __forceinline__ unsigned long long warp_sum(unsigned long long v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
     return v;
 }
+// Whether entry j's value is NaN or Inf: its exponent bits all set. ``words`` are the values as 32-bit words,
+// ``step`` words a value (1: float, 2: double, whose exponent is in its second, high word), ``mask`` the exponent.
+__device__ __forceinline__ bool nonfinite(const unsigned int* __restrict__ words, int step, unsigned int mask,
+                                          long long j) {
+    return (words[j * step + step - 1] & mask) == mask;
+}
 // out[0] += pairs (j, j + 1) of entries whose column does not increase; out[1] += those where j + 1 opens a
 // nonempty row (the pair spans two rows). With hash != 0 also the fingerprint's sums: out[2], out[3] over
-// indptr (lanes tagged p0, p1), out[4], out[5] over indices (i0, i1).
+// indptr (lanes tagged p0, p1), out[4], out[5] over indices (i0, i1). With words (not null), out[6] += the
+// values that are NaN or Inf.
 extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const int* __restrict__ indices,
                                          long long m, long long nnz, int hash,
                                          unsigned long long p0, unsigned long long p1,
                                          unsigned long long i0, unsigned long long i1,
+                                         const unsigned int* __restrict__ words, int step, unsigned int mask,
                                          unsigned long long* __restrict__ out) {
-    unsigned long long pairs = 0, across = 0, sp0 = 0, sp1 = 0, si0 = 0, si1 = 0;
+    unsigned long long pairs = 0, across = 0, sp0 = 0, sp1 = 0, si0 = 0, si1 = 0, bad = 0;
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     for (; j + 3 * stride + 1 < nnz; j += 4 * stride) {  // four entries and their right neighbours in flight
@@ -76,12 +84,14 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
         for (int k = 0; k < 4; ++k) {
             pairs += next[k] <= v[k];
             if (hash) add_word(j + k * stride, v[k], i0, i1, si0, si1);
+            if (words) bad += nonfinite(words, step, mask, j + k * stride);
         }
     }
     for (; j < nnz; j += stride) {
         const int v = indices[j];
         if (j + 1 < nnz) pairs += indices[j + 1] <= v;
         if (hash) add_word(j, v, i0, i1, si0, si1);
+        if (words) bad += nonfinite(words, step, mask, j);
     }
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i <= m; i += stride) {
         const int s = indptr[i];
@@ -90,6 +100,7 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
     }
     pairs = warp_sum(pairs);
     across = warp_sum(across);
+    bad = warp_sum(bad);
     if (hash) {
         sp0 = warp_sum(sp0); sp1 = warp_sum(sp1); si0 = warp_sum(si0); si1 = warp_sum(si1);
     }
@@ -98,6 +109,7 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
             atomicAdd(&out[0], pairs);
             atomicAdd(&out[1], across);
         }
+        if (bad) atomicAdd(&out[6], bad);
         if (hash) {
             atomicAdd(&out[2], sp0); atomicAdd(&out[3], sp1); atomicAdd(&out[4], si0); atomicAdd(&out[5], si1);
         }
@@ -106,52 +118,42 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
 """
 
 
-_CANONICAL: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-"""The matrices found canonical, by id, while they live."""
-
-
 @functools.cache
 def _kernel(cupy: Any, device: int) -> Any:
     """The kernel, compiled once per device and process."""
     return cupy.RawKernel(_SOURCE, "csr_structure")
 
 
-def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None) -> tuple[bool, list[int]]:
+_EXPONENT = {np.dtype(np.float32): (1, 0x7F800000), np.dtype(np.float64): (2, 0x7FF00000)}
+"""Per value dtype: 32-bit words a value, and the exponent's bits in its last (high, little-endian) word."""
+
+
+def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None, values: Any = None
+                   ) -> tuple[bool, list[int], int]:
     """Whether the CSR structure of CuPy int32 arrays ``indptr`` (nondecreasing from 0 to nnz) and ``indices``
-    is canonical, and with ``tags`` (indptr's two lanes, then indices') the fingerprint's four sums (else none):
-    one kernel, one read-back."""
+    is canonical; with ``tags`` (indptr's two lanes, then indices') the fingerprint's four sums (else none);
+    with ``values`` (one a column index) how many of them are NaN or Inf (else, and for values neither float32
+    nor float64, 0): one
+    kernel, one read-back. The values' check reads each value's exponent where the entry is read anyway:
+    a CuPy reduction of ``isfinite`` took 0.38 ms of an H100's time on two unseen matrices of 32-46 M entries
+    (``bench/results/..._prof48-9891656.txt``)."""
     import cupy
 
     nnz, m = int(indices.size), int(indptr.size) - 1
-    out = cupy.zeros(6, dtype=cupy.uint64)
-    if nnz > 1 or tags is not None:
+    out = cupy.zeros(7, dtype=cupy.uint64)
+    if nnz > 1 or tags is not None or values is not None:
         blocks = max(1, min(-(-max(nnz, m + 1) // 256), 16 * device_attributes()["MultiProcessorCount"]))
         words = [np.uint64(t) for t in (tags if tags is not None else (0, 0, 0, 0))]
-        _kernel(cupy, cupy.cuda.Device().id)((blocks,), (256,), (indptr, indices, np.int64(m), np.int64(nnz),
-                                                                 np.int32(tags is not None), *words, out))
-    pairs, across, *sums = out.get().tolist()
-    return pairs == across, sums if tags is not None else []
-
-
-def is_canonical(A: Any) -> bool:
-    """Whether each row's columns strictly increase (sorted, no duplicates), for a CuPy CSR matrix with int32
-    ``indptr`` (nondecreasing from 0 to nnz) and ``indices``. A matrix found canonical is remembered while it
-    lives (by identity, as CuPy's own flag is kept on it): a later ``plan()`` of it asks nothing of the GPU."""
-    if _CANONICAL.get(id(A)) is A:
-        return True
-    if A.indices.size > 1 and not structure_pass(A.indptr, A.indices)[0]:
-        return False
-    remember_canonical(A)
-    return True
-
-
-def remember_canonical(A: Any) -> None:
-    """Remember ``A`` as canonical while it lives (found so by :func:`structure_pass`)."""
-    _CANONICAL[id(A)] = A
+        step, mask = _EXPONENT.get(np.dtype(values.dtype), (0, 0)) if values is not None else (0, 0)
+        _kernel(cupy, cupy.cuda.Device().id)(
+            (blocks,), (256,), (indptr, indices, np.int64(m), np.int64(nnz), np.int32(tags is not None), *words,
+                                values if step else None, np.int32(step), np.uint32(mask), out))
+    pairs, across, *sums, nonfinite = out.get().tolist()
+    return pairs == across, sums if tags is not None else [], nonfinite
 
 
 def canonical_reference(indptr: np.ndarray, indices: np.ndarray) -> bool:
-    """:func:`is_canonical`'s count in NumPy (the reference)."""
+    """:func:`structure_pass`'s canonical check in NumPy (the reference)."""
     if indices.size < 2:
         return True
     pairs = int(np.count_nonzero(indices[1:] <= indices[:-1]))
