@@ -13,6 +13,7 @@ import numpy as np
 from kernels import Prepared, get_family
 from tuner.execute.choice import Choice
 from tuner.execute.race import RaceResult
+from tuner.execute.replay import BoundProduct, bind
 from tuner.measure.backend import GpuBackend
 
 
@@ -71,6 +72,24 @@ class Executor:
             return y
         out[...] = y
         return out
+
+    def bind(self, x: Any, out: Any = None) -> BoundProduct:
+        """y = A·x for this very x, into ``out`` (a new array when None), bound for a loop: ``bound()`` computes
+        it from x as x is then, and returns ``out``. On the GPU x and out are CuPy arrays of the matrix's dtype
+        and the product is captured as a CUDA graph (:mod:`tuner.execute.replay`): a call is one launch, for
+        products so short that the host's ~10 us a call is what a loop of ``ex(x, out)`` waits on. Without a GPU,
+        NumPy arrays, and each call is SciPy's product."""
+        if self._host is not None:
+            out = np.empty(self.shape[0], dtype=self.dtype) if out is None else out
+            self(x, out)  # checks x and out
+            return BoundProduct(lambda: self(x, out), out, reason="no GPU: SciPy computes y")
+        cp = self._backend.cp
+        if not isinstance(x, cp.ndarray) or x.dtype != self.dtype or not x.flags.c_contiguous:
+            raise ValueError(f"bind() takes a contiguous CuPy x of dtype {self.dtype} (the product reads it where "
+                             f"it lies), got {type(x).__name__} of dtype {getattr(x, 'dtype', None)}")
+        out = cp.empty(self.shape[0], dtype=self.dtype) if out is None else out
+        self(x, out)  # checks x and out, and compiles what the product launches
+        return bind(lambda: self._family.run(self._prepared, x, out), out)
 
     def explain(self) -> str:
         """Why this kernel: where its config came from, what is known of its speed, and what plan() spent."""
