@@ -35,7 +35,7 @@ def test_without_a_gpu_a_bound_product_is_scipys_and_follows_x(tmp_path) -> None
 @pytest.mark.gpu
 @pytest.mark.parametrize(("kernel", "params"), CONFIGS, ids=lambda v: v if isinstance(v, str) else str(v or ""))
 @pytest.mark.parametrize("case", ["huge_row", "empty_rows", "rectangular_wide", "zero_nnz"])
-def test_every_family_is_captured_and_its_graph_reads_x_where_it_lies(kernel, params, case) -> None:
+def test_every_family_but_cusparse_is_captured_and_its_graph_reads_x_where_it_lies(kernel, params, case) -> None:
     import cupy
     import cupyx.scipy.sparse as cusp
 
@@ -47,7 +47,10 @@ def test_every_family_is_captured_and_its_graph_reads_x_where_it_lies(kernel, pa
     rng = np.random.default_rng(1)
     x = cupy.asarray(rng.standard_normal(A.shape[1]))
     bound = ex.bind(x)
-    assert bound.captured, bound.reason
+    if kernel == "cusparse" and A.nnz:  # CuPy refuses cuSPARSE calls while a stream is captured: run as it is
+        assert not bound.captured and "stream capture" in bound.reason
+    else:
+        assert bound.captured, bound.reason
     for _ in range(3):  # each launch reads x as it is then; other arrays allocated between do not disturb it
         x[...] = cupy.asarray(rng.standard_normal(A.shape[1]))
         noise = cupy.full(A.shape[0] * 4 + 1024, np.nan)

@@ -1,10 +1,10 @@
 """A product bound to two vectors and captured as a CUDA graph, for loops that run y = A·x thousands of times.
 
-Each ``ex(x, out)`` costs the host some 8-15 us (its checks, then CuPy's launch of
-each kernel): on an H100, loops of products of 0.1-1.1 M nonzeros ran at 10.5-15.3
-us a call while their kernels took 4.3-6.9 us; from about 10 M nonzeros on, the GPU
-is the slower of the two and the host's time is hidden (stop 48's probe,
-``bench/results/..._loop48-*.txt``). :func:`bind` captures one product, with x and
+Each ``ex(x, out)`` costs the host some 10-15 us (its checks, then CuPy's launch of
+each kernel): on an H100, loops of ``ex(x, out)`` on matrices of 0.06-1.2 M nonzeros
+ran at 9.7-14.8 us a call while the GPU's work took 4.3-10.2 us; from about 6 M
+nonzeros on, the GPU is the slower of the two and the host's time is hidden
+(``bench/loop.py``, ``bench/results/..._loop-865a063.json``). :func:`bind` captures one product, with x and
 out fixed, into a CUDA graph (CuPy's stream capture), so a call is one graph
 launch. The graph reads x where it lies when it runs: an iterative method
 updates x in place (``x[...] = ...``) and reads out.
@@ -12,8 +12,9 @@ updates x in place (``x[...] = ...``) and reads out.
 Whatever a product allocates while it is captured (a family's scratch) comes
 from a memory pool of the bound product's own, kept while it lives: no other
 array takes that memory while the graph still writes there. A product that
-cannot be captured (one that waits on the host as it runs) is bound as it is:
-each call runs it, and ``reason`` says why.
+cannot be captured is bound as it is: each call runs it, and ``reason`` says
+why. cuSPARSE's is one (CuPy refuses cuSPARSE calls on a stream being captured);
+every family of ours is captured, SURAA's side streams and child grids included.
 """
 
 from __future__ import annotations
