@@ -92,6 +92,11 @@ class Family(ABC):
         selector learned from its corpus."""
         return None
 
+    def uncapturable(self, params: Mapping[str, Any]) -> str | None:
+        """Why a product of ``params`` is not to be captured into a CUDA graph (``Executor.bind`` then runs it
+        as it is); None where it may be."""
+        return None
+
     # -- GPU path ---------------------------------------------------------------
     def prepare(self, A: Any, params: Mapping[str, Any] | None = None) -> Prepared:
         """One-time setup on the GPU for a canonical ``cupyx`` CSR matrix."""

@@ -9,6 +9,7 @@ nonzeros, deterministic) is the tuned parameter.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,9 @@ class CuSparse(RowSumReference, Family):
     space = Space(
         (Param("algorithm", tuple(ALGORITHMS), "default", "cusparseSpMVAlg_t for CSR: default, ALG1, ALG2"),)
     )
+
+    def uncapturable(self, params: Mapping[str, Any]) -> str | None:
+        return "CuPy refuses cuSPARSE calls on a stream being captured"
 
     def _prepare(self, prepared: Prepared) -> None:
         import cupy

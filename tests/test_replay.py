@@ -35,7 +35,7 @@ def test_without_a_gpu_a_bound_product_is_scipys_and_follows_x(tmp_path) -> None
 @pytest.mark.gpu
 @pytest.mark.parametrize(("kernel", "params"), CONFIGS, ids=lambda v: v if isinstance(v, str) else str(v or ""))
 @pytest.mark.parametrize("case", ["huge_row", "empty_rows", "rectangular_wide", "zero_nnz"])
-def test_every_family_but_cusparse_is_captured_and_its_graph_reads_x_where_it_lies(kernel, params, case) -> None:
+def test_a_family_is_captured_where_it_allows_and_the_graph_reads_x_where_it_lies(kernel, params, case) -> None:
     import cupy
     import cupyx.scipy.sparse as cusp
 
@@ -47,10 +47,8 @@ def test_every_family_but_cusparse_is_captured_and_its_graph_reads_x_where_it_li
     rng = np.random.default_rng(1)
     x = cupy.asarray(rng.standard_normal(A.shape[1]))
     bound = ex.bind(x)
-    if kernel == "cusparse" and A.nnz:  # CuPy refuses cuSPARSE calls while a stream is captured: run as it is
-        assert not bound.captured and "stream capture" in bound.reason
-    else:
-        assert bound.captured, bound.reason
+    assert bound.captured == (ex._family.uncapturable(ex.params) is None), bound.reason
+    assert bound.captured or bound.reason == ex._family.uncapturable(ex.params)
     for _ in range(3):  # each launch reads x as it is then; other arrays allocated between do not disturb it
         x[...] = cupy.asarray(rng.standard_normal(A.shape[1]))
         noise = cupy.full(A.shape[0] * 4 + 1024, np.nan)
@@ -58,6 +56,14 @@ def test_every_family_but_cusparse_is_captured_and_its_graph_reads_x_where_it_li
         assert y is bound.out
         np.testing.assert_allclose(y.get(), A @ x.get(), rtol=1e-10, atol=1e-12)
         del noise
+
+
+def test_only_cusparse_and_child_grids_are_not_captured() -> None:
+    refused = {(name, str(params)): REGISTRY[name].uncapturable(REGISTRY[name].space.validate(params, family=name))
+               for name, params in CONFIGS}
+    assert {key for key, why in refused.items() if why} == {
+        ("cusparse", "{}"), ("suraa", "{'g1_mode': 'dynamic'}"),
+        ("suraa", "{'grouping': 'segment', 'g1_mode': 'dynamic', 'streams': 4}")}
 
 
 @pytest.mark.gpu

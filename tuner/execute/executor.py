@@ -6,6 +6,7 @@ or, on a machine without a GPU, SciPy's product.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -89,7 +90,10 @@ class Executor:
                              f"it lies), got {type(x).__name__} of dtype {getattr(x, 'dtype', None)}")
         out = cp.empty(self.shape[0], dtype=self.dtype) if out is None else out
         self(x, out)  # checks x and out, and compiles what the product launches
-        return bind(lambda: self._family.run(self._prepared, x, out), out)
+        product = functools.partial(self._family.run, self._prepared, x, out)
+        if (reason := self._family.uncapturable(self.params)) is not None:
+            return BoundProduct(product, out, reason=reason)
+        return bind(product, out)
 
     def explain(self) -> str:
         """Why this kernel: where its config came from, what is known of its speed, and what plan() spent."""

@@ -13,8 +13,10 @@ Whatever a product allocates while it is captured (a family's scratch) comes
 from a memory pool of the bound product's own, kept while it lives: no other
 array takes that memory while the graph still writes there. A product that
 cannot be captured is bound as it is: each call runs it, and ``reason`` says
-why. cuSPARSE's is one (CuPy refuses cuSPARSE calls on a stream being captured);
-every family of ours is captured, SURAA's side streams and child grids included.
+why (:meth:`kernels._family.Family.uncapturable`): cuSPARSE's (CuPy refuses
+cuSPARSE calls on a stream being captured) and SURAA's with child grids launched
+from the GPU (a replayed graph of it gave a wrong y in one of two runs of its
+test). The other families are captured, SURAA's side streams included.
 """
 
 from __future__ import annotations
