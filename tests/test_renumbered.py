@@ -102,6 +102,10 @@ def test_products_in_the_internal_numbering_match_A(name, tmp_path):
     np.testing.assert_allclose(y, A @ x, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(ex.from_internal(ex.to_internal(x)), x)
     assert "hubs first" in ex.explain() and ex.inner.source == "cpu"
+    inside = ex.to_internal(x)
+    bound = ex.bind(inside)  # an iteration in B's numbering, bound to its vectors
+    inside[...] = ex.to_internal(2 * x)
+    np.testing.assert_allclose(ex.from_internal(bound()), 2 * (A @ x), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the CPU path")
@@ -161,6 +165,10 @@ def test_gpu_products_in_the_internal_numbering_match_the_reference(name, tmp_pa
         scale = max(1.0, float(np.abs(want).max(initial=0)))
         np.testing.assert_allclose(y_dev.get(), want, rtol=tol, atol=tol * scale)
         np.testing.assert_allclose(ex.from_internal(ex(ex.to_internal(x))), want, rtol=tol, atol=tol * scale)
+        inside = ex.to_internal(cupy.zeros_like(x_dev))
+        bound = ex.bind(inside)  # captured on B's numbering; x filled in afterwards, in place
+        inside[...] = ex.to_internal(x_dev)
+        np.testing.assert_allclose(ex.from_internal(bound()).get(), want, rtol=tol, atol=tol * scale)
         if name == "random" and ex.order_name == "hubs":  # no hubs: A itself, found in the store as plan(A) finds it
             from tuner import plan
 

@@ -46,6 +46,7 @@ from kernels._cuda import gpu_available
 from kernels.rcm import renumbered, renumbered_on_gpu
 from tuner.execute.executor import Executor
 from tuner.execute.plan import check_effort, plan
+from tuner.execute.replay import BoundProduct
 from tuner.matrix.io import as_csr, as_device_csr
 
 __all__ = ["ORDERS", "RenumberedExecutor", "hub_order", "plan_renumbered"]
@@ -93,6 +94,10 @@ class RenumberedExecutor:
     def __call__(self, x: Any, out: Any = None) -> Any:
         """y = B·x, both in B's numbering (NumPy in, NumPy out; CuPy in, CuPy out)."""
         return self.inner(x, out)
+
+    def bind(self, x: Any, out: Any = None) -> BoundProduct:
+        """y = B·x for this very x (B's numbering), bound for a loop: :meth:`Executor.bind` of ``inner``."""
+        return self.inner.bind(x, out)
 
     def to_internal(self, v: Any) -> Any:
         """``v`` (A's numbering) in B's: ``v[order]``, in v's module."""
