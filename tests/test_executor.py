@@ -91,6 +91,7 @@ def test_plan_on_gpu_predicts_races_then_answers_from_the_store(A, tmp_path):
     assert ex.prepare_s is None  # the winner came prepared from the race
     assert set(ex.cost) >= {"matrix", "lookup", "features", "rank", "race", "prepare", "total"}
     assert "the race" in ex.explain() and "plan() took" in ex.explain()
+    assert "ex.bind(x, out)" in ex.explain()  # a product of a few us: a loop of them waits on the host
     x = np.random.default_rng(1).standard_normal(90)
     np.testing.assert_allclose(ex(x), A @ x, rtol=1e-12, atol=1e-12)
     again = plan(A, db=store)  # measured before: from the store, no race

@@ -17,6 +17,10 @@ from tuner.execute.race import RaceResult
 from tuner.execute.replay import BoundProduct, bind
 from tuner.measure.backend import GpuBackend
 
+SHORT_PRODUCT_S = 10e-6
+"""A product measured shorter than this is host-bound in a caller's loop: :meth:`Executor.explain` points at
+:meth:`Executor.bind` (``bench/loop.py``: 8-15 us a call of ``ex(x, out)`` on an H100 and an H200)."""
+
 
 class Executor:
     """y = ex(x): the prepared kernel for one matrix, with where its config came from.
@@ -119,6 +123,9 @@ class Executor:
             speed += f"; {self.confidence:.0%} of the selector's trees rank it first"
         lines = [f"{self.kernel} {self.params} for a {self.shape[0]}x{self.shape[1]} {self.dtype} matrix with "
                  f"{self.nnz} nonzeros on {self.device}: {why}; {speed}."]
+        if self.choice.time_s and self.choice.time_s < SHORT_PRODUCT_S and self._host is None:
+            lines.append("a product this short waits on the host in a loop of ex(x, out) (8-15 us a call): "
+                         "ex.bind(x, out) makes each call one CUDA graph launch")
         if self.choice.basis:
             lines.append(f"ranked by: {self.choice.basis}")
         if self.race is not None:
