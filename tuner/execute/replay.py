@@ -1,6 +1,6 @@
 """A product bound to two vectors and captured as a CUDA graph, for loops that run y = A·x thousands of times.
 
-Each ``ex(x, out)`` costs the host some 10-15 us (its checks, then CuPy's launch of
+Each ``ex(x, out)`` costs the host some 8-15 us (its checks, then CuPy's launch of
 each kernel): on an H100, loops of ``ex(x, out)`` on matrices of 0.06-1.2 M nonzeros
 ran at 9.7-14.8 us a call while the GPU's work took 4.3-10.2 us; from about 6 M
 nonzeros on, the GPU is the slower of the two and the host's time is hidden
