@@ -545,7 +545,7 @@ def test_as_device_csr_checks_the_values_of_a_matrix_it_keeps_on_the_gpu_every_t
 
     A = cupyx.scipy.sparse.csr_matrix(cupy.asarray(reference()))
     assert as_device_csr(A) is A  # canonical: kept where it is
-    A.data[-1] = cupy.nan  # the structure is the same (and remembered canonical); the values are checked again
+    A.data[-1] = cupy.nan  # the structure is the same; every call passes over the values again
     row, col = (int(v) for v in np.argwhere(reference())[-1])
     where = f"the first is nan at row {row}, column {col}"
     with pytest.raises(MatrixFormatError, match=f"1 NaN or Inf value\\(s\\); {where}"):

@@ -95,7 +95,7 @@ class Executor:
         out = cp.empty(self.shape[0], dtype=self.dtype) if out is None else out
         self(x, out)  # checks x and out, and compiles what the product launches
         product = functools.partial(self._family.run, self._prepared, x, out)
-        if (reason := self._family.uncapturable(self.params)) is not None:
+        if (reason := self._family.uncapturable(self._prepared.params)) is not None:
             return BoundProduct(product, out, reason=reason)
         return bind(product, out)
 
