@@ -516,12 +516,12 @@ def _check_finite_values(data: Any, indptr: Any, indices: Any) -> None:
         xp = np
     else:
         import cupy as xp
-    bad = int(xp.count_nonzero(~xp.isfinite(data)))
-    if bad:
-        k = int(xp.flatnonzero(~xp.isfinite(data))[0])
+    bad = xp.flatnonzero(~xp.isfinite(data))  # one pass, as _check_finite's over a file's values
+    if bad.size:
+        k = int(bad[0])
         row = int(xp.searchsorted(indptr, k, side="right")) - 1
-        raise MatrixFormatError(f"the matrix holds {bad} NaN or Inf value(s); the first is {float(data[k])} at row "
-                                f"{row}, column {int(indices[k])} (0-based)")
+        raise MatrixFormatError(f"the matrix holds {bad.size} NaN or Inf value(s); the first is {float(data[k])} at "
+                                f"row {row}, column {int(indices[k])} (0-based)")
 
 
 # --------------------------------------------------------------------------- writing and naming
