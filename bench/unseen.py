@@ -54,6 +54,20 @@ was changed for it):
 - ``mixedrows``: a tridiagonal matrix whose rows are, one in twenty at random, 300
   random columns instead: short and long rows side by side in every warp.
 
+Set ``e``, added at stop 49 when the race, the selectors and #18's figures on sets a to d were settled, and
+measured only as it came (nothing was changed for it):
+
+- ``road``: a road-like network, a 2-D grid of which 70 % of the street segments are kept and 0.5 % of the
+  crossings get a random shortcut, numbered tile by tile (64 x 64): 2 to 6 entries a row, mostly local;
+- ``restrict3d``: the full-weighting restriction of a multigrid cycle, a (2c)^3 fine grid onto a c^3 coarse one:
+  wide (8 columns a row), 27 entries a row in 9 runs of 3, the runs a fine plane and a fine line apart;
+- ``prolong3d``: its transpose, trilinear interpolation back: tall, 1 to 8 entries a row;
+- ``lowertri``: a random lower-triangular matrix whose row i holds about 80 i / n entries anywhere left of
+  the diagonal (and the diagonal), as an incomplete factor's rows grow: long rows at the bottom;
+- ``bandnoise``: a band of half-width 40 and 3 random columns a row: streaming reads of x but for a few;
+- ``tensorprod``: the Kronecker product of a random m x m matrix (4 random columns and the diagonal a row) and
+  the 800 x 800 tridiagonal matrix: 15 entries a row in 5 runs of 3 columns far apart.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -323,6 +337,80 @@ def mixedrows(n: int, rng: np.random.Generator, long_share: float = 0.05, long: 
     return _csr(rows[keep], cols[keep], (n, n), rng)
 
 
+def road(side: int, rng: np.random.Generator, kept: float = 0.7, shortcuts: float = 0.005,
+         tile: int = 64) -> sp.csr_matrix:
+    """A side x side grid of crossings; each street segment (to the right and down) kept with probability ``kept``,
+    a ``shortcuts`` share of the crossings joined to a random one; symmetric, with the diagonal; crossings
+    numbered tile by tile (``tile`` x ``tile``), row-major inside a tile."""
+    n = side * side
+    i, j = np.divmod(np.arange(n), side)
+    tiles_across = -(-side // tile)
+    number = ((i // tile) * tiles_across + j // tile) * tile * tile + (i % tile) * tile + j % tile
+    number = np.argsort(np.argsort(number))  # 0..n-1, in tile order
+    right = np.flatnonzero((j < side - 1) & (rng.random(n) < kept))
+    down = np.flatnonzero((i < side - 1) & (rng.random(n) < kept))
+    far = rng.choice(n, int(shortcuts * n), replace=False)
+    a = np.concatenate([right, down, far])
+    b = np.concatenate([right + 1, down + side, rng.integers(0, n, far.size)])
+    rows = number[np.concatenate([a, b, np.arange(n)])]
+    cols = number[np.concatenate([b, a, np.arange(n)])]
+    return _csr(rows, cols, (n, n), rng)
+
+
+def restrict3d(coarse: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Full weighting from the (2 coarse)^3 fine grid to the coarse^3 grid: coarse point (i, j, k) averages the fine
+    points (2i + a, 2j + b, 2k + c), a, b, c in {-1, 0, 1}, inside the grid; both grids numbered lexicographically."""
+    fine = 2 * coarse
+    ci, cj, ck = (g.ravel() for g in np.meshgrid(*[np.arange(coarse)] * 3, indexing="ij"))
+    rows, cols = [], []
+    for a in (-1, 0, 1):
+        for b in (-1, 0, 1):
+            for c in (-1, 0, 1):
+                x, y, z = 2 * ci + a, 2 * cj + b, 2 * ck + c
+                inside = (x >= 0) & (y >= 0) & (z >= 0)  # 2 (coarse - 1) + 1 < fine: never past the far side
+                rows.append(((ci * coarse + cj) * coarse + ck)[inside])
+                cols.append(((x * fine + y) * fine + z)[inside])
+    return _csr(np.concatenate(rows), np.concatenate(cols), (coarse**3, fine**3), rng)
+
+
+def prolong3d(coarse: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The transpose of :func:`restrict3d`: interpolation from the coarse grid back to the fine one."""
+    return restrict3d(coarse, rng).T.tocsr()
+
+
+def lowertri(n: int, rng: np.random.Generator, mean: float = 40.0) -> sp.csr_matrix:
+    """Row i: the diagonal and Poisson(2 ``mean`` i / n) columns uniform in [0, i) (a column drawn twice counted
+    once)."""
+    lengths = rng.poisson(2 * mean * np.arange(n) / n)
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.floor(rng.random(rows.size) * rows).astype(np.int64)
+    return _csr(np.concatenate([rows, np.arange(n)]), np.concatenate([cols, np.arange(n)]), (n, n), rng)
+
+
+def bandnoise(n: int, rng: np.random.Generator, half_width: int = 40, noise: int = 3) -> sp.csr_matrix:
+    """The band |i - j| <= ``half_width`` and ``noise`` uniformly random columns a row (a column drawn twice
+    counted once)."""
+    band = np.arange(-half_width, half_width + 1)
+    rows = np.repeat(np.arange(n), band.size)
+    cols = rows + np.tile(band, n)
+    keep = (cols >= 0) & (cols < n)
+    extra = np.repeat(np.arange(n), noise)
+    return _csr(np.concatenate([rows[keep], extra]), np.concatenate([cols[keep], rng.integers(0, n, extra.size)]),
+                (n, n), rng)
+
+
+def tensorprod(m: int, rng: np.random.Generator, k: int = 800, per_row: int = 4) -> sp.csr_matrix:
+    """kron(A, T): A m x m with the diagonal and ``per_row`` random columns a row (a column drawn twice counted
+    once), T the k x k tridiagonal matrix."""
+    rows = np.repeat(np.arange(m), per_row)
+    A = _csr(np.concatenate([rows, np.arange(m)]), np.concatenate([rng.integers(0, m, rows.size), np.arange(m)]),
+             (m, m), rng)
+    T = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(k, k), format="csr")
+    B = sp.kron(A, T, format="csr")
+    B.data = _values(rng, B.nnz)
+    return B
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1."""
@@ -331,10 +419,12 @@ class Unseen:
     build: Callable[..., sp.csr_matrix]
     size: int
     seed: int
-    group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45, "d" 46
+    group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
+    # "d" 46, "e" 49
 
     def make(self, scale: float) -> sp.csr_matrix:
-        power = {perm27: 1 / 3, fem3x3: 1 / 3, mesh2d: 1 / 2}.get(self.build, 1.0)
+        power = {perm27: 1 / 3, fem3x3: 1 / 3, mesh2d: 1 / 2, road: 1 / 2, restrict3d: 1 / 3, prolong3d: 1 / 3
+                 }.get(self.build, 1.0)
         size = max(8, round(self.size * scale ** power))
         return as_csr(self.build(size, np.random.default_rng(self.seed)))
 
@@ -358,6 +448,12 @@ MATRICES = (
     Unseen("scatterwide", scatterwide, 1_000_000, 42, "d"),    # ~12 M
     Unseen("densepanel", densepanel, 1_000_000, 43, "d"),      # 32 M
     Unseen("mixedrows", mixedrows, 2_000_000, 44, "d"),        # ~36 M
+    Unseen("road", road, 1_800, 51, "e"),                      # ~12 M
+    Unseen("restrict3d", restrict3d, 100, 52, "e"),            # ~26 M
+    Unseen("prolong3d", prolong3d, 100, 53, "e"),              # ~26 M
+    Unseen("lowertri", lowertri, 500_000, 54, "e"),            # ~20 M
+    Unseen("bandnoise", bandnoise, 250_000, 55, "e"),          # ~21 M
+    Unseen("tensorprod", tensorprod, 2_000, 56, "e"),          # ~24 M
 )
 
 
@@ -519,7 +615,7 @@ def main() -> None:
     ap.add_argument("--effort", nargs="+", default=list(EFFORTS), choices=EFFORTS)
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
-    ap.add_argument("--set", nargs="+", default=["a", "b", "c", "d"], choices=["a", "b", "c", "d"],
+    ap.add_argument("--set", nargs="+", default=["a", "b", "c", "d", "e"], choices=["a", "b", "c", "d", "e"],
                     help="which sets of matrices")
     ap.add_argument("--suite", default="", help="a named suite of tuner.matrix.suites instead (issue18: the six "
                     "structures issue #18 names); --set and --only are then not used")

@@ -392,6 +392,35 @@ def test_the_unseen_benchmarks_fourth_set_builds_the_structures_it_names() -> No
     assert lengths.max() <= 300 and 0.03 < (lengths > 3).mean() < 0.07 and (lengths <= 3).mean() > 0.9
 
 
+def test_the_unseen_benchmarks_fifth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set e at a small scale: each generator's defining trait, and every matrix canonical."""
+    module = _bench_module("unseen")
+    built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == "e"}
+    assert set(built) == {"road", "restrict3d", "prolong3d", "lowertri", "bandnoise", "tensorprod"}
+    for A in built.values():
+        assert A.has_canonical_format and A.nnz > 0
+    road = built["road"].copy()  # 180 x 180 crossings
+    road.data[:] = 1.0
+    assert road.shape == (180**2, 180**2) and (road != road.T).nnz == 0 and road.diagonal().all()  # symmetric
+    assert 2 < np.diff(road.indptr).mean() < 5  # 70 % of the 4 segments, both ways, and the diagonal
+    restrict, prolong = built["restrict3d"], built["prolong3d"]  # coarse 22^3, fine 44^3
+    assert restrict.shape == (22**3, 44**3) and np.diff(restrict.indptr).max() == 27
+    assert np.diff(restrict.indptr).min() == 8  # the corner (0, 0, 0): a, b, c in {0, 1}
+    # prolong3d: the pattern of restrict3d's transpose
+    assert prolong.shape == (44**3, 22**3) and (abs(abs(prolong).sign() - abs(restrict.T).sign()) > 0).nnz == 0
+    assert np.diff(prolong.indptr).max() == 8 and np.diff(prolong.indptr).min() >= 1
+    tri = built["lowertri"]
+    coo = tri.tocoo()
+    assert (coo.col <= coo.row).all() and tri.diagonal().all()  # lower triangular, with the diagonal
+    lengths = np.diff(tri.indptr)
+    assert lengths[-len(lengths) // 10:].mean() > 5 * lengths[: len(lengths) // 10].mean()  # rows grow downwards
+    band = built["bandnoise"]
+    far = np.abs(band.tocoo().row - band.tocoo().col) > 40
+    assert np.diff(band.indptr).max() <= 81 + 3 and 2 <= far.sum() / band.shape[0] <= 3
+    kron = built["tensorprod"]  # A 20 x 20, T 800 x 800
+    assert kron.shape == (20 * 800, 20 * 800) and np.diff(kron.indptr).max() <= 15
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
