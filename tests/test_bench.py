@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from typing import Any
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -356,6 +357,17 @@ def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under
         ["csr_scalar", "csr5", BASELINE]
 
 
+def _unseen_set(group: str, names: set[str]) -> dict[str, Any]:
+    """bench/unseen.py's set ``group`` built at 1 % of its size, checked to be the matrices ``names``, each canonical
+    and not empty."""
+    module = _bench_module("unseen")
+    built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == group}
+    assert set(built) == names
+    for A in built.values():
+        assert A.has_canonical_format and A.nnz > 0
+    return built
+
+
 def test_the_unseen_benchmarks_third_set_is_a_randomly_numbered_mesh() -> None:
     """bench/unseen.py set c: mesh2d, the 9-point pattern of a grid (9 entries a row inside, 4 at a corner)
     under a random numbering: its columns far from the diagonal."""
@@ -373,11 +385,7 @@ def test_the_unseen_benchmarks_third_set_is_a_randomly_numbered_mesh() -> None:
 
 def test_the_unseen_benchmarks_fourth_set_builds_the_structures_it_names() -> None:
     """bench/unseen.py set d at a small scale: each generator's defining trait, and every matrix canonical."""
-    module = _bench_module("unseen")
-    built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == "d"}
-    assert set(built) == {"fem3x3", "scatterwide", "densepanel", "mixedrows"}
-    for A in built.values():
-        assert A.has_canonical_format and A.nnz > 0
+    built = _unseen_set("d", {"fem3x3", "scatterwide", "densepanel", "mixedrows"})
     fem = built["fem3x3"]  # 17^3 nodes
     lengths = np.diff(fem.indptr)
     assert fem.shape == (3 * 17**3, 3 * 17**3) and lengths.max() == 21 and (lengths == 21).sum() == 3 * 15**3
@@ -394,11 +402,7 @@ def test_the_unseen_benchmarks_fourth_set_builds_the_structures_it_names() -> No
 
 def test_the_unseen_benchmarks_fifth_set_builds_the_structures_it_names() -> None:
     """bench/unseen.py set e at a small scale: each generator's defining trait, and every matrix canonical."""
-    module = _bench_module("unseen")
-    built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == "e"}
-    assert set(built) == {"road", "restrict3d", "prolong3d", "lowertri", "bandnoise", "tensorprod"}
-    for A in built.values():
-        assert A.has_canonical_format and A.nnz > 0
+    built = _unseen_set("e", {"road", "restrict3d", "prolong3d", "lowertri", "bandnoise", "tensorprod"})
     road = built["road"].copy()  # 180 x 180 crossings
     road.data[:] = 1.0
     assert road.shape == (180**2, 180**2) and (road != road.T).nnz == 0 and road.diagonal().all()  # symmetric
@@ -442,11 +446,7 @@ def test_the_issue18_suite_is_the_six_structures_the_issue_names_at_its_sizes() 
 
 def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> None:
     """bench/unseen.py set b at a small scale: each generator's defining trait, and every matrix canonical."""
-    module = _bench_module("unseen")
-    built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == "b"}
-    assert set(built) == {"incidence", "hubcols", "diagonals", "denserows", "sawtooth", "kkt"}
-    for A in built.values():
-        assert A.has_canonical_format and A.nnz > 0
+    built = _unseen_set("b", {"incidence", "hubcols", "diagonals", "denserows", "sawtooth", "kkt"})
     lengths = {name: np.diff(A.indptr) for name, A in built.items()}
     incidence = built["incidence"]
     assert incidence.shape[0] == 10 * incidence.shape[1] and (lengths["incidence"] == 2).all()
