@@ -15,8 +15,9 @@ array takes that memory while the graph still writes there. A product that
 cannot be captured is bound as it is: each call runs it, and ``reason`` says
 why (:meth:`kernels._family.Family.uncapturable`): cuSPARSE's (CuPy refuses
 cuSPARSE calls on a stream being captured) and SURAA's with child grids launched
-from the GPU (a replayed graph of it gave a wrong y in one of two runs of its
-test). The other families are captured, SURAA's side streams included.
+from the GPU into the fire-and-forget stream (a replayed graph does not wait for
+them: its stream can be done before they are, where a plain launch's is not).
+The other families are captured, SURAA's side streams included.
 """
 
 from __future__ import annotations
