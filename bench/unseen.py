@@ -414,7 +414,8 @@ def tensorprod(m: int, rng: np.random.Generator, k: int = 800, per_row: int = 4)
 
 @dataclass(frozen=True)
 class Unseen:
-    """One matrix of the benchmark: a generator and its size at scale 1."""
+    """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
+    generator's size is one: nonzeros then scale with size ** dims)."""
 
     name: str
     build: Callable[..., sp.csr_matrix]
@@ -422,11 +423,10 @@ class Unseen:
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
     # "d" 46, "e" 49
+    dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
-        power = {perm27: 1 / 3, fem3x3: 1 / 3, mesh2d: 1 / 2, road: 1 / 2, restrict3d: 1 / 3, prolong3d: 1 / 3
-                 }.get(self.build, 1.0)
-        size = max(8, round(self.size * scale ** power))
+        size = max(8, round(self.size * scale ** (1 / self.dims)))
         return as_csr(self.build(size, np.random.default_rng(self.seed)))
 
 
@@ -434,7 +434,7 @@ MATRICES = (
     Unseen("rgg", rgg, 1_600_000, 11),                 # ~24 M nonzeros
     Unseen("communities", communities, 2_000_000, 12),  # ~40 M
     Unseen("blockdiag", blockdiag, 200_000, 13),       # ~40 M
-    Unseen("perm27", perm27, 120, 14),                 # ~45 M
+    Unseen("perm27", perm27, 120, 14, dims=3),         # ~45 M
     Unseen("skyline", skyline, 1_000_000, 15),         # ~35 M
     Unseen("bursts", bursts, 24_000_000, 16),          # ~18 M
     Unseen("communities-large", communities, 8_000_000, 17),  # ~160 M
@@ -444,14 +444,14 @@ MATRICES = (
     Unseen("denserows", denserows, 4_000, 24, "b"),            # ~16 M
     Unseen("sawtooth", sawtooth, 1_000_000, 25, "b"),          # ~32 M
     Unseen("kkt", kkt, 1_000_000, 26, "b"),                    # ~19 M
-    Unseen("mesh2d", mesh2d, 1_200, 31, "c"),                  # ~13 M
-    Unseen("fem3x3", fem3x3, 80, 41, "d"),                     # ~31 M
+    Unseen("mesh2d", mesh2d, 1_200, 31, "c", dims=2),          # ~13 M
+    Unseen("fem3x3", fem3x3, 80, 41, "d", dims=3),             # ~31 M
     Unseen("scatterwide", scatterwide, 1_000_000, 42, "d"),    # ~12 M
     Unseen("densepanel", densepanel, 1_000_000, 43, "d"),      # 32 M
     Unseen("mixedrows", mixedrows, 2_000_000, 44, "d"),        # ~36 M
-    Unseen("road", road, 1_800, 51, "e"),                      # ~12 M
-    Unseen("restrict3d", restrict3d, 100, 52, "e"),            # ~27 M
-    Unseen("prolong3d", prolong3d, 100, 53, "e"),              # ~27 M
+    Unseen("road", road, 1_800, 51, "e", dims=2),              # ~12 M
+    Unseen("restrict3d", restrict3d, 100, 52, "e", dims=3),    # ~27 M
+    Unseen("prolong3d", prolong3d, 100, 53, "e", dims=3),      # ~27 M
     Unseen("lowertri", lowertri, 500_000, 54, "e"),            # ~21 M
     Unseen("bandnoise", bandnoise, 250_000, 55, "e"),          # ~21 M
     Unseen("tensorprod", tensorprod, 2_000, 56, "e"),          # ~24 M
