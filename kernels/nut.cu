@@ -172,8 +172,8 @@ nut_spmv(const int n_items,
 }
 
 // The structure's passes over the entries on the GPU (kernels/nut.py, _tiles_on_gpu): what the NumPy lines of
-// build() compute in a dozen passes over nnz-long int64 arrays, fused into four kernels around CuPy's two
-// sorts and one scan. K is the (panel, column) key: int where n_panels * n fits, else long long.
+// build() compute in a dozen passes over nnz-long int64 arrays, in kernels around at most one sort and two
+// scans. K is the (panel, column) key: int where n_panels * n fits, else long long.
 
 // Each entry's row inside its panel and its key panel * n + column. A block takes per_thread * blockDim
 // consecutive entries at a time: two of its threads find the rows of the first and the last by a search
@@ -259,38 +259,148 @@ __global__ void nut_slots(const long long n_active, const int* __restrict__ acti
     }
 }
 
-// The tile encoding, built on the GPU in one pass (kernels/nut.py's build does the same in NumPy for the
-// reference): entry e of the entries sorted by tile (CSR order inside a tile) is entry order[e] of the
-// CSR; it is q = e - tile_entry_ptr[t] of its tile t, item j = q % s of stretch q / s, stored at
-// tile_ptr[t] + j * w + q / s. Its word is its x slot, or ~(local_row << 16 | slot) where it starts a
-// stretch or a row of the tile.
-template <typename T>
-__global__ void nut_encode(const long long nnz,
-                           const long long* __restrict__ order,
-                           const int* __restrict__ tile_sorted,
-                           const long long* __restrict__ tile_entry_ptr,
-                           const long long* __restrict__ stretch,  // s per tile
-                           const long long* __restrict__ width,    // w per tile
-                           const long long* __restrict__ tile_ptr,
-                           const int* __restrict__ local_row,
-                           const int* __restrict__ entry_uid,
-                           const int* __restrict__ active_slot,
-                           const T* __restrict__ data,
-                           int* __restrict__ enc_idx,
-                           T* __restrict__ enc_val)
+// The active columns without a sort, where a bit for every (panel, column) pair fits (kernels/nut.py,
+// _actives_by_bitmap): each entry sets the bit of its key; an active column is a set bit, numbered by the set
+// bits before it, which is the (panel, column) order the sort gives. Those before a bit: the count before its
+// group of 8 words (256 bits; an exclusive scan of nut_bit_counts), then the words before it in its group.
+__device__ __forceinline__ long long nut_bits_before(const unsigned int* __restrict__ bits,
+                                                     const long long* __restrict__ group_before, const long long pos)
+{
+    const long long w = pos >> 5;
+    long long r = group_before[pos >> 8];
+    for (long long v = w & ~7ll; v < w; ++v) r += __popc(bits[v]);
+    return r + __popc(bits[w] & ((1u << (pos & 31)) - 1u));
+}
+
+template <typename K>
+__global__ void nut_mark(const long long nnz, const K* __restrict__ key, unsigned int* __restrict__ bits)
 {
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
          e += (long long)gridDim.x * blockDim.x) {
-        const long long t = tile_sorted[e];
-        const long long q = e - tile_entry_ptr[t];
+        const long long k = key[e];
+        atomicOr(&bits[k >> 5], 1u << (k & 31));
+    }
+}
+
+// counts[g + 1] = the set bits of group g (counts[0] is 0: the inclusive scan of counts is then exclusive).
+__global__ void nut_bit_counts(const long long groups, const uint4* __restrict__ bits, long long* __restrict__ counts)
+{
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
+         g += (long long)gridDim.x * blockDim.x) {
+        const uint4 a = bits[2 * g], b = bits[2 * g + 1];
+        counts[g + 1] = __popc(a.x) + __popc(a.y) + __popc(a.z) + __popc(a.w)
+                      + __popc(b.x) + __popc(b.y) + __popc(b.z) + __popc(b.w);
+    }
+}
+
+// The set bits before each of ``positions`` (where each group of a panel's columns starts, then the end).
+__global__ void nut_bit_ranks(const long long count, const long long* __restrict__ positions,
+                              const unsigned int* __restrict__ bits, const long long* __restrict__ group_before,
+                              long long* __restrict__ ranks)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
+         i += (long long)gridDim.x * blockDim.x)
+        ranks[i] = nut_bits_before(bits, group_before, positions[i]);
+}
+
+// Each entry's active column: the set bits before its key's.
+template <typename K>
+__global__ void nut_uids(const long long nnz, const K* __restrict__ key, const unsigned int* __restrict__ bits,
+                         const long long* __restrict__ group_before, int* __restrict__ entry_uid)
+{
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
+         e += (long long)gridDim.x * blockDim.x)
+        entry_uid[e] = (int)nut_bits_before(bits, group_before, key[e]);
+}
+
+// Each active column's group and column (what nut_actives writes), a word of the bitmap a thread.
+__global__ void nut_bit_list(const long long words, const unsigned int* __restrict__ bits,
+                             const long long* __restrict__ group_before, const long long n, const long long slabs,
+                             int* __restrict__ active_group, int* __restrict__ tile_cols)
+{
+    for (long long w = blockIdx.x * (long long)blockDim.x + threadIdx.x; w < words;
+         w += (long long)gridDim.x * blockDim.x) {
+        unsigned int v = bits[w];
+        if (!v) continue;
+        for (long long a = nut_bits_before(bits, group_before, w << 5); v; v &= v - 1, ++a) {
+            const long long k = (w << 5) + __ffs(v) - 1;
+            const long long p = k / n, c = k - p * n;
+            active_group[a] = (int)(p * slabs + c * slabs / n);
+            tile_cols[a] = (int)c;
+        }
+    }
+}
+
+// The entries in tile order without a sort (kernels/nut.py, _chunk_ranks): a row's entries are in column
+// order, so in tile order, and an entry's place in its tile is the count of its tile's entries in the rows
+// before it. A warp takes one chunk of a panel's entries (chunk_size[p] of them, the panel's last fewer), in
+// CSR order, 32 at a time: each entry's rank among the chunk's earlier entries of its tile (the lanes of one
+// tile found by __match_any_sync), and the chunk's count of each tile in table[tile_chunk_base[t] + k + 1]
+// (chunk k of the panel; no other warp writes there). The inclusive scan of table then gives, at
+// tile_chunk_base[t] + k, the entries before chunk k's of tile t in tile order.
+__global__ void nut_chunk_ranks(const long long n_chunks, const int* __restrict__ chunk_panel,
+                                const long long* __restrict__ panel_chunk_ptr,
+                                const long long* __restrict__ panel_entry_ptr,
+                                const long long* __restrict__ chunk_size, const int* __restrict__ entry_uid,
+                                const int* __restrict__ active_tile, const long long* __restrict__ tile_chunk_base,
+                                int* __restrict__ table, int* __restrict__ rank)
+{
+    const int lane = threadIdx.x & 31;
+    const unsigned int lower = (1u << lane) - 1u;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long c = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; c < n_chunks; c += warps) {
+        const int p = chunk_panel[c];
+        const long long k = c - panel_chunk_ptr[p];
+        const long long start = panel_entry_ptr[p] + k * chunk_size[p];
+        const long long end = min(start + chunk_size[p], panel_entry_ptr[p + 1]);
+        for (long long e0 = start; e0 < end; e0 += 32) {  // the same for the whole warp
+            const long long e = e0 + lane;
+            const bool valid = e < end;
+            const int t = valid ? active_tile[entry_uid[e]] : -1;
+            const unsigned int peers = __match_any_sync(0xffffffffu, t);
+            const int leader = __ffs(peers) - 1;
+            int before = 0;
+            if (valid && lane == leader) {
+                int* count = table + tile_chunk_base[t] + k + 1;
+                before = *count;
+                *count = before + __popc(peers);
+            }
+            before = __shfl_sync(0xffffffffu, before, leader);
+            if (valid) rank[e] = before + __popc(peers & lower);
+        }
+    }
+}
+
+// The tile encoding, an entry a thread in CSR order (kernels/nut.py's build does the same in NumPy for the
+// reference, from the entries sorted by tile): entry e of tile t is q of its tile (the entries of t in the
+// chunks before its own, then its rank in its chunk), item j = q % s of stretch q / s, stored at tile_ptr[t]
+// + j * w + q / s. Its word is its x slot, or ~(local_row << 16 | slot) where it starts a stretch or a row of
+// the tile (the entry before it in the tile is then not the one before it in the CSR).
+template <typename T>
+__global__ void nut_encode(const long long nnz, const int* __restrict__ entry_uid, const int* __restrict__ active_tile,
+                           const int* __restrict__ active_slot, const int* __restrict__ tile_panel,
+                           const long long* __restrict__ panel_entry_ptr, const long long* __restrict__ chunk_size,
+                           const long long* __restrict__ tile_chunk_base, const int* __restrict__ before,
+                           const int* __restrict__ rank, const long long* __restrict__ stretch,
+                           const long long* __restrict__ width, const long long* __restrict__ tile_ptr,
+                           const int* __restrict__ local_row, const T* __restrict__ data,
+                           int* __restrict__ enc_idx, T* __restrict__ enc_val)
+{
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
+         e += (long long)gridDim.x * blockDim.x) {
+        const int u = entry_uid[e];
+        const int t = active_tile[u];
+        const int p = tile_panel[t];
+        const long long base = tile_chunk_base[t];
+        const long long k = (e - panel_entry_ptr[p]) / chunk_size[p];
+        const long long q = (long long)before[base + k] - before[base] + rank[e];
         const long long s = stretch[t];
         const long long j = q % s;
         const long long pos = tile_ptr[t] + j * width[t] + q / s;
-        const long long i = order[e];
-        const long long row = local_row[i];
-        const bool starts = j == 0 || local_row[order[e - 1]] != row;
-        const long long slot = active_slot[entry_uid[i]];
+        const long long row = local_row[e];
+        const bool starts = j == 0 || e == 0 || local_row[e - 1] != row || active_tile[entry_uid[e - 1]] != t;
+        const long long slot = active_slot[u];
         enc_idx[pos] = (int)(starts ? ~((row << 16) | slot) : slot);
-        enc_val[pos] = data[i];
+        enc_val[pos] = data[e];
     }
 }

@@ -253,8 +253,9 @@ class Nut(Family):
         return np.bincount(rows, weights=products, minlength=prepared.shape[0])
 
 
-_BUILD_KERNELS = (*(f"{k}<{t}>" for k in ("nut_keys", "nut_runs", "nut_actives") for t in ("int", "long long")),
-                  "nut_slots")
+_BUILD_KERNELS = (*(f"{k}<{t}>" for k in ("nut_keys", "nut_runs", "nut_actives", "nut_mark", "nut_uids")
+                    for t in ("int", "long long")),
+                  "nut_slots", "nut_bit_counts", "nut_bit_ranks", "nut_bit_list", "nut_chunk_ranks")
 """The structure's kernels (:func:`_tiles_on_gpu`), the same for every value type."""
 
 
@@ -291,8 +292,8 @@ def build(
     Only functions that NumPy and CuPy share are used, with unique or stably
     sorted keys, so both give identical arrays; on CuPy the passes over the
     entries are kernels of nut.cu (:func:`_tiles_on_gpu`, and ``nut_encode`` for
-    the tiles' encoding) that write what the NumPy lines do (the GPU tests
-    compare every array), and what is counted in panels, tiles and work items
+    the tiles' encoding) that write what the NumPy lines do, mostly without their
+    sorts (the GPU tests compare every array), and what is counted in panels, tiles and work items
     (:func:`_panel_starts`, :func:`_work_items`) is NumPy on the host either way. Returns the :data:`STRUCTURE`
     arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
     a block needs) and ``zero_all`` (clear all of y before the launch rather than
@@ -317,10 +318,12 @@ def build(
     if on_gpu:
         tiles = _tiles_on_gpu(xp, _kernels(data.dtype), indptr, indices, panel_ptr, n, slabs=slabs,
                               cols_per_tile=cols_per_tile)
+        tile_entry_ptr = tiles.tile_entry_ptr
     else:
         tiles = _tiles(xp, indptr, indices, panel_ptr, n, slabs=slabs, cols_per_tile=cols_per_tile)
-    order, tile_sorted, n_tiles = tiles.order, tiles.tile_sorted, tiles.n_tiles
-    tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(n_tiles + 1, dtype=tile_sorted.dtype), side="left")
+        tile_sorted = tiles.tile_sorted
+        tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(tiles.n_tiles + 1, dtype=tile_sorted.dtype),
+                                         side="left")
     if max_item_nnz is None:
         max_item_nnz = item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms)
     items = _work_items(to_numpy(tile_entry_ptr), to_numpy(tiles.tiles_per_group), to_numpy(tiles.group_tile_ptr),
@@ -333,9 +336,9 @@ def build(
     enc_idx = xp.zeros(storage, dtype=xp.int32)
     enc_val = xp.zeros(storage, dtype=data.dtype)
     if on_gpu:
-        _encode_on_gpu(xp, order, tile_sorted, tile_entry_ptr, s, w, tile_ptr, tiles.local_row, tiles.entry_uid,
-                       tiles.active_slot, data, enc_idx, enc_val)
+        _encode_on_gpu(tiles, s, w, tile_ptr, data, enc_idx, enc_val)
     else:
+        order = tiles.order
         q = xp.arange(nnz, dtype=i64) - tile_entry_ptr[tile_sorted]
         s_e, w_e = s[tile_sorted], w[tile_sorted]
         j = q % s_e
@@ -350,13 +353,13 @@ def build(
     return {
         "panel_ptr": panel_ptr.astype(xp.int32),
         **{k: xp.asarray(v) for k, v in items.arrays.items()},
-        "tile_col_ptr": tiles.tile_col_ptr.astype(xp.int32),
+        "tile_col_ptr": xp.asarray(tiles.tile_col_ptr).astype(xp.int32),
         "tile_cols": tiles.tile_cols,
         "tile_ptr": tile_ptr,
         "enc_idx": enc_idx,
         "enc_val": enc_val,
         "max_panel_rows": int(np.diff(panel_ptr_host).max()),
-        "max_tile_cols": int(xp.diff(tiles.tile_col_ptr).max()),
+        "max_tile_cols": int(np.diff(to_numpy(tiles.tile_col_ptr)).max()),
         "zero_all": items.zero_all,
     }
 
@@ -425,8 +428,7 @@ def _work_items(tile_entry_ptr: np.ndarray, tiles_per_group: np.ndarray, group_t
 
 @dataclass(frozen=True)
 class _Tiles:
-    """What :func:`build` needs of the entries, active columns and tiles (int64 from :func:`_tiles`, int32 from
-    :func:`_tiles_on_gpu` but where an argsort or a search gives int64): the same values either way."""
+    """What :func:`build` needs of the entries, active columns and tiles, from :func:`_tiles` (int64)."""
 
     local_row: Any  # each entry's row inside its panel
     entry_uid: Any  # each entry's active column (a number in (panel, column) order)
@@ -479,22 +481,116 @@ def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs:
                   group_tile_ptr, n_tiles, order, entry_tile[order])
 
 
+BITMAP_BITS_PER_NONZERO = 256
+"""The GPU finds the active columns with a bit for every (panel, column) pair (:func:`_actives_by_bitmap`)
+where those bits are at most this many a nonzero (32 bytes: the sort's temporaries take about as much), else
+by a sort of the pairs (:func:`_actives_by_sort`). On the H200, whole preparations of unseen matrices in
+float32 (12-40 M nonzeros, ``bench/unseen.py``) took 2.5-7.1 ms with the bitmap at 2-52 bytes a nonzero against
+3.2-8.5 ms with the sort, and 21 ms against 5.8 at 470 (bursts: 24 M rows by 24 M columns)."""
+_CHUNK = 1024
+"""Entries a warp of ``nut_chunk_ranks`` takes at least (more where a panel has more tiles: its counts per
+chunk then stay under one a nonzero)."""
+
+
+@dataclass(frozen=True)
+class _GpuTiles:
+    """What :func:`build` needs from :func:`_tiles_on_gpu`: the same tiles as :func:`_tiles` (counts of groups
+    and tiles in NumPy), and instead of the entries sorted by tile, where each one goes (``nut_encode``)."""
+
+    local_row: Any  # each entry's row inside its panel (int32)
+    entry_uid: Any  # each entry's active column (int32)
+    active_tile: Any  # each active column's tile (int32)
+    active_slot: Any  # each active column's slot in its tile (int32)
+    tile_cols: Any  # each active column's column (int32)
+    tile_col_ptr: np.ndarray  # where each tile's active columns start, then their count
+    tiles_per_group: np.ndarray
+    group_tile_ptr: np.ndarray
+    tile_entry_ptr: np.ndarray  # where each tile's entries start in tile order, then nnz
+    ranks: _ChunkRanks
+
+
+@dataclass(frozen=True)
+class _ChunkRanks:
+    """Each entry's place in its tile, as :func:`_chunk_ranks` leaves it for ``nut_encode`` (CuPy arrays)."""
+
+    tile_panel: Any  # each tile's panel (int32)
+    panel_entry_ptr: Any  # each panel's first entry, then nnz (int64)
+    chunk_size: Any  # each panel's entries a chunk (int64)
+    tile_chunk_base: Any  # where each tile's counts start in ``before``, a count a chunk of its panel (int64)
+    before: Any  # the entries before each (tile, chunk)'s in tile order (int32)
+    rank: Any  # each entry's rank among its chunk's entries of its tile (int32)
+
+
 def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any, panel_ptr: Any, n: int, *,
-                  slabs: int, cols_per_tile: int) -> _Tiles:
-    """:func:`_tiles` on the GPU: its passes over the entries fused into nut.cu's ``nut_keys``, ``nut_runs``,
-    ``nut_actives`` and ``nut_slots`` around CuPy's two sorts and one scan, on int32 where values fit
-    (a third of the time, a third of the memory)."""
-    i32, i64 = cupy.int32, cupy.int64
+                  slabs: int, cols_per_tile: int) -> _GpuTiles:
+    """:func:`_tiles` on the GPU: each entry's panel row and (panel, column) key in one pass (``nut_keys``), the
+    active columns from a bitmap of the keys or a sort of them, their tiles and slots (``nut_slots``), and each
+    entry's place in its tile (:func:`_chunk_ranks`), on int32 where values fit."""
+    i32 = cupy.int32
     nnz, m = int(indices.shape[0]), int(indptr.shape[0]) - 1
     n_panels = int(panel_ptr.shape[0]) - 1
     wide = n_panels * n > np.iinfo(np.int32).max
-    key_type, suffix = (i64, "long long") if wide else (i32, "int")
-    launch = _launch(nnz)
+    key_type, suffix = (cupy.int64, "long long") if wide else (i32, "int")
     local_row = cupy.empty(nnz, dtype=i32)
     key = cupy.empty(nnz, dtype=key_type)
     kernels[f"nut_keys<{suffix}>"](*_launch(-(-nnz // _KEYS_PER_THREAD)), (
         np.int64(nnz), np.int64(m), indptr, indices.astype(i32, copy=False), np.int64(n_panels), panel_ptr,
         np.int64(n), np.int64(_KEYS_PER_THREAD), local_row, key))
+    actives = _actives_by_bitmap if n_panels * n <= BITMAP_BITS_PER_NONZERO * nnz else _actives_by_sort
+    group_active_ptr, entry_uid, active_group, tile_cols = actives(cupy, kernels, key, suffix, n_panels, n, slabs)
+    del key
+    tiles_per_group = (np.diff(group_active_ptr) + cols_per_tile - 1) // cols_per_tile
+    group_tile_ptr = _exclusive_cumsum(np, tiles_per_group)
+    n_tiles, n_active = int(group_tile_ptr[-1]), int(group_active_ptr[-1])
+    active_tile = cupy.empty(n_active, dtype=i32)
+    active_slot = cupy.empty(n_active, dtype=i32)
+    kernels["nut_slots"](*_launch(n_active), (np.int64(n_active), active_group, cupy.asarray(group_active_ptr),
+                                              cupy.asarray(group_tile_ptr), np.int64(cols_per_tile), active_tile,
+                                              active_slot))
+    tile_group = _owner(np, tiles_per_group)
+    tile_col_ptr = np.append(group_active_ptr[tile_group] + (np.arange(n_tiles) - group_tile_ptr[tile_group])
+                             * cols_per_tile, n_active)
+    ranks, tile_entry_ptr = _chunk_ranks(cupy, kernels, indptr, panel_ptr, entry_uid, active_tile,
+                                         tile_group // slabs, group_tile_ptr[::slabs])
+    return _GpuTiles(local_row, entry_uid, active_tile, active_slot, tile_cols, tile_col_ptr, tiles_per_group,
+                     group_tile_ptr, tile_entry_ptr, ranks)
+
+
+def _actives_by_bitmap(cupy: Any, kernels: dict[str, Any], key: Any, suffix: str, n_panels: int, n: int,
+                       slabs: int) -> tuple[np.ndarray, Any, Any, Any]:
+    """Where each group's active columns start (NumPy, then their count), each entry's active column, and each
+    active column's group and column, from a bit a (panel, column) pair (nut.cu's ``nut_mark`` and the
+    kernels after it; see :data:`BITMAP_BITS_PER_NONZERO`)."""
+    i32, i64 = cupy.int32, cupy.int64
+    nnz = int(key.shape[0])
+    words = ((n_panels * n >> 5) + 8) // 8 * 8  # a word past the last bit (whose rank is the count), in groups of 8
+    bits = cupy.zeros(words, dtype=cupy.uint32)
+    kernels[f"nut_mark<{suffix}>"](*_launch(nnz), (np.int64(nnz), key, bits))
+    counts = cupy.zeros(words // 8 + 1, dtype=i64)
+    kernels["nut_bit_counts"](*_launch(words // 8), (np.int64(words // 8), bits, counts))
+    group_before = cupy.cumsum(counts)
+    group = np.arange(n_panels * slabs + 1, dtype=np.int64)  # (panel, slab) groups, then the end
+    first_col = -(-(group % slabs) * n // slabs)  # ceil(slab * n / slabs): the slab's first column
+    starts = cupy.asarray((group // slabs) * n + first_col)  # a group's first bit
+    ranks = cupy.empty(starts.shape[0], dtype=i64)
+    kernels["nut_bit_ranks"](*_launch(starts.shape[0]), (np.int64(starts.shape[0]), starts, bits, group_before,
+                                                         ranks))
+    entry_uid = cupy.empty(nnz, dtype=i32)
+    kernels[f"nut_uids<{suffix}>"](*_launch(nnz), (np.int64(nnz), key, bits, group_before, entry_uid))
+    group_active_ptr = ranks.get()
+    active_group = cupy.empty(int(group_active_ptr[-1]), dtype=i32)
+    tile_cols = cupy.empty(int(group_active_ptr[-1]), dtype=i32)
+    kernels["nut_bit_list"](*_launch(words), (np.int64(words), bits, group_before, np.int64(n), np.int64(slabs),
+                                              active_group, tile_cols))
+    return group_active_ptr, entry_uid, active_group, tile_cols
+
+
+def _actives_by_sort(cupy: Any, kernels: dict[str, Any], key: Any, suffix: str, n_panels: int, n: int,
+                     slabs: int) -> tuple[np.ndarray, Any, Any, Any]:
+    """:func:`_actives_by_bitmap`'s arrays from a sort of the keys and a scan of where their runs start."""
+    i32 = cupy.int32
+    nnz = int(key.shape[0])
+    launch = _launch(nnz)
     order = stable_argsort(cupy, key)
     starts = cupy.empty(nnz, dtype=i32)
     kernels[f"nut_runs<{suffix}>"](*launch, (np.int64(nnz), order, key, starts))
@@ -505,21 +601,36 @@ def _tiles_on_gpu(cupy: Any, kernels: dict[str, Any], indptr: Any, indices: Any,
     tile_cols = cupy.empty(n_active, dtype=i32)
     kernels[f"nut_actives<{suffix}>"](*launch, (np.int64(nnz), order, key, starts, runs, np.int64(n), np.int64(slabs),
                                                 entry_uid, active_group, tile_cols))
-    del key, starts, runs, order
-    group_active_ptr = cupy.searchsorted(active_group, cupy.arange(n_panels * slabs + 1, dtype=i32), side="left")
-    tiles_per_group = (cupy.diff(group_active_ptr) + cols_per_tile - 1) // cols_per_tile
-    group_tile_ptr = _exclusive_cumsum(cupy, tiles_per_group)
-    n_tiles = int(group_tile_ptr[-1])
-    active_tile = cupy.empty(n_active, dtype=i32)
-    active_slot = cupy.empty(n_active, dtype=i32)
-    group_active_ptr = group_active_ptr.astype(i64, copy=False)  # int64 already: the kernel reads long long
-    kernels["nut_slots"](*_launch(n_active), (np.int64(n_active), active_group, group_active_ptr, group_tile_ptr,
-                                              np.int64(cols_per_tile), active_tile, active_slot))
-    tile_col_ptr = cupy.searchsorted(active_tile, cupy.arange(n_tiles + 1, dtype=i32), side="left")
-    entry_tile = active_tile[entry_uid]
-    order = stable_argsort(cupy, _narrow(entry_tile, n_tiles))
-    return _Tiles(local_row, entry_uid, active_slot, tile_cols, tile_col_ptr, tiles_per_group, group_tile_ptr,
-                  n_tiles, order, entry_tile[order])
+    group_active_ptr = to_numpy(cupy.searchsorted(active_group, cupy.arange(n_panels * slabs + 1, dtype=i32),
+                                                  side="left")).astype(np.int64)
+    return group_active_ptr, entry_uid, active_group, tile_cols
+
+
+def _chunk_ranks(cupy: Any, kernels: dict[str, Any], indptr: Any, panel_ptr: Any, entry_uid: Any, active_tile: Any,
+                 tile_panel: np.ndarray, panel_tile_ptr: np.ndarray) -> tuple[_ChunkRanks, np.ndarray]:
+    """Each entry's place in its tile, without sorting the entries by tile (nut.cu's ``nut_chunk_ranks``): a
+    count of each tile's entries in every chunk of its panel's entries (at least :data:`_CHUNK` a chunk, and
+    no fewer than the panel's tiles), and each entry's rank in its chunk. Also where each tile's entries start
+    in tile order, then nnz (NumPy)."""
+    i32 = cupy.int32
+    panel_entry_ptr = indptr[panel_ptr]
+    entries = np.diff(to_numpy(panel_entry_ptr))
+    chunk_size = np.maximum(_CHUNK, -(-np.diff(panel_tile_ptr) // 32) * 32)
+    chunks = -(-entries // chunk_size)
+    panel_chunk_ptr = _exclusive_cumsum(np, chunks)
+    n_chunks = int(panel_chunk_ptr[-1])
+    tile_chunk_base = _exclusive_cumsum(np, chunks[tile_panel])
+    table = cupy.zeros(int(tile_chunk_base[-1]) + 1, dtype=i32)
+    rank = cupy.empty(entry_uid.shape[0], dtype=i32)
+    chunk_size_dev, tile_chunk_base_dev = cupy.asarray(chunk_size), cupy.asarray(tile_chunk_base)
+    kernels["nut_chunk_ranks"](*_launch(32 * n_chunks), (
+        np.int64(n_chunks), cupy.asarray(_owner(np, chunks).astype(np.int32)), cupy.asarray(panel_chunk_ptr),
+        panel_entry_ptr, chunk_size_dev, entry_uid, active_tile, tile_chunk_base_dev, table, rank))
+    before = cupy.cumsum(table, dtype=i32)  # table[0] is 0: at (tile, chunk), the entries before its
+    tile_entry_ptr = to_numpy(before[tile_chunk_base_dev]).astype(np.int64)
+    ranks = _ChunkRanks(cupy.asarray(tile_panel.astype(np.int32)), panel_entry_ptr, chunk_size_dev,
+                        tile_chunk_base_dev, before, rank)
+    return ranks, tile_entry_ptr
 
 
 def _launch(n: int, block: int = 256) -> tuple[tuple[int], tuple[int]]:
@@ -527,14 +638,15 @@ def _launch(n: int, block: int = 256) -> tuple[tuple[int], tuple[int]]:
     return (min(grid(n, block), 65535 * 8),), (block,)
 
 
-def _encode_on_gpu(cupy: Any, order: Any, tile_sorted: Any, tile_entry_ptr: Any, s: Any, w: Any, tile_ptr: Any,
-                   local_row: Any, entry_uid: Any, active_slot: Any, data: Any, enc_idx: Any, enc_val: Any) -> None:
-    """``enc_idx`` and ``enc_val`` filled by ``nut_encode`` (nut.cu): the NumPy branch of :func:`build`, fused."""
-    kernel = _kernels(data.dtype)["encode"]
-    nnz = order.shape[0]
-    per_tile = (a.astype(cupy.int64, copy=False) for a in (tile_entry_ptr, s, w, tile_ptr))
-    kernel(*_launch(nnz), (np.int64(nnz), order, tile_sorted, *per_tile, local_row, entry_uid, active_slot, data,
-                           enc_idx, enc_val))
+def _encode_on_gpu(tiles: _GpuTiles, s: Any, w: Any, tile_ptr: Any, data: Any, enc_idx: Any,
+                   enc_val: Any) -> None:
+    """``enc_idx`` and ``enc_val`` filled by ``nut_encode`` (nut.cu), an entry a thread: the NumPy branch of
+    :func:`build`, without the entries sorted by tile."""
+    r = tiles.ranks
+    nnz = data.shape[0]
+    _kernels(data.dtype)["encode"](*_launch(nnz), (
+        np.int64(nnz), tiles.entry_uid, tiles.active_tile, tiles.active_slot, r.tile_panel, r.panel_entry_ptr,
+        r.chunk_size, r.tile_chunk_base, r.before, r.rank, s, w, tile_ptr, tiles.local_row, data, enc_idx, enc_val))
 
 
 def item_cap(nnz: int, groups: int, num_sms: int) -> int:

@@ -364,8 +364,10 @@ def test_space_and_paper_defaults():
     assert max(nut.ROWS_PER_PANEL) <= nut._MAX_ROWS and max(nut.COLS_PER_TILE) <= nut._MAX_SLOTS
     assert len(f.space.configs()) == 120 * (1 + 3 * 5)  # bands only with more than one slab
     assert f.name_expressions("float32")[:2] == ("nut_spmv<float>", "nut_encode<float>")
-    assert set(f.name_expressions("float32")[2:]) == {"nut_slots", *(f"{k}<{t}>" for k in ("nut_keys", "nut_runs",
-                                                      "nut_actives") for t in ("int", "long long"))}
+    assert set(f.name_expressions("float32")[2:]) == {
+        "nut_slots", "nut_bit_counts", "nut_bit_ranks", "nut_bit_list", "nut_chunk_ranks",
+        *(f"{k}<{t}>" for k in ("nut_keys", "nut_runs", "nut_actives", "nut_mark", "nut_uids")
+          for t in ("int", "long long"))}
     with pytest.raises(InvalidConfigError, match="allowed"):
         f.space.validate({"cols_per_tile": 3})
 
@@ -654,23 +656,51 @@ def test_gpu_out_is_reused_and_every_row_written():
     np.testing.assert_allclose(out.get(), A @ x, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("slabs", [1, 4])
-def test_gpu_structure_where_the_sort_keys_need_64_bits(slabs: int) -> None:
-    """4096 panels of 256 rows by 2^20 columns: (panel, column) keys past int32 on the GPU's kernels too
-    (nut_keys<long long>); every array as NumPy builds it."""
+ACTIVES = {"bitmap": 1 << 40, "sort": 0}
+"""``nut.BITMAP_BITS_PER_NONZERO`` that makes the GPU find the active columns one way or the other."""
+
+
+def _gpu_build_equals_numpy(A, params: dict) -> None:
+    """Every array of ``build`` on the GPU as NumPy builds it, and of the same dtype."""
     import cupy
 
+    want = build(A.indptr, A.indices, A.data, A.shape, **params)
+    got = build(cupy.asarray(A.indptr), cupy.asarray(A.indices), cupy.asarray(A.data), A.shape, **params, xp=cupy)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        value_got = got[key].get() if isinstance(got[key], cupy.ndarray) else got[key]
+        np.testing.assert_array_equal(value_got, value, err_msg=f"{key} {params}")
+        assert np.asarray(value_got).dtype == np.asarray(value).dtype, key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [32, nut._CHUNK])
+@pytest.mark.parametrize("actives", sorted(ACTIVES))
+def test_gpu_structure_with_active_columns_from_a_bitmap_or_a_sort(actives, chunk, monkeypatch):
+    """Both ways the GPU finds the active columns (a bit a (panel, column) pair, or a sort of the pairs), on
+    every hard case and a hub row's matrix, in slabs and bands too: NumPy's arrays. With chunks of 32 entries
+    a panel's entries are ranked in many chunks, and the hub row's panel (about 60 tiles) takes larger ones."""
+    monkeypatch.setattr(nut, "BITMAP_BITS_PER_NONZERO", ACTIVES[actives])
+    monkeypatch.setattr(nut, "_CHUNK", chunk)
+    for A in (*(CASES[name]() for name in sorted(CASES)), hub_matrix()):
+        if A.nnz == 0 or A.shape[0] == 0:
+            continue
+        for params in (*CONFIGS, {**HUB, "slabs": 4, "bands": 4}):
+            _gpu_build_equals_numpy(as_csr(A), {**Nut().space.defaults(), **params, "num_sms": 4})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slabs", [1, 4])
+@pytest.mark.parametrize("actives", sorted(ACTIVES))
+def test_gpu_structure_where_the_sort_keys_need_64_bits(slabs: int, actives: str, monkeypatch) -> None:
+    """4096 panels of 256 rows by 2^20 columns: (panel, column) keys past int32 on the GPU's kernels too
+    (nut_keys<long long>, and nut_mark and nut_uids where a bitmap finds the active columns); every array as
+    NumPy builds it."""
+    monkeypatch.setattr(nut, "BITMAP_BITS_PER_NONZERO", ACTIVES[actives])
     rng = np.random.default_rng(11)
     m = n = 1 << 20
     rows, cols = rng.integers(0, m, 3 * m), rng.integers(0, n, 3 * m)
     A = as_csr(sp.csr_matrix((rng.uniform(0.1, 1.0, rows.size), (rows, cols)), shape=(m, n)))
     params = {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128, "num_sms": 132, "slabs": slabs}
     assert (m // 256) * n > np.iinfo(np.int32).max
-    want = build(A.indptr, A.indices, A.data, A.shape, **params)
-    got = build(cupy.asarray(A.indptr), cupy.asarray(A.indices), cupy.asarray(A.data), A.shape, **params, xp=cupy)
-    assert set(got) == set(want)
-    for key, value in want.items():
-        value_got = got[key].get() if isinstance(got[key], cupy.ndarray) else got[key]
-        np.testing.assert_array_equal(value_got, value, err_msg=key)
-        assert np.asarray(value_got).dtype == np.asarray(value).dtype, key
+    _gpu_build_equals_numpy(A, params)
