@@ -484,12 +484,15 @@ def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs:
 BITMAP_BITS_PER_NONZERO = 256
 """The GPU finds the active columns with a bit for every (panel, column) pair (:func:`_actives_by_bitmap`)
 where those bits are at most this many a nonzero (32 bytes: the sort's temporaries take about as much), else
-by a sort of the pairs (:func:`_actives_by_sort`). On the H200, whole preparations of unseen matrices in
-float32 (12-40 M nonzeros, ``bench/unseen.py``) took 2.5-7.1 ms with the bitmap at 2-52 bytes a nonzero against
-3.2-8.5 ms with the sort, and 21 ms against 5.8 at 470 (bursts: 24 M rows by 24 M columns)."""
+by a sort of the pairs (:func:`_actives_by_sort`). Whole preparations of unseen matrices (``bench/unseen.py``,
+12-40 M nonzeros) against the sorts of both steps before: with the bitmap (0.4-18 bytes a nonzero) 0.95-1.43x
+as fast on the H100 and 1.05-1.39x on the H200, with the sort (42-1884 bytes) 0.97-1.07x
+(``bench/results/2026-11-27_nut-prepare-ab-50.txt``). A first version with the bitmap at any size took 21 ms
+against the sort's 5.8 on bursts (470 bytes a nonzero, H200), 3.3 against 4.0 on road's 2048-row panels (52)."""
 _CHUNK = 1024
-"""Entries a warp of ``nut_chunk_ranks`` takes at least (more where a panel has more tiles: its counts per
-chunk then stay under one a nonzero)."""
+"""Entries a warp of ``nut_chunk_ranks`` takes at least; a panel with more tiles than that takes chunks of as
+many entries as it has tiles (rounded up to a warp), so that its counts, one a tile and chunk, are no more than
+its entries and tiles."""
 
 
 @dataclass(frozen=True)
