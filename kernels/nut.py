@@ -484,11 +484,12 @@ def _tiles(xp: Any, indptr: Any, indices: Any, panel_ptr: Any, n: int, *, slabs:
 BITMAP_BITS_PER_NONZERO = 256
 """The GPU finds the active columns with a bit for every (panel, column) pair (:func:`_actives_by_bitmap`)
 where those bits are at most this many a nonzero (32 bytes: the sort's temporaries take about as much), else
-by a sort of the pairs (:func:`_actives_by_sort`). Whole preparations of unseen matrices (``bench/unseen.py``,
-12-40 M nonzeros) against the sorts of both steps before: with the bitmap (0.4-18 bytes a nonzero) 0.95-1.43x
-as fast on the H100 and 1.05-1.39x on the H200, with the sort (42-1884 bytes) 0.97-1.07x
-(``bench/results/2026-11-27_nut-prepare-ab-50.txt``). A first version with the bitmap at any size took 21 ms
-against the sort's 5.8 on bursts (470 bytes a nonzero, H200), 3.3 against 4.0 on road's 2048-row panels (52)."""
+by a sort of the pairs (:func:`_actives_by_sort`). Whole preparations of 11 unseen matrices (``bench/unseen.py``,
+12-40 M nonzeros, 2 configs, both dtypes) against the two sorts before, in one run a GPU: with the bitmap
+(0.4-18 bytes a nonzero) 1.17-1.71x as fast on the H100 and 1.15-1.71x on the H200 (median 1.39x on both),
+with the sort (42-1884 bytes) 0.85-1.07x and 0.96-1.07x (``bench/results/2026-11-27_nut-prepare-ab-50.txt``).
+A first version with the bitmap at any size took 21 ms against the sort's 5.8 on bursts (470 bytes a nonzero,
+H200), 3.3 against 4.0 on road's 2048-row panels (52)."""
 _CHUNK = 1024
 """Entries a warp of ``nut_chunk_ranks`` takes at least; a panel with more tiles than that takes chunks of as
 many entries as it has tiles (rounded up to a warp), so that its counts, one a tile and chunk, are no more than
@@ -642,7 +643,8 @@ _BLOCKS_PER_SM = 32
 four times as many threads as an SM holds). On an H200, capped against a block for every 256 items: on 150 M
 words of incidence's bitmap ``nut_bit_list`` 1.66 ms against 2.04, ``nut_mark`` 1.36 against 2.14 (skyline's
 0.36 against 1.29: fewer atomics in flight on one word); but ``nut_encode``, a chain of gathers an entry,
-1.31-2.65 ms against 1.17-2.24 on six unseen matrices, so it and the others are not capped."""
+1.31-2.65 ms against 1.17-2.24 on six unseen matrices, so it and the others are not capped
+(``bench/results/2026-11-27_nut-prepare-steps-50.txt``)."""
 
 
 def _launch(n: int, block: int = 256, *, capped: bool = False) -> tuple[tuple[int], tuple[int]]:
