@@ -262,12 +262,12 @@ __global__ void nut_slots(const long long n_active, const int* __restrict__ acti
 // The active columns without a sort, where a bit for every (panel, column) pair fits (kernels/nut.py,
 // _actives_by_bitmap): each entry sets the bit of its key; an active column is a set bit, numbered by the set
 // bits before it, which is the (panel, column) order the sort gives. Those before a bit: the count before its
-// group of 8 words (256 bits; an exclusive scan of nut_bit_counts), then the words before it in its group.
+// sector (8 words, 32 bytes; an exclusive scan of nut_bit_counts), then the words before it in its sector.
 __device__ __forceinline__ long long nut_bits_before(const unsigned int* __restrict__ bits,
-                                                     const long long* __restrict__ group_before, const long long pos)
+                                                     const long long* __restrict__ sector_before, const long long pos)
 {
     const long long w = pos >> 5;
-    long long r = group_before[pos >> 8];
+    long long r = sector_before[pos >> 8];
     for (long long v = w & ~7ll; v < w; ++v) r += __popc(bits[v]);
     return r + __popc(bits[w] & ((1u << (pos & 31)) - 1u));
 }
@@ -287,10 +287,10 @@ __global__ void nut_mark(const long long nnz, const K* __restrict__ key, unsigne
     }
 }
 
-// counts[g + 1] = the set bits of group g (counts[0] is 0: the inclusive scan of counts is then exclusive).
-__global__ void nut_bit_counts(const long long groups, const uint4* __restrict__ bits, long long* __restrict__ counts)
+// counts[g + 1] = the set bits of sector g (counts[0] is 0: the inclusive scan of counts is then exclusive).
+__global__ void nut_bit_counts(const long long sectors, const uint4* __restrict__ bits, long long* __restrict__ counts)
 {
-    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < sectors;
          g += (long long)gridDim.x * blockDim.x) {
         const uint4 a = bits[2 * g], b = bits[2 * g + 1];
         counts[g + 1] = __popc(a.x) + __popc(a.y) + __popc(a.z) + __popc(a.w)
@@ -300,35 +300,35 @@ __global__ void nut_bit_counts(const long long groups, const uint4* __restrict__
 
 // The set bits before each of ``positions`` (where each group of a panel's columns starts, then the end).
 __global__ void nut_bit_ranks(const long long count, const long long* __restrict__ positions,
-                              const unsigned int* __restrict__ bits, const long long* __restrict__ group_before,
+                              const unsigned int* __restrict__ bits, const long long* __restrict__ sector_before,
                               long long* __restrict__ ranks)
 {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
          i += (long long)gridDim.x * blockDim.x)
-        ranks[i] = nut_bits_before(bits, group_before, positions[i]);
+        ranks[i] = nut_bits_before(bits, sector_before, positions[i]);
 }
 
 // Each entry's active column: the set bits before its key's.
 template <typename K>
 __global__ void nut_uids(const long long nnz, const K* __restrict__ key, const unsigned int* __restrict__ bits,
-                         const long long* __restrict__ group_before, int* __restrict__ entry_uid)
+                         const long long* __restrict__ sector_before, int* __restrict__ entry_uid)
 {
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < nnz;
          e += (long long)gridDim.x * blockDim.x)
-        entry_uid[e] = (int)nut_bits_before(bits, group_before, key[e]);
+        entry_uid[e] = (int)nut_bits_before(bits, sector_before, key[e]);
 }
 
-// Each active column's group and column (what nut_actives writes). A warp takes 32 words (4 groups) at a time,
-// a word a lane: the set bits before its word are those before the first group and the lanes' before it (a
+// Each active column's group and column (what nut_actives writes). A warp takes 32 words (4 sectors) at a time,
+// a word a lane: the set bits before its word are those before the first sector and the lanes' before it (a
 // warp's scan), not a walk of its group's words for each.
 __global__ void nut_bit_list(const long long words, const unsigned int* __restrict__ bits,
-                             const long long* __restrict__ group_before, const long long n, const long long slabs,
+                             const long long* __restrict__ sector_before, const long long n, const long long slabs,
                              int* __restrict__ active_group, int* __restrict__ tile_cols)
 {
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
     for (long long w0 = ((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5) << 5; w0 < words; w0 += warps << 5) {
-        const long long w = w0 + lane;  // words is a multiple of 8, w0 of 32: group w0 >> 3 exists
+        const long long w = w0 + lane;  // words is a multiple of 8, w0 of 32: sector w0 >> 3 exists
         unsigned int v = w < words ? bits[w] : 0u;
         if (!__ballot_sync(0xffffffffu, v != 0u)) continue;  // the same for the whole warp
         const int count = __popc(v);
@@ -339,7 +339,7 @@ __global__ void nut_bit_list(const long long words, const unsigned int* __restri
         }
         // The word's first bit's panel and column: one 64-bit division a word, not two a bit.
         const long long panel = (w << 5) / n, first = (w << 5) - panel * n;
-        for (long long a = group_before[w0 >> 3] + below - count; v; v &= v - 1, ++a) {
+        for (long long a = sector_before[w0 >> 3] + below - count; v; v &= v - 1, ++a) {
             long long p = panel, c = first + __ffs(v) - 1;
             while (c >= n) { c -= n; ++p; }  // a bit past the panel's last column (a word may span panels)
             active_group[a] = (int)(p * slabs + (slabs == 1 ? 0 : c * slabs / n));

@@ -567,24 +567,24 @@ def _actives_by_bitmap(cupy: Any, kernels: dict[str, Any], key: Any, suffix: str
     kernels after it; see :data:`BITMAP_BITS_PER_NONZERO`)."""
     i32, i64 = cupy.int32, cupy.int64
     nnz = int(key.shape[0])
-    words = ((n_panels * n >> 5) + 8) // 8 * 8  # a word past the last bit (whose rank is the count), in groups of 8
+    words = ((n_panels * n >> 5) + 8) // 8 * 8  # a word past the last bit (whose rank is the count), in sectors of 8
     bits = cupy.zeros(words, dtype=cupy.uint32)
     kernels[f"nut_mark<{suffix}>"](*_launch(nnz, capped=True), (np.int64(nnz), key, bits))
     counts = cupy.zeros(words // 8 + 1, dtype=i64)
     kernels["nut_bit_counts"](*_launch(words // 8, capped=True), (np.int64(words // 8), bits, counts))
-    group_before = cupy.cumsum(counts)
+    sector_before = cupy.cumsum(counts)
     group = np.arange(n_panels * slabs + 1, dtype=np.int64)  # (panel, slab) groups, then the end
     first_col = -(-(group % slabs) * n // slabs)  # ceil(slab * n / slabs): the slab's first column
     starts = cupy.asarray((group // slabs) * n + first_col)  # a group's first bit
     ranks = cupy.empty(starts.shape[0], dtype=i64)
-    kernels["nut_bit_ranks"](*_launch(starts.shape[0]), (np.int64(starts.shape[0]), starts, bits, group_before,
+    kernels["nut_bit_ranks"](*_launch(starts.shape[0]), (np.int64(starts.shape[0]), starts, bits, sector_before,
                                                          ranks))
     entry_uid = cupy.empty(nnz, dtype=i32)
-    kernels[f"nut_uids<{suffix}>"](*_launch(nnz), (np.int64(nnz), key, bits, group_before, entry_uid))
+    kernels[f"nut_uids<{suffix}>"](*_launch(nnz), (np.int64(nnz), key, bits, sector_before, entry_uid))
     group_active_ptr = ranks.get()
     active_group = cupy.empty(int(group_active_ptr[-1]), dtype=i32)
     tile_cols = cupy.empty(int(group_active_ptr[-1]), dtype=i32)
-    kernels["nut_bit_list"](*_launch(words, capped=True), (np.int64(words), bits, group_before, np.int64(n),
+    kernels["nut_bit_list"](*_launch(words, capped=True), (np.int64(words), bits, sector_before, np.int64(n),
                                                            np.int64(slabs), active_group, tile_cols))
     return group_active_ptr, entry_uid, active_group, tile_cols
 
