@@ -78,7 +78,12 @@ same arrays, as a user's is), the median run's whole wall time (fingerprint,
 features, ranking, race, preparation of the winner; the store's writes) and
 steps; then that run's planned kernel and both cuSPARSE algorithms timed interleaved with L2 flushed
 before every product (cold). The ratio is cuSPARSE's best / plan's kernel, and
-the cost in SpMV-equivalents is plan's wall time / cuSPARSE's best time. Kernel
+the cost in SpMV-equivalents is plan's wall time / cuSPARSE's best time. The
+features are also timed alone (``features_s``: :func:`~tuner.matrix.features.extract_features`
+on a new CuPy matrix of the same arrays, the median of three), and ``beyond_features_spmvs``
+is the plan's wall time less that, in SpMVs: what issue #18 bounds for ``predict`` (``plan()``
+reads the features back with the matrix's checks where the store holds no matrix of its
+shape, so its own steps do not time them apart). Kernel
 compilation (of every config the shipped selector ranks, on each matrix before
 its first plan(): CuPy keeps compiled kernels on disk, so a machine pays it
 once) and the copy-bandwidth probe (once a process) come first, and are
@@ -515,8 +520,23 @@ def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype:
     fns = [lambda p=p, o=o: cus.run(p, x, o) for p, o in zip(base, outs, strict=True)]
     y_ref = cus.run(base[0], x).copy()
     info = {"matrix": matrix.name, "set": matrix.group, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
-            "dtype": dtype, "compile_s": compile_s, "upload_s": upload_s}
+            "dtype": dtype, "compile_s": compile_s, "upload_s": upload_s, "features_s": features_alone(backend, A_dev)}
     return [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up, renumber) for effort in efforts]
+
+
+def features_alone(backend: GpuBackend, A_dev: Any, runs: int = 3) -> float:
+    """Median wall seconds of :func:`extract_features` on a new CuPy matrix of ``A_dev``'s arrays (synchronized)."""
+    import cupyx.scipy.sparse as cusp
+
+    seconds = []
+    for _ in range(runs):
+        A = cusp.csr_matrix((A_dev.data, A_dev.indices, A_dev.indptr), shape=A_dev.shape)
+        backend.synchronize()
+        start = time.perf_counter()
+        extract_features(A)
+        backend.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
 
 
 def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], y_ref: Any, effort: str,
@@ -549,7 +569,8 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
     row = {**info, "effort": effort, "source": inner.source, "kernel": inner.kernel,
            "params": json.dumps(inner.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
            "cusparse_alg2_s": t2, "cusparse_best_s": best, "ratio_to_cusparse": best / t_plan, "plan_s": plan_s,
-           "plan_spmvs": plan_s / best, "plan_steps_s": steps, "record_behind_s": record_s, "rel_error": rel_error,
+           "plan_spmvs": plan_s / best, "beyond_features_spmvs": (plan_s - info["features_s"]) / best,
+           "plan_steps_s": steps, "record_behind_s": record_s, "rel_error": rel_error,
            "bandwidth_fraction": rate(t_plan) / bandwidth, "cusparse_bandwidth_fraction": rate(best) / bandwidth,
            "race": inner.race.table() if inner.race is not None else None,
            "race_steps_s": inner.race.seconds if inner.race is not None else None}
@@ -605,8 +626,11 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
 def _line(dtype: str, effort: str, mine: list[dict[str, Any]]) -> str:
     ratios = np.array([r["ratio_to_cusparse"] for r in mine])
     spmvs = np.array([r["plan_spmvs"] for r in mine])
+    beyond = np.array([r.get("beyond_features_spmvs", np.nan) for r in mine])
     return (f"{dtype} {effort:8s}: geomean {np.exp(np.log(ratios).mean()):.3f}x, lowest {ratios.min():.3f}x "
-            f"({len(mine)} matrices); cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}")
+            f"({len(mine)} matrices); cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}"
+            + (f"; beyond the features median {np.median(beyond):.1f}, highest {beyond.max():.1f}"
+               if effort == "predict" else ""))
 
 
 def main() -> None:

@@ -659,6 +659,11 @@ class Store:
             self.db["matrices"].rows_where(order_by="created_at, fingerprint", limit=limit, offset=offset)
         )
 
+    def has_matrix_shaped(self, *, rows: int, cols: int, nnz: int) -> bool:
+        """Whether the store holds a matrix of this shape and count of nonzeros (by any fingerprint scheme): where
+        it holds none, nothing stored can be of a matrix of them, and ``plan()`` describes it at once."""
+        return bool(self.db["matrices"].count_where("rows = ? and cols = ? and nnz = ?", [rows, cols, nnz]))
+
     def has_legacy_matrix(self, *, rows: int, cols: int, nnz: int) -> bool:
         """Whether a matrix named by fingerprint scheme 1 has this shape and count of nonzeros: only then
         is its old fingerprint worth computing to look it up."""

@@ -89,20 +89,28 @@ def test_plan_on_gpu_predicts_races_then_answers_from_the_store(A, tmp_path):
     assert (ex.kernel, ex.params) == (ex.race.winner.entrant.kernel, ex.race.winner.entrant.params)
     assert ex.race.winner.time_s == min(lap.time_s for lap in laps)
     assert ex.prepare_s is None  # the winner came prepared from the race
-    assert set(ex.cost) >= {"matrix", "lookup", "features", "rank", "race", "prepare", "total"}
+    # a matrix of a shape the store never held: described in the matrix's round trip, nothing looked up
+    assert set(ex.cost) >= {"matrix+features", "rank", "race", "prepare", "total"} and "lookup" not in ex.cost
     assert "the race" in ex.explain() and "plan() took" in ex.explain()
     assert "ex.bind(x, out)" in ex.explain()  # a product of a few us: a loop of them waits on the host
     x = np.random.default_rng(1).standard_normal(90)
     np.testing.assert_allclose(ex(x), A @ x, rtol=1e-12, atol=1e-12)
     again = plan(A, db=store)  # measured before: from the store, no race
     assert again.source == "raced" and again.race is None and (again.kernel, again.params) == (ex.kernel, ex.params)
-    assert "features" not in again.cost
+    assert "lookup" in again.cost and not {"features", "matrix+features"} & set(again.cost)
     y_dev = again(cupy.asarray(x))
     assert isinstance(y_dev, cupy.ndarray)
     np.testing.assert_allclose(y_dev.get(), A @ x, rtol=1e-12, atol=1e-12)
     out = cupy.empty(120)
     assert again(cupy.asarray(x), out=out) is out
     assert plan(A, dtype="float32", db=store, effort="predict").source == "default"  # another dtype: nothing
+    other = A.copy()  # the shape and nonzeros of a stored matrix, not its structure: looked up, then described
+    r = int(np.flatnonzero(np.diff(A.indptr))[0])
+    other.indices[A.indptr[r]] = next(c for c in range(A.shape[1]) if c not in A.indices[A.indptr[r]:A.indptr[r + 1]])
+    other.sort_indices()
+    guessed = plan(other, db=store, effort="predict")
+    assert guessed.fingerprint != ex.fingerprint and guessed.source == "default"
+    assert {"matrix", "lookup", "features"} <= set(guessed.cost)
 
 
 @pytest.mark.gpu

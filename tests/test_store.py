@@ -638,4 +638,6 @@ def test_migration_4_marks_older_matrices_as_fingerprint_scheme_1(tmp_path: Path
         assert schemes == {"old": 1, "new": 2, "imported": 1}
         assert store.has_legacy_matrix(rows=3, cols=4, nnz=5) and store.has_legacy_matrix(rows=6, cols=6, nnz=6)
         assert not store.has_legacy_matrix(rows=3, cols=4, nnz=6)
+        assert store.has_matrix_shaped(rows=3, cols=4, nnz=5) and store.has_matrix_shaped(rows=6, cols=6, nnz=6)
+        assert not store.has_matrix_shaped(rows=3, cols=4, nnz=6) and not store.has_matrix_shaped(rows=4, cols=3, nnz=5)
         assert store.device("x") is None and "l2_bytes" in store.db["devices"].columns_dict

@@ -113,12 +113,19 @@ def test_the_pass_counts_nan_and_inf_values_as_numpy_does(dtype: str) -> None:
 def test_one_pass_checks_and_names_a_new_matrix_as_each_would_alone() -> None:
     """plan()'s first step: the canonical check and the fingerprint in one pass, the same answers as the
     NumPy count and the NumPy fingerprint, with or without the sums; a matrix that is not canonical is named by
-    its canonical form."""
+    its canonical form. Asked to (``describe_if``, given the shape and nonzeros), the same round trip gives
+    the features of the canonical form, as the CPU computes them."""
     import cupy
     import cupyx.scipy.sparse as cusp
 
+    from tuner.matrix.features import extract_features
     from tuner.matrix.fingerprint import device_csr_and_fingerprint, fingerprint
     from tuner.matrix.structure_gpu import structure_pass
+
+    def same_features(got: dict[str, float] | None, A: sp.csr_matrix) -> bool:
+        want = extract_features(A)
+        return got is not None and got.keys() == want.keys() and all(
+            got[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12) for k in want)
 
     big = random_rows(300_000, 200_000, 9, seed=5)  # 1.35 M entries: past the four-entry loop's strides
     cases = {"big": big, "big less a row": sp.csr_matrix(big[:-1]), "empty": sp.csr_matrix((3, 4)),
@@ -126,14 +133,20 @@ def test_one_pass_checks_and_names_a_new_matrix_as_each_would_alone() -> None:
     for name, A in cases.items():
         on_gpu = cusp.csr_matrix(A)
         assert structure_pass(on_gpu.indptr, on_gpu.indices)[0], name
-        B, fp = device_csr_and_fingerprint(on_gpu)
-        assert B is on_gpu and fp == fingerprint(A), name
-        B32, fp32 = device_csr_and_fingerprint(on_gpu, dtype="float32")
-        assert B32.dtype == np.float32 and fp32 == fp, name
+        B, fp, features = device_csr_and_fingerprint(on_gpu)
+        assert B is on_gpu and fp == fingerprint(A) and features is None, name
+        asked: list[tuple[int, ...]] = []
+        B32, fp32, features = device_csr_and_fingerprint(
+            on_gpu, dtype="float32", describe_if=lambda *shape, seen=asked: seen.append(shape) or True)
+        assert B32.dtype == np.float32 and fp32 == fp and same_features(features, A), name
+        assert asked == [(*A.shape, A.nnz)], name
+        assert device_csr_and_fingerprint(A, describe_if=lambda *shape: False)[1:] == (fp, None), name
+        assert same_features(device_csr_and_fingerprint(A, describe_if=lambda *shape: True)[2], A), name
     rev = big.indices.copy()
     row = int(np.flatnonzero(np.diff(big.indptr) > 1)[0])
     rev[big.indptr[row]:big.indptr[row + 1]] = rev[big.indptr[row]:big.indptr[row + 1]][::-1]
     unsorted = cusp.csr_matrix((cupy.ones(rev.size), cupy.asarray(rev), cupy.asarray(big.indptr)), shape=big.shape)
     assert not structure_pass(unsorted.indptr, unsorted.indices, tags=(1, 2, 3, 4))[0]
-    B, fp = device_csr_and_fingerprint(unsorted)
+    B, fp, features = device_csr_and_fingerprint(unsorted, describe_if=lambda *shape: True)
     assert B is not unsorted and np.array_equal(B.indices.get(), big.indices) and fp == fingerprint(big)
+    assert same_features(features, big)

@@ -28,7 +28,7 @@ from tuner.select.shipped import may_predict
 
 if TYPE_CHECKING:
     from tuner.measure.backend import GpuBackend
-    from tuner.select.model import RankedConfig
+    from tuner.select.model import DeviceSpec, KernelSelector, RankedConfig
 
 
 @dataclass(frozen=True)
@@ -71,26 +71,42 @@ def default_choice() -> Choice:
     return Choice(BASELINE, get_family(BASELINE).space.defaults(), "default")
 
 
+NO_SELECTOR = "no selector for this GPU's architecture and dtype"
+
+
+def selector_for(store: Store | None, *, device: str, dtype: str, backend: GpuBackend | None = None
+                 ) -> tuple[KernelSelector | None, DeviceSpec | None, str]:
+    """The selector that ranks configs for ``device`` in ``dtype`` as ``(model, spec, basis)``
+    (:func:`tuner.select.model.find_selector`), or ``(None, None, why not)``: what :func:`rank_configs` ranks
+    with, found apart so that ``plan()`` can find it while the GPU describes the matrix."""
+    if not may_predict(store, device, dtype):
+        return None, None, NO_SELECTOR
+    from tuner.select.model import find_selector  # scikit-learn only when a selector is stored or shipped
+
+    found = find_selector(store, device=device, dtype=dtype, backend=backend)
+    return found if found is not None else (None, None, NO_SELECTOR)
+
+
 def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapping[str, float],
-                 backend: GpuBackend | None = None, outcomes: bool = False) -> tuple[list[RankedConfig] | None, str]:
+                 backend: GpuBackend | None = None, outcomes: bool = False,
+                 selector: tuple[KernelSelector | None, DeviceSpec | None, str] | None = None
+                 ) -> tuple[list[RankedConfig] | None, str]:
     """The configs by the time the selector expects on ``device`` (fastest first), and which selector
     ranked them; ``(None, reason)`` without one for this device's architecture and dtype. ``outcomes``: with
     each config's outcomes on the nearest training matrices (what a race's shortlist draws on,
-    :meth:`tuner.select.model.KernelSelector.rank`).
+    :meth:`tuner.select.model.KernelSelector.rank`). ``selector``: :func:`selector_for`'s answer for this
+    device and dtype, where the caller found it already.
 
     The selector is the store's newest for exactly this device and dtype, else the one shipped for it,
     else one shipped for another GPU of the same architecture, whose expectations are then carried over
     by this device's copy bandwidth, L2 size and SMs (:class:`tuner.select.model.DeviceSpec`; measured on
     ``backend`` when the store has no record of the device).
     """
-    if not set(FEATURE_NAMES) <= set(features) or not may_predict(store, device, dtype):
-        return None, "no selector for this GPU's architecture and dtype"
-    from tuner.select.model import find_selector  # scikit-learn only when a selector is stored or shipped
-
-    found = find_selector(store, device=device, dtype=dtype, backend=backend)
-    if found is None:
-        return None, "no selector for this GPU's architecture and dtype"
-    model, spec, basis = found
+    if not set(FEATURE_NAMES) <= set(features):
+        return None, NO_SELECTOR
+    model, spec, basis = selector or selector_for(store, device=device, dtype=dtype, backend=backend)
+    if model is None:
+        return None, basis
     try:
         ranking = model.rank(features, device=spec, outcomes=outcomes)
     except InvalidConfigError:  # a selector trained on other features: unusable until retrained
@@ -160,4 +176,5 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     return default_choice()
 
 
-__all__ = ["Choice", "choose", "default_choice", "rank_configs", "ranked_choice", "stored_choice"]
+__all__ = ["NO_SELECTOR", "Choice", "choose", "default_choice", "rank_configs", "ranked_choice", "selector_for",
+           "stored_choice"]

@@ -22,7 +22,10 @@ What is measured always wins over what is predicted: a tuned or raced best
 in the store is used whatever the effort. The matrix stays where it is: a
 canonical CuPy CSR matrix is fingerprinted, described and raced on the GPU
 without a copy. ``ex.cost`` holds the seconds of each step, ``ex.race`` the
-race. ``op="spmspv"`` (a sparse x) gives a
+race. A matrix of a shape the store holds none of cannot be in it: ``plan()`` then queues its features on
+the GPU behind the canonical check and the fingerprint, reads both back at once and finds the selector
+while the GPU works (``ex.cost["matrix+features"]``); otherwise it looks the matrix up first (``"matrix"``,
+``"lookup"``, then ``"features"`` where it is not found). ``op="spmspv"`` (a sparse x) gives a
 :class:`~tuner.execute.spmspv.SpMSpVExecutor` instead. ``from tuner import plan`` is this.
 """
 
@@ -38,7 +41,14 @@ from db import write_behind
 from db.shared import shared_store
 from db.store import Store
 from kernels._cuda import gpu_available
-from tuner.execute.choice import Choice, default_choice, rank_configs, ranked_choice, stored_choice
+from tuner.execute.choice import (
+    Choice,
+    default_choice,
+    rank_configs,
+    ranked_choice,
+    selector_for,
+    stored_choice,
+)
 from tuner.execute.executor import Executor
 from tuner.execute.race import (
     CHEAP_SPMVS,
@@ -93,25 +103,38 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     backend = GpuBackend()
     store = db if isinstance(db, Store) else shared_store(db)
     steps = _Steps(backend)
-    with steps("matrix"):  # on the GPU, canonical, and named: one pass over a CuPy matrix's structure
-        A_dev, fp = device_csr_and_fingerprint(A, dtype=dtype)
-    dtype = str(A_dev.dtype)
     device = backend.info.id
-    with steps("lookup"):
+    selectors: dict[str, Any] = {}  # found while the GPU describes a matrix new to the store, by dtype
+
+    def find(values: str) -> None:
+        if values not in selectors:
+            selectors[values] = selector_for(store, device=device, dtype=values, backend=backend)
+
+    with steps("matrix"):  # on the GPU, canonical, named and, where new to the store, described: one round trip
         write_behind.wait(store.path)  # an earlier plan()'s race, still being written
-        choice = stored_choice(store, fp, device=device, dtype=dtype)
-        if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1], nnz=A_dev.nnz):
-            choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
+        A_dev, fp, features = device_csr_and_fingerprint(
+            A, dtype=dtype, meanwhile=find,
+            describe_if=lambda rows, cols, nnz: not store.has_matrix_shaped(rows=rows, cols=cols, nnz=nnz))
+    if features is not None:
+        steps.rename("matrix", "matrix+features")
+    dtype = str(A_dev.dtype)
+    choice = None
+    if features is None:  # the store holds a matrix of this shape: this one?
+        with steps("lookup"):
+            choice = stored_choice(store, fp, device=device, dtype=dtype)
+            if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1], nnz=A_dev.nnz):
+                choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
     raced = None
     if choice is None:
-        with steps("features"):
-            features = extract_features(A_dev)
+        if features is None:
+            with steps("features"):
+                features = extract_features(A_dev)
         # a race's reference: on the GPU while the host ranks the configs
         reference = Reference.build(A_dev, dtype, npr_max=int(features["npr_max"]), behind=True) \
             if effort == "race" else None
         with steps("rank"):
             ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend,
-                                          outcomes=effort == "race")
+                                          outcomes=effort == "race", selector=selectors.get(dtype))
         if effort == "tune":
             with steps("tune"):
                 seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A_dev.shape[1],
@@ -161,6 +184,10 @@ class _Steps:
         yield
         self._backend.synchronize()
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def rename(self, old: str, new: str) -> None:
+        """Name a step that turned out to do more than its name said (the matrix's, which described it too)."""
+        self.seconds[new] = self.seconds.pop(old)
 
 
 def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: dict[str, float] | None = None,

@@ -24,6 +24,7 @@ indices, sorted columns within each row, no duplicates.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ __all__ = [
     "LONG_ROW",
     "csr_arrays",
     "extract_features",
+    "queue_features",
 ]
 
 LONG_ROW = 32
@@ -72,12 +74,14 @@ FEATURE_NAMES: tuple[str, ...] = (
 _INT32_LIMIT = 2**31
 
 
-def csr_arrays(A: Any) -> tuple[Any, int, int, Any, Any]:
+def csr_arrays(A: Any, *, checked_apart: bool = False) -> tuple[Any, int, int, Any, Any]:
     """Check that ``A`` is canonical CSR and return (xp, rows, cols, indptr, indices), int32 arrays of ``xp``
     (NumPy for a SciPy matrix, CuPy for a ``cupyx.scipy.sparse`` one).
 
     A non-canonical matrix would silently give wrong clustering factors and a
-    fingerprint that differs from its canonical twin, so it is refused.
+    fingerprint that differs from its canonical twin, so it is refused; but not asked
+    with ``checked_apart``, where the caller checks it before using what is computed
+    (CuPy answers ``has_canonical_format`` for a new matrix with a kernel and a wait).
     """
     if type(A).__module__.startswith("cupyx"):
         import cupy
@@ -90,7 +94,7 @@ def csr_arrays(A: Any) -> tuple[Any, int, int, Any, Any]:
     m, n = A.shape
     if max(m, n, A.nnz) >= _INT32_LIMIT:
         raise MatrixFormatError(f"shape {A.shape} with {A.nnz} entries does not fit int32 indices")
-    if not A.has_canonical_format:
+    if not checked_apart and not A.has_canonical_format:
         raise MatrixFormatError("CSR matrix has unsorted or duplicate column indices; canonicalise it first")
     return xp, m, n, xp.asarray(A.indptr, dtype=xp.int32), xp.asarray(A.indices, dtype=xp.int32)
 
@@ -151,10 +155,24 @@ def extract_features(A: Any) -> dict[str, float]:
     denominator is 0 (no rows, no columns, no nonzeros), so degenerate
     matrices (0×0, all-zero, one row, one column) still give a full vector.
     """
-    xp, m, n, indptr, indices = csr_arrays(A)
+    return queue_features(A)()
+
+
+def queue_features(A: Any, *, checked_apart: bool = False) -> Callable[[], dict[str, float]]:
+    """:func:`extract_features` of ``A``, its GPU work (a CuPy matrix's) launched now and read back when the
+    returned function is called: ``plan()`` queues it behind the matrix's structure pass, one read-back for
+    both, and uses it only where that pass finds ``A`` canonical (``checked_apart``, :func:`csr_arrays`)."""
+    xp, m, n, indptr, indices = csr_arrays(A, checked_apart=checked_apart)
     nnz = int(indices.size)
     if xp is not np and nnz and m:
         return _gpu_features(xp, m, n, indptr, indices)
+    features = _features(xp, m, n, indptr, indices)
+    return lambda: features
+
+
+def _features(xp: Any, m: int, n: int, indptr: Any, indices: Any) -> dict[str, float]:
+    """:func:`extract_features` by array operations (NumPy's, or CuPy's for a matrix without rows or entries)."""
+    nnz = int(indices.size)
     npr = xp.diff(indptr)
 
     # Signed distance of each entry from the diagonal, in the int32 row-id buffer itself.
@@ -192,12 +210,17 @@ def extract_features(A: Any) -> dict[str, float]:
     return {name: float(features[name]) for name in FEATURE_NAMES}
 
 
-def _gpu_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any) -> dict[str, float]:
-    """:func:`extract_features` for a CuPy matrix with rows and nonzeros, from the fused kernels' numbers."""
-    from tuner.matrix.features_gpu import device_features
+def _gpu_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any) -> Callable[[], dict[str, float]]:
+    """:func:`queue_features` for a CuPy matrix with rows and nonzeros, from the fused kernels' numbers."""
+    from tuner.matrix.features_gpu import queue_device_features
 
     nnz = int(indices.size)
-    raw = device_features(cupy, m, n, indptr, indices, long_row=LONG_ROW, cf_widths=CF_WIDTHS)
+    raw_later = queue_device_features(cupy, m, n, indptr, indices, long_row=LONG_ROW, cf_widths=CF_WIDTHS)
+    return lambda: _from_raw(raw_later(), m, n, nnz)
+
+
+def _from_raw(raw: dict[str, float], m: int, n: int, nnz: int) -> dict[str, float]:
+    """The feature vector from :func:`~tuner.matrix.features_gpu.queue_device_features`' numbers."""
     mean = nnz / m
     npr_std = float(np.sqrt(max(raw["npr_sum_sq"] / m - mean * mean, 0.0)))
     col_mean = nnz / n

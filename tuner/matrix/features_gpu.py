@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -163,9 +164,10 @@ def _kernels(cupy: Any, device: int) -> tuple[Any, Any, Any, Any]:
                                                           "feature_tail"))
 
 
-def device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
-                    cf_widths: tuple[int, ...]) -> dict[str, float]:
-    """The raw numbers :func:`extract_features` needs, from CuPy int32 ``indptr``/``indices`` (nnz > 0)."""
+def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
+                          cf_widths: tuple[int, ...]) -> Callable[[], dict[str, float]]:
+    """The raw numbers :func:`~tuner.matrix.features.extract_features` needs, from CuPy int32 ``indptr`` and
+    ``indices`` (nnz > 0): the kernels launched now, their one read-back when the returned function is called."""
     rows_kernel, xor_kernel, columns_kernel, tail_kernel = _kernels(cupy, cupy.cuda.Device().id)
     nnz = int(indices.size)
     sms = device_attributes()["MultiProcessorCount"]
@@ -184,17 +186,20 @@ def device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, lon
     tail_blocks = max(1, min(-(-max(m, n) // 256), 16 * sms))
     tail_kernel((tail_blocks,), (256,), (ordered, np.int32(m), columns, np.int32(n),
                                           *(np.int64(p) for p in (*q25[:2], *q75[:2])), out[37:]))
-    scalars = out.get()  # the one read-back
-    empty, longr, diag, far = scalars[:4].astype(np.float64)
-    bits = scalars[4:37].astype(np.float64)
-    sum_sq, col_sq = float(scalars[37]), float(scalars[38])
-    gini_sum = float(scalars[39:40].view(np.int64)[0])
-    lo, hi, a25, b25, a75, b75 = scalars[40:46].astype(np.float64)
-    changes_at_least = np.cumsum(bits[::-1])[::-1]  # [b]: changes of bit length >= b
-    return {
-        "empty": empty, "long": longr, "diag": diag, "bandwidth": far, "npr_min": lo, "npr_max": hi,
-        "npr_sum_sq": sum_sq, "col_sum_sq": col_sq, "gini_sum": gini_sum,
-        "q25": lerp(a25, b25, q25[2]), "q75": lerp(a75, b75, q75[2]),
-        "segments": [1.0 + changes_at_least[int(math.log2(w)) + 1] for w in cf_widths],
-    }
 
+    def result() -> dict[str, float]:
+        scalars = out.get()  # the one read-back
+        empty, longr, diag, far = scalars[:4].astype(np.float64)
+        bits = scalars[4:37].astype(np.float64)
+        sum_sq, col_sq = float(scalars[37]), float(scalars[38])
+        gini_sum = float(scalars[39:40].view(np.int64)[0])
+        lo, hi, a25, b25, a75, b75 = scalars[40:46].astype(np.float64)
+        changes_at_least = np.cumsum(bits[::-1])[::-1]  # [b]: changes of bit length >= b
+        return {
+            "empty": empty, "long": longr, "diag": diag, "bandwidth": far, "npr_min": lo, "npr_max": hi,
+            "npr_sum_sq": sum_sq, "col_sum_sq": col_sq, "gini_sum": gini_sum,
+            "q25": lerp(a25, b25, q25[2]), "q75": lerp(a75, b75, q75[2]),
+            "segments": [1.0 + changes_at_least[int(math.log2(w)) + 1] for w in cf_widths],
+        }
+
+    return result

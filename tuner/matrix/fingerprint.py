@@ -24,13 +24,14 @@ True
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from tuner.matrix.features import csr_arrays
-from tuner.matrix.io import as_device_csr, kept_on_device, stays_on_device
-from tuner.matrix.structure_gpu import structure_pass
+from tuner.matrix.features import csr_arrays, queue_features
+from tuner.matrix.io import as_device_csr, kept_on_device, stays_on_device, value_dtype
+from tuner.matrix.structure_gpu import queue_structure_pass, structure_pass
 
 __all__ = ["SCHEME", "device_csr_and_fingerprint", "fingerprint", "legacy_fingerprint"]
 
@@ -42,6 +43,7 @@ _GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _SEEDS = (0x452821E638D01377, 0xBE5466CF34E90C6C)  # per lane (hex digits of pi, as in many hashes)
 _TAGS = ((0x243F6A8885A308D3, 0x13198A2E03707344),  # indptr: lane 0, lane 1
          (0xA4093822299F31D0, 0x082EFA98EC4E6C89))  # indices
+_ALL_TAGS = (*_TAGS[0], *_TAGS[1])
 _CHUNK = 1 << 22  # elements per NumPy step: bounds the temporaries at 32 MB each
 
 
@@ -75,22 +77,41 @@ def fingerprint(A: Any) -> str:
     if xp is np:
         sums = [*_sums_numpy(indptr, _TAGS[0]), *_sums_numpy(indices, _TAGS[1])]
     else:
-        sums = structure_pass(indptr, indices, tags=(*_TAGS[0], *_TAGS[1]))[1]
+        sums = structure_pass(indptr, indices, tags=_ALL_TAGS)[1]
     return _name(m, n, int(indices.size), sums)
 
 
-def device_csr_and_fingerprint(A: Any, *, dtype: Any = None) -> tuple[Any, str]:
-    """:func:`~tuner.matrix.io.as_device_csr` of ``A`` and its fingerprint (what ``plan()`` starts from). A CuPy
-    CSR matrix of int32 arrays is checked (canonical, values finite) and fingerprinted in one pass over it
-    (:func:`~tuner.matrix.structure_gpu.structure_pass`); where it is not canonical, its canonical form is
-    fingerprinted."""
+def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
+                               describe_if: Callable[[int, int, int], bool] | None = None,
+                               meanwhile: Callable[[str], object] | None = None
+                               ) -> tuple[Any, str, dict[str, float] | None]:
+    """:func:`~tuner.matrix.io.as_device_csr` of ``A``, its fingerprint and, where ``describe_if(rows, cols,
+    nnz)`` holds (``plan()``: the store holds no matrix of that shape and nonzeros, so none can be this one),
+    its features (:func:`~tuner.matrix.features.extract_features`), else None: what ``plan()`` starts from.
+    A CuPy CSR matrix of int32 arrays is checked (canonical, values finite) and fingerprinted in one pass
+    over it (:func:`~tuner.matrix.structure_gpu.structure_pass`), its features' kernels queued behind that
+    pass and read back with it: one wait for the GPU, not two; ``meanwhile`` is called with the values' dtype
+    once they are queued, before that wait (``plan()`` finds the selector while the GPU works). Where it is not
+    canonical, its canonical form is fingerprinted and described."""
     if stays_on_device(A):
-        canonical, sums, nonfinite = structure_pass(A.indptr, A.indices, tags=(*_TAGS[0], *_TAGS[1]), values=A.data)
+        m, n = A.shape
+        check = queue_structure_pass(A.indptr, A.indices, tags=_ALL_TAGS, values=A.data)
+        wanted = describe_if is not None and describe_if(m, n, int(A.indices.size))
+        features = queue_features(A, checked_apart=True) if wanted else None  # used only where canonical
+        if wanted and meanwhile is not None:
+            meanwhile(str(value_dtype(np.dtype(A.dtype), dtype)))
+        canonical, sums, nonfinite = check()
         if canonical:
             B = kept_on_device(A, dtype, nonfinite)
-            return B, _name(B.shape[0], B.shape[1], int(B.indices.size), sums)
+            return B, _name(m, n, int(B.indices.size), sums), features() if features is not None else None
     B = as_device_csr(A, dtype=dtype)
-    return B, fingerprint(B)
+    m, n = B.shape
+    check = queue_structure_pass(B.indptr, B.indices, tags=_ALL_TAGS)
+    features = queue_features(B) if describe_if is not None and describe_if(m, n, int(B.indices.size)) else None
+    if features is not None and meanwhile is not None:
+        meanwhile(str(B.dtype))
+    sums = check()[1]
+    return B, _name(m, n, int(B.indices.size), sums), features() if features is not None else None
 
 
 def _name(m: int, n: int, nnz: int, sums: list[int]) -> str:

@@ -37,7 +37,7 @@ from tuner.matrix.bounds import GZIP_MAGIC, ReadLimits, scan_mtx
 
 __all__ = [
     "INDEX_MAX", "as_csr", "as_device_csr", "check_dtype", "kept_on_device", "matrix_name", "read_mtx",
-    "read_mtx_watched", "stays_on_device", "write_mtx",
+    "read_mtx_watched", "stays_on_device", "value_dtype", "write_mtx",
 ]
 
 INDEX_MAX = int(np.iinfo(np.int32).max)
@@ -356,7 +356,7 @@ def kept_on_device(A: Any, dtype: Any, nonfinite: int) -> Any:
     are not real, it holds more entries than int32 can count, or NaN or Inf values (naming the first)."""
     import cupyx.scipy.sparse as cusp
 
-    wanted = _value_dtype(np.dtype(A.dtype), dtype)
+    wanted = value_dtype(np.dtype(A.dtype), dtype)
     _check_index_range(A.shape, A.nnz)
     if nonfinite:
         _check_finite_values(A.data, A.indptr, A.indices)
@@ -384,10 +384,10 @@ def _from_cupy(A: Any) -> Any:
 def _from_scipy(A: Any, dtype: Any, shape: tuple[int, int] | None) -> sp.csr_matrix:
     """Canonical CSR from a SciPy sparse matrix or array of any format."""
     _check_shape(A, shape)
-    value_dtype = _value_dtype(A.dtype, dtype)
+    values_as = value_dtype(A.dtype, dtype)
     _check_index_range(A.shape, 0)  # before tocsr, which would allocate shape[0] + 1 row pointers
     B = A.tocsr(copy=True)
-    return _canonical(B.indptr, B.indices, B.data, B.shape, value_dtype)
+    return _canonical(B.indptr, B.indices, B.data, B.shape, values_as)
 
 
 def _from_triple(
@@ -401,12 +401,12 @@ def _from_triple(
         raise MatrixFormatError(
             f"data must be 1-D with one value per index: shape {data.shape} for {len(indices)} indices"
         )
-    value_dtype = _value_dtype(data.dtype, dtype)
+    values_as = value_dtype(data.dtype, dtype)
     shape = _triple_shape(indptr, indices, shape)
     _validate_triple(indptr, indices, shape)
     _check_index_range(shape, len(indices))
     return _canonical(
-        indptr.astype(np.int32), indices.astype(np.int32), data.astype(value_dtype), shape, value_dtype
+        indptr.astype(np.int32), indices.astype(np.int32), data.astype(values_as), shape, values_as
     )
 
 
@@ -455,7 +455,7 @@ def _validate_triple(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, 
         )
 
 
-def _value_dtype(current: np.dtype, requested: Any) -> np.dtype:
+def value_dtype(current: np.dtype, requested: Any) -> np.dtype:
     """The canonical value dtype for values of ``current`` dtype and the ``dtype=`` argument."""
     if current.kind == "c":
         raise MatrixFormatError("complex values are not supported")

@@ -28,14 +28,14 @@ remembered of a matrix between two).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from kernels._cuda import device_attributes
 
-__all__ = ["canonical_reference", "structure_pass"]
+__all__ = ["canonical_reference", "queue_structure_pass", "structure_pass"]
 
 _SOURCE = r"""
 __device__ __forceinline__ unsigned long long mix(unsigned long long z) {  // splitmix64's finalizer
@@ -137,6 +137,13 @@ def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None,
     kernel, one read-back. The values' check reads each value's exponent where the entry is read anyway:
     a CuPy reduction of ``isfinite`` took 0.38 ms of an H100's time on two unseen matrices of 32-46 M entries
     (``bench/results/..._prof48-9891656.txt``)."""
+    return queue_structure_pass(indptr, indices, tags, values)()
+
+
+def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None, values: Any = None
+                         ) -> Callable[[], tuple[bool, list[int], int]]:
+    """:func:`structure_pass` launched now, its read-back when the returned function is called: work queued
+    in between (``plan()``: the features of a matrix new to the store) is waited for by the same read-back."""
     import cupy
 
     nnz, m = int(indices.size), int(indptr.size) - 1
@@ -148,8 +155,12 @@ def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None,
         _kernel(cupy, cupy.cuda.Device().id)(
             (blocks,), (256,), (indptr, indices, np.int64(m), np.int64(nnz), np.int32(tags is not None), *words,
                                 values if step else None, np.int32(step), np.uint32(mask), out))
-    pairs, across, *sums, nonfinite = out.get().tolist()
-    return pairs == across, sums if tags is not None else [], nonfinite
+
+    def result() -> tuple[bool, list[int], int]:
+        pairs, across, *sums, nonfinite = out.get().tolist()
+        return pairs == across, sums if tags is not None else [], nonfinite
+
+    return result
 
 
 def canonical_reference(indptr: np.ndarray, indices: np.ndarray) -> bool:
