@@ -167,8 +167,7 @@ def _kernels(cupy: Any, device: int) -> tuple[Any, Any, Any, Any]:
 def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
                           cf_widths: tuple[int, ...]) -> Callable[[], dict[str, float]]:
     """The raw numbers :func:`~tuner.matrix.features.extract_features` needs, from CuPy int32 ``indptr`` and
-    ``indices`` (nnz > 0): the kernels launched now, but for the sort of the row lengths and the last kernel,
-    which run with the one read-back when the returned function is called."""
+    ``indices`` (nnz > 0): the kernels launched now, their one read-back when the returned function is called."""
     rows_kernel, xor_kernel, columns_kernel, tail_kernel = _kernels(cupy, cupy.cuda.Device().id)
     nnz = int(indices.size)
     sms = device_attributes()["MultiProcessorCount"]
@@ -182,15 +181,13 @@ def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, 
     columns = cupy.zeros(n, dtype=cupy.uint32)
     aggregate = np.int32(nnz < AGGREGATE_BELOW * m)
     columns_kernel((entry_blocks,), (256,), (indices, np.int64(nnz), aggregate, columns))
+    ordered = cupy.sort(cupy.diff(indptr))
     q25, q75 = positions(m, 25.0), positions(m, 75.0)
+    tail_blocks = max(1, min(-(-max(m, n) // 256), 16 * sms))
+    tail_kernel((tail_blocks,), (256,), (ordered, np.int32(m), columns, np.int32(n),
+                                          *(np.int64(p) for p in (*q25[:2], *q75[:2])), out[37:]))
 
     def result() -> dict[str, float]:
-        # CuPy's sort (Thrust's) waits for the GPU before it returns: it runs here, so that what the host does
-        # between the launch and the read-back overlaps the kernels above
-        ordered = cupy.sort(cupy.diff(indptr))
-        tail_blocks = max(1, min(-(-max(m, n) // 256), 16 * sms))
-        tail_kernel((tail_blocks,), (256,), (ordered, np.int32(m), columns, np.int32(n),
-                                              *(np.int64(p) for p in (*q25[:2], *q75[:2])), out[37:]))
         scalars = out.get()  # the one read-back
         empty, longr, diag, far = scalars[:4].astype(np.float64)
         bits = scalars[4:37].astype(np.float64)
