@@ -347,16 +347,15 @@ def test_the_compact_forests_summary_is_its_leaves_mean_and_votes() -> None:
 
 
 @pytest.mark.gpu
-def test_the_forest_walked_on_the_gpu_summarizes_as_numpy(monkeypatch) -> None:
+def test_the_forest_walked_on_the_gpu_summarizes_as_numpy() -> None:
     """One kernel walks every tree on the GPU (what plan() ranks with): the same leaves and votes as NumPy, the
     same means up to the order of the sums; a shipped selector ranks a matrix in the same order either way."""
     from tuner.matrix.features import extract_features
     from tuner.matrix.generate import generate
-    from tuner.select import shipped
     from tuner.select.forest_gpu import summary_on_gpu
     from tuner.select.model import load_shipped
+    from tuner.select.shipped import shipped_selectors
 
-    monkeypatch.delenv(shipped.ENV, raising=False)  # the tests' own selector folder holds none
     forest, X, Y = _sklearn_forest(leaf=1)
     compact = CompactForest.from_sklearn(forest, X, Y)
     test = _summary_rows(forest, X)
@@ -364,7 +363,7 @@ def test_the_forest_walked_on_the_gpu_summarizes_as_numpy(monkeypatch) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(summary_on_gpu(compact, test)[0], compact.apply(test))
     assert "_on_gpu" in vars(compact) and "_on_gpu" not in pickle.loads(pickle.dumps(compact)).__dict__
-    header = shipped.shipped_selectors(task="spmv")[0]
+    header = next(h for h in shipped_selectors(task="spmv"))
     model = load_shipped(header["device"], header["dtype"])
     for kind, size in (("powerlaw", 3000), ("poisson2d", 60), ("banded", 5000)):
         features = extract_features(generate(kind, **({"n": size} if kind == "poisson2d" else {"rows": size})))
