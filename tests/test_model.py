@@ -319,61 +319,6 @@ def test_the_compact_forest_predicts_as_the_sklearn_forest(leaf: int) -> None:
     assert compact.n_trees == 40 and compact.feature.dtype == np.int16 and compact.threshold.dtype == np.float32
 
 
-def _summary_rows(forest, X: np.ndarray) -> np.ndarray:
-    """Rows to summarize: random ones, some with a missing value, and some exactly at a tree's thresholds."""
-    rng = np.random.default_rng(7)
-    test = rng.random((60, X.shape[1])) * np.logspace(0, 5, X.shape[1])
-    test[::5, 3] = np.nan
-    nodes = forest.estimators_[1].tree_
-    cut = nodes.feature >= 0
-    at = np.tile(test[1:2], (int(cut.sum()), 1))
-    at[np.arange(len(at)), nodes.feature[cut]] = nodes.threshold[cut].astype(np.float32)
-    return np.vstack([test, at, X[:10]])
-
-
-def test_the_compact_forests_summary_is_its_leaves_mean_and_votes() -> None:
-    """What a ranking asks of the forest at once: the leaves (apply), the mean of the trees' outputs (predict)
-    and, per config (outputs 1..), the share of the trees whose own prediction puts it first."""
-    forest, X, Y = _sklearn_forest()
-    compact = CompactForest.from_sklearn(forest, X, Y)
-    test = _summary_rows(forest, X)
-    leaves, mean, votes = compact.summary(test)
-    np.testing.assert_array_equal(leaves, compact.apply(test))
-    np.testing.assert_allclose(mean, compact.predict(test), rtol=1e-12)
-    firsts = compact.tree_outputs(test)[:, :, 1:].argmin(axis=2)  # (trees, rows)
-    want = np.stack([(firsts == j).mean(axis=0) for j in range(Y.shape[1] - 1)], axis=1)
-    np.testing.assert_allclose(votes, want)
-    np.testing.assert_allclose(votes.sum(axis=1), 1.0)
-
-
-@pytest.mark.gpu
-def test_the_forest_walked_on_the_gpu_summarizes_as_numpy() -> None:
-    """One kernel walks every tree on the GPU (what plan() ranks with): the same leaves and votes as NumPy, the
-    same means up to the order of the sums; a shipped selector ranks a matrix in the same order either way."""
-    from tuner.matrix.features import extract_features
-    from tuner.matrix.generate import generate
-    from tuner.select.forest_gpu import summary_on_gpu
-    from tuner.select.model import load_shipped
-    from tuner.select.shipped import shipped_selectors
-
-    forest, X, Y = _sklearn_forest(leaf=1)
-    compact = CompactForest.from_sklearn(forest, X, Y)
-    test = _summary_rows(forest, X)
-    for got, want in zip(summary_on_gpu(compact, test), compact.summary(test), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    np.testing.assert_array_equal(summary_on_gpu(compact, test)[0], compact.apply(test))
-    assert "_on_gpu" in vars(compact) and "_on_gpu" not in pickle.loads(pickle.dumps(compact)).__dict__
-    header = next(h for h in shipped_selectors(task="spmv"))
-    model = load_shipped(header["device"], header["dtype"])
-    for kind, size in (("powerlaw", 3000), ("poisson2d", 60), ("banded", 5000)):
-        features = extract_features(generate(kind, **({"n": size} if kind == "poisson2d" else {"rows": size})))
-        on_cpu, on_gpu = model.rank(features, outcomes=True), model.rank(features, outcomes=True, on_gpu=True)
-        assert [(r.kernel, r.params) for r in on_gpu] == [(r.kernel, r.params) for r in on_cpu], kind
-        np.testing.assert_allclose([r.expected_s for r in on_gpu], [r.expected_s for r in on_cpu], rtol=1e-9)
-        assert [r.votes for r in on_gpu] == [r.votes for r in on_cpu], kind
-        np.testing.assert_array_equal(np.stack([r.outcomes for r in on_gpu]), np.stack([r.outcomes for r in on_cpu]))
-
-
 def test_the_proximity_weights_give_the_forests_prediction() -> None:
     """Each row's weights over the training rows sum to 1, fall on the rows that share its leaves, and average
     the training targets into the forest's own prediction (Meinshausen's quantile regression forests)."""

@@ -95,7 +95,7 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
     ranked them; ``(None, reason)`` without one for this device's architecture and dtype. ``outcomes``: with
     each config's outcomes on the nearest training matrices (what a race's shortlist draws on,
     :meth:`tuner.select.model.KernelSelector.rank`). ``selector``: :func:`selector_for`'s answer for this
-    device and dtype, where the caller found it already. With ``backend`` (a GPU's), the forest is walked there.
+    device and dtype, where the caller found it already.
 
     The selector is the store's newest for exactly this device and dtype, else the one shipped for it,
     else one shipped for another GPU of the same architecture, whose expectations are then carried over
@@ -108,7 +108,7 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
     if model is None:
         return None, basis
     try:
-        ranking = model.rank(features, device=spec, outcomes=outcomes, on_gpu=backend is not None)
+        ranking = model.rank(features, device=spec, outcomes=outcomes)
     except InvalidConfigError:  # a selector trained on other features: unusable until retrained
         return None, f"{basis} cannot rank this matrix"
     if not _ranks_valid_configs_only(model):

@@ -151,18 +151,6 @@ class CompactForest:
         """Each tree's prediction for the rows whose leaves (:meth:`apply`'s) are given: (trees, rows, outputs)."""
         return self._walk().values[leaves].transpose(1, 0, 2)
 
-    def summary(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """What a ranking needs of the rows of X: each row's leaf in each tree (:meth:`apply`), the forest's
-        prediction (rows x outputs) and the share of the trees whose own prediction puts each config (outputs
-        1..) first, the first on ties (rows x (outputs - 1)). :func:`tuner.select.forest_gpu.summary_on_gpu`
-        computes the same on the GPU."""
-        leaves = self.apply(X)
-        trees = self.outputs_of(leaves)  # (trees, rows, outputs)
-        firsts = trees[:, :, 1:].argmin(axis=2)  # (trees, rows)
-        configs, rows = trees.shape[2] - 1, len(leaves)
-        counts = np.bincount((firsts + configs * np.arange(rows)).ravel(), minlength=rows * configs)
-        return leaves, trees.mean(axis=0), counts.reshape(rows, configs) / self.n_trees
-
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The forest's prediction (the mean of its trees'): (rows, outputs)."""
         return self.tree_outputs(X).mean(axis=0)

@@ -334,12 +334,11 @@ class KernelSelector(BaseEstimator):
         """Fitted by this version of the class (a pickle of the classifier-based selector before it is not)."""
         return all(hasattr(self, a) for a in ("forest_", "configs_", "device_", "prepare_spmvs_"))
 
-    def _expected(self, X: Any, device: DeviceSpec | None, on_gpu: bool = False
+    def _expected(self, X: Any, device: DeviceSpec | None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validated feature rows, the expected seconds of every config (columns) for them on ``device``
         (default: the training one), the votes (the share of the trees whose own prediction puts each
-        config first) and the leaf each row ends in in each tree (:meth:`CompactForest.summary`; with
-        ``on_gpu``, :func:`~tuner.select.forest_gpu.summary_on_gpu` on the current GPU)."""
+        config first) and the leaf each row ends in in each tree (:meth:`CompactForest.apply`)."""
         check_is_fitted(self)
         names = list(self.feature_names_in_)
         rows = np.atleast_2d(_as_rows(X, names))
@@ -351,12 +350,13 @@ class KernelSelector(BaseEstimator):
             raise ValueError(f"features hold NaN or infinity: {bad}")
         device = self.device_ if device is None else device
         design, _ = design_matrix(rows, dtype=self.dtype_, device=device, feature_names=names)
-        if on_gpu:
-            from tuner.select.forest_gpu import summary_on_gpu
-
-            leaves, out, votes = summary_on_gpu(self.forest_, design)
-        else:
-            leaves, out, votes = self.forest_.summary(design)
+        leaves = self.forest_.apply(design)
+        trees = self.forest_.outputs_of(leaves)  # (trees, rows, outputs)
+        out = trees.mean(axis=0)
+        firsts = trees[:, :, 1:].argmin(axis=2)  # (trees, rows)
+        configs = len(self.configs_)
+        counts = np.bincount((firsts + configs * np.arange(len(rows))).ravel(), minlength=len(rows) * configs)
+        votes = counts.reshape(len(rows), configs) / len(trees)
         t_bytes = bytes_time(rows, dtype=self.dtype_, device=device, feature_names=names)
         return rows, t_bytes[:, None] * np.exp(out[:, :1] + out[:, 1:]), votes, leaves
 
@@ -365,14 +365,13 @@ class KernelSelector(BaseEstimator):
         mappings) on ``device`` (default: the training device)."""
         return self._expected(X, device)[1]
 
-    def rank(self, features: Any, *, device: DeviceSpec | None = None, outcomes: bool = False,
-             on_gpu: bool = False) -> list[RankedConfig]:
+    def rank(self, features: Any, *, device: DeviceSpec | None = None, outcomes: bool = False
+             ) -> list[RankedConfig]:
         """Every config for ONE matrix (a mapping, or one row in ``feature_names_in_`` order), fastest expected
         first, on ``device`` (default: the training device). ``votes``: the share of the forest's trees whose
         own prediction puts the config first; with ``outcomes`` (what a race's shortlist draws on; a tenth
-        of a millisecond), each config's :meth:`outcomes`. ``on_gpu``: the trees walked on the current GPU
-        (``plan()``: one kernel where NumPy makes a hundred calls)."""
-        rows, expected, votes, leaves = self._expected(features, device, on_gpu)
+        of a millisecond), each config's :meth:`outcomes`."""
+        rows, expected, votes, leaves = self._expected(features, device)
         if len(rows) != 1:
             raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
         seconds, prepare, shares = expected[0].tolist(), self.prepare_spmvs_.tolist(), votes[0].tolist()
