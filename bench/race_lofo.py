@@ -162,8 +162,13 @@ def main() -> None:
     shortlist_args = {k: v for k, v in given.items() if v is not None}
     rows = []
     for dtype in args.dtype:
-        for name, scores in picks(args.corpus, dtype, args.l2_mb << 20, args.times, shortlist_args,
-                                  args.seed_configs, args.rank_order).items():
+        found = picks(args.corpus, dtype, args.l2_mb << 20, args.times, shortlist_args, args.seed_configs,
+                      args.rank_order)
+        if not found["race"]:
+            raise SystemExit(f"{args.times or args.corpus} holds no cuSPARSE time ({', '.join(ALGORITHMS)}) in {dtype} "
+                             f"for any matrix of {args.corpus}: --times takes a whole corpus of the same matrices (a "
+                             "survey merged into the corpus by `tuner corpus replace`), not a survey alone")
+        for name, scores in found.items():
             a = np.array(scores)
             large = a[a[:, 1] >= 1e6]
             row = {"dtype": dtype, "strategy": name, "matrices": len(a),

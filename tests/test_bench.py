@@ -357,6 +357,19 @@ def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under
         ["csr_scalar", "csr5", BASELINE]
 
 
+def test_the_race_replay_says_when_the_times_given_hold_no_cusparse_time(monkeypatch, tmp_path) -> None:
+    """bench/race_lofo.py --times with a survey alone (no cuSPARSE lap, so no matrix can be scored): a clear
+    message naming the files, not an IndexError from an empty table."""
+    module = _bench_module("race_lofo")
+    monkeypatch.setattr(module, "picks", lambda *a, **k: {"shortlist": [], "race": [], "roof": [], "seeds": []})
+    monkeypatch.setattr("sys.argv", ["race_lofo.py", "--corpus", "c.jsonl.gz", "--times", "survey.jsonl.gz",
+                                     "--l2-mb", "50", "--dtype", "float64", "--out", str(tmp_path / "o.json")])
+    with pytest.raises(SystemExit, match=r"survey.jsonl.gz holds no cuSPARSE time .* in float64 for any matrix of "
+                                         r"c.jsonl.gz: --times takes a whole corpus"):
+        module.main()
+    assert not (tmp_path / "o.json").exists()
+
+
 def _unseen_set(group: str, names: set[str]) -> dict[str, Any]:
     """bench/unseen.py's set ``group`` built at 1 % of its size, checked to be the matrices ``names``, each canonical
     and not empty."""
