@@ -104,6 +104,56 @@ def test_non_canonical_input_is_refused(f) -> None:
         f(sp.coo_matrix(np.eye(2)))
 
 
+def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monkeypatch) -> None:
+    """device_csr_and_fingerprint's order of work, on any machine (the GPU's steps replaced by NumPy ones that log
+    when they are queued and read): the structure pass queued, the store asked (describe_if), the features
+    queued, the selector found (meanwhile), then the read-backs; a matrix found not canonical drops the features
+    queued on it, unread, and its canonical form is checked and described the same way; without describe_if,
+    no features."""
+    from tuner.matrix.structure_gpu import canonical_reference
+
+    log: list[str] = []
+
+    def queue_pass(indptr, indices, tags=None, values=None):
+        log.append("pass")
+        sums = [*fp_module._sums_numpy(indptr, fp_module._TAGS[0]), *fp_module._sums_numpy(indices, fp_module._TAGS[1])]
+        return lambda: log.append("read pass") or (canonical_reference(indptr, indices), sums, 0)
+
+    def queue_features(A, checked_apart=False):
+        assert checked_apart  # CuPy's own check (a kernel and a wait) is not asked: the pass answers it
+        log.append(f"features of {A.nnz}")
+        return lambda: log.append("read features") or extract_features(canonical(A))
+
+    monkeypatch.setattr(fp_module, "stays_on_device", lambda A: isinstance(A, sp.csr_matrix))
+    monkeypatch.setattr(fp_module, "queue_structure_pass", queue_pass)
+    monkeypatch.setattr(fp_module, "queue_features", queue_features)
+    monkeypatch.setattr(fp_module, "kept_on_device", lambda A, dtype, nonfinite: A.astype(dtype or A.dtype))
+    monkeypatch.setattr(fp_module, "as_device_csr", lambda A, dtype=None: canonical(A).astype(dtype or A.dtype))
+
+    def describe(rows: int, cols: int, nnz: int) -> bool:
+        log.append(f"describe {rows}x{cols} {nnz}")
+        return True
+
+    A = random_canonical(3, (40, 30), 120)
+    B, fp, features = fp_module.device_csr_and_fingerprint(
+        A, dtype="float32", describe_if=describe, meanwhile=lambda dtype: log.append(f"selector {dtype}"))
+    assert log == ["pass", f"describe 40x30 {A.nnz}", f"features of {A.nnz}", "selector float32", "read pass",
+                   "read features"]
+    assert B.dtype == np.float32 and fp == fingerprint(A) and features == extract_features(A)
+
+    log.clear()  # columns of a row out of order, and a duplicate: dropped, then its canonical form described
+    unsorted = sp.csr_matrix((np.ones(4), np.array([2, 1, 3, 3], dtype=np.int32), np.array([0, 2, 4], dtype=np.int32)),
+                             shape=(2, 5))
+    B, fp, features = fp_module.device_csr_and_fingerprint(
+        unsorted, describe_if=describe, meanwhile=lambda dtype: log.append(f"selector {dtype}"))
+    assert log == ["pass", "describe 2x5 4", "features of 4", "selector float64", "read pass",
+                   "pass", "describe 2x5 3", "features of 3", "selector float64", "read pass", "read features"]
+    assert fp == fingerprint(canonical(unsorted)) and features == extract_features(canonical(unsorted))
+
+    log.clear()
+    assert fp_module.device_csr_and_fingerprint(A)[2] is None and log == ["pass", "read pass"]
+
+
 @pytest.mark.gpu
 def test_fingerprints_on_the_gpu_equal_the_cpu_ones() -> None:
     import cupyx.scipy.sparse as cusp

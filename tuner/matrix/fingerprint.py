@@ -94,24 +94,30 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
     once they are queued, before that wait (``plan()`` finds the selector while the GPU works). Where it is not
     canonical, its canonical form is fingerprinted and described."""
     if stays_on_device(A):
-        m, n = A.shape
-        check = queue_structure_pass(A.indptr, A.indices, tags=_ALL_TAGS, values=A.data)
-        wanted = describe_if is not None and describe_if(m, n, int(A.indices.size))
-        features = queue_features(A, checked_apart=True) if wanted else None  # used only where canonical
-        if wanted and meanwhile is not None:
-            meanwhile(str(value_dtype(np.dtype(A.dtype), dtype)))
+        check, features = _queued(A, dtype=dtype, values=A.data, describe_if=describe_if, meanwhile=meanwhile)
         canonical, sums, nonfinite = check()
         if canonical:
             B = kept_on_device(A, dtype, nonfinite)
-            return B, _name(m, n, int(B.indices.size), sums), features() if features is not None else None
+            return B, _name(*B.shape, int(B.indices.size), sums), features()
     B = as_device_csr(A, dtype=dtype)
-    m, n = B.shape
-    check = queue_structure_pass(B.indptr, B.indices, tags=_ALL_TAGS)
-    features = queue_features(B) if describe_if is not None and describe_if(m, n, int(B.indices.size)) else None
-    if features is not None and meanwhile is not None:
-        meanwhile(str(B.dtype))
-    sums = check()[1]
-    return B, _name(m, n, int(B.indices.size), sums), features() if features is not None else None
+    check, features = _queued(B, dtype=dtype, values=None, describe_if=describe_if, meanwhile=meanwhile)
+    return B, _name(*B.shape, int(B.indices.size), check()[1]), features()
+
+
+def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int, int], bool] | None,
+            meanwhile: Callable[[str], object] | None
+            ) -> tuple[Callable[[], tuple[bool, list[int], int]], Callable[[], dict[str, float] | None]]:
+    """:func:`device_csr_and_fingerprint`'s GPU work on ``A`` queued: the structure pass (the fingerprint's sums,
+    and ``values``' check where given) and, where ``describe_if`` holds, the features (read back only where the
+    pass finds ``A`` canonical); ``meanwhile`` called before any wait. Returns both read-backs."""
+    m, n = A.shape
+    check = queue_structure_pass(A.indptr, A.indices, tags=_ALL_TAGS, values=values)
+    if describe_if is None or not describe_if(m, n, int(A.indices.size)):
+        return check, lambda: None
+    features = queue_features(A, checked_apart=True)
+    if meanwhile is not None:
+        meanwhile(str(value_dtype(np.dtype(A.dtype), dtype)))
+    return check, features
 
 
 def _name(m: int, n: int, nnz: int, sums: list[int]) -> str:
