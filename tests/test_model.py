@@ -168,12 +168,72 @@ def test_coverage_drops_rare_configs() -> None:
 def test_a_missing_time_counts_as_the_slowest_times_two() -> None:
     feats, times = _table(30, seed=4)
     del times[0][ALG2]
-    # Leaves of one sample and no bootstrap: the forest reproduces its training targets.
-    selector = KernelSelector(n_estimators=3, min_samples_leaf=1).fit(feats, times, dtype=DTYPE, device=DEVICE)
+    # Leaves of one sample and no bootstrap: the forest reproduces its training targets (uncapped).
+    selector = KernelSelector(n_estimators=3, min_samples_leaf=1, cap=None).fit(feats, times, dtype=DTYPE,
+                                                                               device=DEVICE)
     expected = dict(zip(selector.config_keys(), selector.expected_times(feats[:1])[0], strict=True))
     assert expected[ALG2] == pytest.approx(max(times[0].values()) * math.exp(MISSING_PENALTY))
     for key, t in times[0].items():
         assert expected[key] == pytest.approx(t)
+
+
+def test_the_cap_bounds_each_configs_learned_slowdown() -> None:
+    """A config more than ``cap`` times slower than a matrix's best is learned as ``cap`` times slower."""
+    feats, times = _table(30, seed=4)
+    selector = KernelSelector(n_estimators=3, min_samples_leaf=1, cap=2.0).fit(feats, times, dtype=DTYPE,
+                                                                              device=DEVICE)
+    expected = dict(zip(selector.config_keys(), selector.expected_times(feats[:1])[0], strict=True))
+    best = min(times[0].values())
+    for key, t in times[0].items():  # A and B are 1.2 and 3.0 (2.5x apart), cuSPARSE 2.0 and 2.2 (under 2x)
+        assert expected[key] == pytest.approx(min(t, 2.0 * best))
+    assert max(times[0].values()) > 2.0 * best
+    for bad in ({"cap": 1.0}, {"cap": 0.5}, {"risk_quantile": 1.5}, {"risk_quantile": -0.1}):
+        with pytest.raises(InvalidConfigError, match=next(iter(bad))):
+            KernelSelector(**bad).fit(feats, times, dtype=DTYPE, device=DEVICE)
+
+
+def test_the_risk_quantile_puts_first_the_config_never_far_off() -> None:
+    """On every matrix (the features say nothing of which) A is the best on 4 in 5 and 1.5x off B on the
+    others, B always 1.15x A's good time: A is faster on average, so the expected time ranks it first;
+    B is never more than 1.15x off, so the 90th percentile of their slowdowns ranks it first."""
+    rng = np.random.default_rng(21)
+    feats = [_features(rng) for _ in range(600)]
+    times = []
+    for f in feats:
+        t = compulsory_bytes(f["rows"], f["cols"], f["nnz"], DTYPE) / (DEVICE.bandwidth_gbs * 1e9)
+        times.append({A: t * (1.725 if rng.random() < 0.2 else 1.0), B: t * 1.15})
+    new = [_features(rng) for _ in range(40)]
+
+    def firsts(**kwargs: float | None) -> list[str]:
+        selector = KernelSelector(n_estimators=50, min_samples_leaf=20, **kwargs).fit(feats, times, dtype=DTYPE,
+                                                                                       device=DEVICE)
+        return [config_key(*p) for p in selector.predict(new)]
+
+    assert np.mean([k == A for k in firsts(risk_quantile=None)]) >= 0.8
+    assert np.mean([k == B for k in firsts(risk_quantile=0.9)]) >= 0.8
+
+
+def test_the_rank_order_is_the_quantile_of_the_outcomes_then_the_expected_time(fitted) -> None:
+    selector, feats, _ = fitted
+    assert selector.risk_quantile == 0.75
+    quantile = np.quantile(selector.outcomes(feats[:6]), 0.75, axis=1)
+    expected = selector.expected_times(feats[:6])
+    order = selector.rank_order(feats[:6])
+    for q, e, o in zip(quantile, expected, order, strict=True):
+        assert sorted(range(len(e)), key=lambda j: (q[j], e[j])) == o.tolist()
+    assert [config_key(r.kernel, r.params) for r in selector.rank(feats[0])] == \
+        [selector.config_keys()[j] for j in order[0]]
+    assert [config_key(*p) for p in selector.predict(feats[:6])] == [selector.config_keys()[j] for j in order[:, 0]]
+
+
+def test_a_selector_pickled_before_cap_and_risk_quantile_ranks_by_expected_time(fitted) -> None:
+    selector, feats, _ = fitted
+    old = pickle.loads(pickle.dumps(selector))
+    del old.__dict__["cap"], old.__dict__["risk_quantile"]
+    again = pickle.loads(pickle.dumps(old))
+    assert (again.cap, again.risk_quantile) == (None, None) and again.get_params()["cap"] is None
+    ranking = again.rank(feats[0])
+    assert [r.expected_s for r in ranking] == sorted(r.expected_s for r in ranking)
 
 
 def test_rows_without_a_candidate_are_left_out() -> None:
@@ -214,7 +274,8 @@ def test_an_unknown_l2_still_gives_times(fitted) -> None:
 
 def test_rank_is_sorted_with_votes(fitted) -> None:
     selector, feats, _ = fitted
-    ranking = selector.rank(feats[0])
+    by_time = pickle.loads(pickle.dumps(selector)).set_params(risk_quantile=None)  # the same forest
+    ranking = by_time.rank(feats[0])
     assert len(ranking) == 4
     assert [r.expected_s for r in ranking] == sorted(r.expected_s for r in ranking)
     assert all(0 <= r.votes <= 1 for r in ranking) and sum(r.votes for r in ranking) == pytest.approx(1)
@@ -247,7 +308,7 @@ def test_outcomes_are_the_configs_ratios_on_the_nearest_training_matrices(fitted
 def test_predict_details(fitted) -> None:
     selector, feats, _ = fitted
     details = selector.predict_details(feats[:3])
-    expected = selector.expected_times(feats[:3]).min(axis=1)
+    expected = np.take_along_axis(selector.expected_times(feats[:3]), selector.rank_order(feats[:3])[:, :1], 1)[:, 0]
     for d, f, t, (kernel, params) in zip(details, feats[:3], expected, selector.predict(feats[:3]), strict=True):
         assert (d.kernel, d.params, d.basis) == (kernel, params, "ranked")
         assert 0 < d.confidence <= 1

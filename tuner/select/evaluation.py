@@ -207,8 +207,8 @@ def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelect
         selector = fitted_on(table, np.setdiff1d(np.arange(len(table)), test), make)
         keys = selector.config_keys()
         spmvs = dict(zip(keys, selector.prepare_spmvs_.tolist(), strict=True))
-        for i, expected in zip(test, selector.expected_times(table.X[test]), strict=True):
-            out[i] = Ranking([keys[j] for j in np.argsort(expected, kind="stable")], spmvs)
+        for i, order in zip(test, selector.rank_order(table.X[test]).tolist(), strict=True):
+            out[i] = Ranking([keys[j] for j in order], spmvs)
     return out  # type: ignore[return-value]
 
 

@@ -1,4 +1,4 @@
-"""The learned selector: a matrix's features -> every config of the portfolio, ranked by expected time.
+"""The learned selector: a matrix's features -> every config of the portfolio, ranked.
 
 :class:`KernelSelector` follows the scikit-learn estimator API. One multi-output
 ExtraTreesRegressor maps a matrix's features to, first, ``log(t_best / t_bytes)``
@@ -11,7 +11,9 @@ features some relative to the device (x and the matrix against the L2 cache,
 rows per SM): so a selector trained on one GPU can answer for another of its
 architecture, in that GPU's seconds. Learning the configs relative to the
 matrix's best, rather than each ``log(t / t_bytes)``, keeps the matrix's overall
-speed (most of the variance) from steering the trees' splits.
+speed (most of the variance) from steering the trees' splits; capping the latter (``cap``) keeps configs
+far off the best from steering them. The ranking puts first the configs whose slowdown on the training
+matrices nearest this one is lowest at a quantile (``risk_quantile``), rather than lowest on average.
 
 After fitting, the forest is kept as a :class:`tuner.select.forest.CompactForest`
 (flat arrays, the leaves as the training rows they hold): a shipped selector is
@@ -215,6 +217,16 @@ def bytes_time(features: Any, *, dtype: np.dtype | str, device: DeviceSpec,
     return compulsory_bytes(rows, cols, nnz, dtype) / (device.bandwidth_gbs * 1e9)
 
 
+def _quantile(drawn: np.ndarray, q: float) -> np.ndarray:
+    """``np.quantile(drawn, q, axis=1)`` (its linear rule) by one sort: a quarter of its time on one matrix's
+    outcomes (64 x 70), which every plan() ranks."""
+    ranked = np.sort(drawn, axis=1)
+    at = q * (ranked.shape[1] - 1)
+    low = int(at)
+    high = min(low + 1, ranked.shape[1] - 1)
+    return ranked[:, low] + (ranked[:, high] - ranked[:, low]) * (at - low)
+
+
 @dataclass(slots=True)
 class RankedConfig:
     """One config of a matrix's ranking (not frozen: every plan() builds some seventy, and a frozen dataclass
@@ -252,16 +264,38 @@ class KernelSelector(BaseEstimator):
         trees of leaves of 2 or more rows are as good as any, and the smallest and fastest of those.
     coverage : float
         A config is a candidate when it was measured on at least this fraction of the training rows.
+    cap : float or None
+        Each config's target ``log(t / t_best)`` is capped at ``log(cap)``: a config ``cap`` times slower
+        than the best or more is learned as ``cap`` times slower, so that the forest's squared error over some
+        seventy outputs is not spent on configs 10-100x off the best, which no ranking puts first. None: not
+        capped (the selectors shipped before stop 52).
+    risk_quantile : float or None
+        Configs are ranked by this quantile of their slowdowns on the training matrices the forest draws as
+        nearest (:meth:`outcomes`), ties by expected time: on a structure unlike the training ones, a config
+        good on most neighbours and far off on a few ranks below one that is never far off. None: by
+        expected time alone.
+
+        Leaving each structure family out of the four corpora (5 seeds each, on the CPU,
+        ``bench/results/2026-11-27_lofo-cap-quantile-51.txt``), cap 4 with the 75th percentile lifts the
+        first config's worst 5 % from 0.676-0.757 to 0.745-0.788 and its geomean from 0.915-0.944 to
+        0.931-0.942.
     random_state : int or None
         Seed of the forest.
     """
 
     def __init__(self, *, n_estimators: int = 100, min_samples_leaf: int = 2, coverage: float = 0.8,
-                 random_state: int | None = 0) -> None:
+                 cap: float | None = 4.0, risk_quantile: float | None = 0.75, random_state: int | None = 0) -> None:
         self.n_estimators = n_estimators
         self.min_samples_leaf = min_samples_leaf
         self.coverage = coverage
+        self.cap = cap
+        self.risk_quantile = risk_quantile
         self.random_state = random_state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A selector pickled before ``cap`` and ``risk_quantile`` were parameters was trained uncapped and
+        ranks by expected time: it loads with both None, and ranks as it did."""
+        super().__setstate__({"cap": None, "risk_quantile": None, **state})
 
     def fit(
         self,
@@ -279,8 +313,13 @@ class KernelSelector(BaseEstimator):
 
         A candidate config not measured on a row (it failed there, or was not tried) counts as that row's
         slowest candidate times 2 (:data:`MISSING_PENALTY`); rows where no candidate was measured are left out.
-        ``forest_`` learns ``[log(t_best / t_bytes), log(t / t_best) per config]`` (see the module's doc).
+        ``forest_`` learns ``[log(t_best / t_bytes), log(t / t_best) per config]`` (see the module's doc), the
+        latter capped at ``log(cap)``.
         """
+        if self.cap is not None and not self.cap > 1:
+            raise InvalidConfigError(f"cap must be a slowdown above 1 (or None), got {self.cap!r}")
+        if self.risk_quantile is not None and not 0 <= self.risk_quantile <= 1:
+            raise InvalidConfigError(f"risk_quantile must be within [0, 1] (or None), got {self.risk_quantile!r}")
         names = [str(n) for n in feature_names]
         X = validate_data(self, _as_rows(X, names), reset=True, dtype=np.float64)
         if X.shape[1] != len(names):
@@ -307,7 +346,8 @@ class KernelSelector(BaseEstimator):
         ratio = np.log(T / bytes_time(X, dtype=self.dtype_, device=device, feature_names=names)[:, None])
         ratio = np.where(np.isnan(ratio), np.nanmax(ratio, axis=1, keepdims=True) + MISSING_PENALTY, ratio)
         scale = ratio.min(axis=1, keepdims=True)
-        targets = np.hstack([scale, ratio - scale])
+        slowdown = ratio - scale if self.cap is None else np.minimum(ratio - scale, math.log(self.cap))
+        targets = np.hstack([scale, slowdown])
         forest = ExtraTreesRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
                                      random_state=self.random_state, n_jobs=-1).fit(design, targets)
         self.forest_ = CompactForest.from_sklearn(forest, design, targets)  # the estimator itself is dropped
@@ -367,18 +407,37 @@ class KernelSelector(BaseEstimator):
 
     def rank(self, features: Any, *, device: DeviceSpec | None = None, outcomes: bool = False
              ) -> list[RankedConfig]:
-        """Every config for ONE matrix (a mapping, or one row in ``feature_names_in_`` order), fastest expected
-        first, on ``device`` (default: the training device). ``votes``: the share of the forest's trees whose
-        own prediction puts the config first; with ``outcomes`` (what a race's shortlist draws on; a tenth
-        of a millisecond), each config's :meth:`outcomes`."""
+        """Every config for ONE matrix (a mapping, or one row in ``feature_names_in_`` order), first the one
+        to run (:meth:`rank_order`), on ``device`` (default: the training device). ``votes``: the share of the
+        forest's trees whose own prediction puts the config first; with ``outcomes`` (what a race's shortlist
+        draws on; a tenth of a millisecond where the order does not draw them already), each config's
+        :meth:`outcomes`."""
         rows, expected, votes, leaves = self._expected(features, device)
         if len(rows) != 1:
             raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
+        order, drawn = self._order(expected, leaves)
         seconds, prepare, shares = expected[0].tolist(), self.prepare_spmvs_.tolist(), votes[0].tolist()
-        drawn = np.ascontiguousarray(self._outcomes(leaves)[0].T) if outcomes else [()] * len(seconds)
+        if outcomes:
+            columns = np.ascontiguousarray((self._outcomes(leaves) if drawn is None else drawn)[0].T)
+        else:
+            columns = [()] * len(seconds)
         return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), seconds[j], prepare[j], shares[j],
-                             drawn[j])
-                for j in np.argsort(expected[0], kind="stable").tolist()]
+                             columns[j])
+                for j in order[0].tolist()]
+
+    def rank_order(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
+        """Each row's configs (columns of :attr:`configs_`) first to last: by expected time, or with
+        ``risk_quantile`` by that quantile of their :meth:`outcomes`, ties by expected time."""
+        _, expected, _, leaves = self._expected(X, device)
+        return self._order(expected, leaves)[0]
+
+    def _order(self, expected: np.ndarray, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`rank_order` from :meth:`_expected`'s times and leaves, and the outcomes it drew (None when
+        ranked by expected time alone)."""
+        if self.risk_quantile is None:
+            return np.argsort(expected, axis=1, kind="stable"), None
+        drawn = self._outcomes(leaves)
+        return np.lexsort((expected, _quantile(drawn, self.risk_quantile)), axis=-1), drawn
 
     def outcomes(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
         """For each row of X, :data:`OUTCOME_SAMPLES` training matrices drawn by their nearness to it in the
@@ -397,18 +456,19 @@ class KernelSelector(BaseEstimator):
 
     def predict_details(self, X: Any, *, device: DeviceSpec | None = None) -> list[Prediction]:
         """The first config of each row's ranking as a :class:`Prediction` (confidence: its votes)."""
-        rows, expected, votes, _ = self._expected(X, device)
+        rows, expected, votes, leaves = self._expected(X, device)
         nnz = rows[:, list(self.feature_names_in_).index("nnz")]
         out = []
-        for i, j in enumerate(np.argmin(expected, axis=1)):
+        for i, j in enumerate(self._order(expected, leaves)[0][:, 0].tolist()):
             kernel, params = self.configs_[j]
             out.append(Prediction(kernel, dict(params), float(votes[i, j]), float(2 * nnz[i] / expected[i, j] / 1e9)))
         return out
 
     def predict(self, X: Any, *, device: DeviceSpec | None = None) -> list[tuple[str, dict[str, Any]]]:
-        """``(kernel, params)`` expected fastest, per row of X (arrays, or feature mappings)."""
+        """``(kernel, params)`` of each row's first config (:meth:`rank_order`), per row of X (arrays, or
+        feature mappings)."""
         return [(self.configs_[j][0], dict(self.configs_[j][1]))
-                for j in np.argmin(self.expected_times(X, device=device), axis=1)]
+                for j in self.rank_order(X, device=device)[:, 0].tolist()]
 
     def config_keys(self) -> list[str]:
         """:func:`kernels.config_key` of each config in :attr:`configs_`, in column order."""
