@@ -443,3 +443,23 @@ def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_
     # none ranked has the fitted slabs: nothing added (the first's own fitted variant is the other way in)
     unfit = [r for r in ranking if not (r.kernel == "nut" and r.params["slabs"] == 4)]
     assert adapted(entrants, unfit, cols=8_000_000, itemsize=8, l2_bytes=l2) == entrants
+
+
+def test_a_nut_first_fitted_to_the_l2_races_beside_the_best_ranked_nut_of_those_slabs() -> None:
+    """A NuT first of one slab is fitted to 4 with its own tiles and threads; the best-ranked 4-slab config races
+    too (its panels fitted), since the fit's tiles and threads were chosen for one slab. Where the fit is that
+    config, once."""
+    one = ranked("nut", {"slabs": 1, "cols_per_tile": 16384, "threads": 1024}, 1.0, 150.0)
+    four = ranked("nut", {"slabs": 4, "cols_per_tile": 4096, "threads": 512}, 1.1, 150.0)
+    ranking = [one, ranked("cusparse", {"algorithm": "csr_alg1"}, 1.05, 4.0), four, *KNOWN]
+    l2 = 50 << 20
+    raced = adapted(shortlist(ranking, size=1), ranking, cols=8_000_000, itemsize=8, l2_bytes=l2)
+    nut = [e for e in raced if e.kernel == "nut"]
+    assert [(e.params["slabs"], e.params["cols_per_tile"], e.params["threads"]) for e in nut] == [
+        (4, 8192, 1024), (4, 4096, 512)]  # the fit's tiles narrowed to its panels' shared memory
+    assert nut[1].expected_s == 1.1 and nut[1].params["rows_per_panel"] == 4096
+    same = ranked("nut", {**four.params, "rows_per_panel": 4096}, 1.0, 150.0)
+    again = adapted(shortlist([same, *ranking[1:]], size=1), [same, *ranking[1:]], cols=8_000_000, itemsize=8,
+                    l2_bytes=l2)
+    assert [e.params for e in again if e.kernel == "nut"] == [get_family("nut").space.validate(same.params,
+                                                                                               family="nut")]

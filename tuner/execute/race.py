@@ -186,7 +186,7 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     ``plan(effort="predict")`` runs, so a race never does worse than a prediction; where that is cuSPARSE, raced
     anyway, the first of ours that prepares within ``cheap`` and is expected within ``slack`` times it, for on a
     structure it never saw the selector can be off severalfold: on the unseen benchmark's blockdiag a selector
-    trained on capped slowdowns (tried, not shipped) expected cuSPARSE at 399 us and csr_vector at 453, and
+    trained on capped slowdowns (stop 51's trial; shipped since) expected cuSPARSE at 399 us and csr_vector at 453, and
     they ran in 154 and 114 on the H200), then others, each the one
     that covers most of what those chosen miss on the training matrices nearest this one where the ranking
     carries their outcomes (:func:`_next_entrant`), else in rank order: at most ``per_family`` of one family (a
@@ -275,12 +275,17 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       fit this matrix (NuT where x outgrows its share of the L2), whatever it expects, the best-ranked that
       has that right, fitted further (NuT's panels), and also where no entrant of the family fits it: on a
       matrix like that, the one family that keeps the gathers of x out of DRAM races even where the
-      selector, never having seen such an x, ranks it behind cuSPARSE. Its preparation waits for the roof
-      (:func:`race`). (csr_scalar's variant, int32 columns in float64, races only beside a csr_scalar first.)
+      selector, never having seen such an x, ranks it behind cuSPARSE. The first's fitted config does not count
+      as one that fits: it keeps the tiles and threads the selector chose for another count of slabs, so the
+      best-ranked config that has the slabs right as ranked races beside it (on the unseen benchmark's bursts
+      in float32 a first of one slab, fitted to 4 with tiles of 16384 columns and 1024 threads, ran at 384 us
+      on the H200 where the ranked 4-slab config of 4096 columns and 512 threads had run at 285). Its
+      preparation waits for the roof (:func:`race`). (csr_scalar's variant, int32 columns in float64, races
+      only beside a csr_scalar first.)
     """
     configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
                            l2_bytes=l2_bytes)
-    out = list(entrants)
+    out, fit = list(entrants), None
     if len(configs) > len(entrants):
         first = entrants[0]
         fit = Entrant(first.kernel, configs[1][1], prepare_spmvs=first.prepare_spmvs)
@@ -305,14 +310,16 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
             continue
         outgrown = fitted(kernel, family.space.defaults()) is not None
         entered = [e for e in out if e.kernel == kernel]
-        if entered and (not outgrown or any(fitted(kernel, e.params) is None for e in entered)):
+        as_ranked = [e for e in entered if e is not fit]
+        if entered and (not outgrown or any(fitted(kernel, e.params) is None for e in as_ranked)):
             continue
         best = next((r for r in ranking or () if r.kernel == kernel and (not outgrown or leads(kernel, r.params))),
                     None)
         if best is not None and (outgrown or best.expected_s <= JOIN_SLACK * lead):
             at = next((i for i, e in enumerate(out) if e.kernel == BASELINE), len(out))
             params = (fitted(kernel, best.params) if outgrown else None) or dict(best.params)
-            out.insert(at, Entrant(best.kernel, params, best.expected_s, best.prepare_spmvs))
+            if not any(e.params == params for e in entered):
+                out.insert(at, Entrant(best.kernel, params, best.expected_s, best.prepare_spmvs))
     return out
 
 
