@@ -278,8 +278,8 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       selector, never having seen such an x, ranks it behind cuSPARSE. The first's fitted config does not count
       as one that fits: it keeps the tiles and threads the selector chose for another count of slabs, so the
       best-ranked config that has the slabs right as ranked races beside it (on the unseen benchmark's bursts
-      in float32 a first of one slab, fitted to 4 with tiles of 16384 columns and 1024 threads, ran at 384 us
-      on the H200 where the ranked 4-slab config of 4096 columns and 512 threads had run at 285). Its
+      in float32 a first of one slab, fitted to 4 with tiles of 16384 columns and 1024 threads, ran at 381 us
+      on the H200 beside the ranked 4-slab config of 4096 columns and 512 threads at 286, alone before). Its
       preparation waits for the roof (:func:`race`). (csr_scalar's variant, int32 columns in float64, races
       only beside a csr_scalar first.)
     """

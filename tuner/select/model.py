@@ -276,9 +276,8 @@ class KernelSelector(BaseEstimator):
         expected time alone.
 
         Leaving each structure family out of the four corpora (5 seeds each, on the CPU,
-        ``bench/results/2026-11-27_lofo-cap-quantile-51.txt``), cap 4 with the 75th percentile lifts the
-        first config's worst 5 % from 0.676-0.757 to 0.745-0.788 and its geomean from 0.915-0.944 to
-        0.931-0.942.
+        ``bench/results/2026-11-27_lofo-shipped-52.txt``), cap 4 with the 75th percentile lifts the first
+        config's worst 5 % from 0.676-0.757 to 0.745-0.788 and its geomean from 0.915-0.944 to 0.930-0.943.
     random_state : int or None
         Seed of the forest.
     """
