@@ -261,7 +261,8 @@ def test_the_package_carries_its_shipped_selectors():
 def test_the_shipped_selectors_load_and_rank(monkeypatch):
     """Every file in tuner/data loads (the SpMSpV one was pickled when its module was tuner.spmspv_selector:
     tuner.select.model's renaming unpickler) and answers; a kernel selector is small and ranks its whole
-    portfolio, on its own GPU and on another of its architecture."""
+    portfolio, on its own GPU and on another of its architecture; each was trained with the class's defaults
+    (a change of them means training them again)."""
     from tuner.matrix.features import extract_features
     from tuner.matrix.generate import generate
     from tuner.select.spmspv_selector import MODES, SELECTOR_FEATURES, ModeSelector
@@ -277,6 +278,7 @@ def test_the_shipped_selectors_load_and_rank(monkeypatch):
             assert path.stat().st_size <= 1.5e6, path
             model = load_shipped(device, dtype)
             assert isinstance(model, KernelSelector) and model.device_ == DeviceSpec(**header["device_spec"]), path
+            assert model.get_params() == KernelSelector().get_params(), path  # trained as the class now trains
             ranking = model.rank(features)
             assert len(ranking) == len(model.configs_) >= 20 and ranking[0].kernel in REGISTRY
             get_family(ranking[0].kernel).space.validate(ranking[0].params, family=ranking[0].kernel)
