@@ -207,8 +207,11 @@ def test_two_tunes_into_one_store_at_once_lose_no_trial(tmp_path, matrix):
 
 def test_ctrl_c_keeps_the_finished_trials_and_the_next_run_goes_on(tmp_path, matrix):
     db = tmp_path / "s.db"
+    # Ctrl-C's default, whatever this process inherited: a shell without job control starts background commands
+    # with SIGINT ignored, and the child would inherit that and never stop
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", *map(str, tune_args(matrix, db, 100_000))],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (db.exists() and len(stored_uids(db)) >= 3):
         assert proc.poll() is None and time.monotonic() < deadline
