@@ -91,10 +91,10 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
                  backend: GpuBackend | None = None, outcomes: bool = False,
                  selector: tuple[KernelSelector | None, DeviceSpec | None, str] | None = None
                  ) -> tuple[list[RankedConfig] | None, str]:
-    """The configs by the time the selector expects on ``device`` (fastest first), and which selector
-    ranked them; ``(None, reason)`` without one for this device's architecture and dtype. ``outcomes``: with
-    each config's outcomes on the nearest training matrices (what a race's shortlist draws on,
-    :meth:`tuner.select.model.KernelSelector.rank`). ``selector``: :func:`selector_for`'s answer for this
+    """The configs in the selector's order on ``device`` (first the one to run,
+    :meth:`tuner.select.model.KernelSelector.rank`), and which selector ranked them; ``(None, reason)`` without
+    one for this device's architecture and dtype. ``outcomes``: with each config's outcomes on the nearest
+    training matrices (what a race's shortlist draws on). ``selector``: :func:`selector_for`'s answer for this
     device and dtype, where the caller found it already.
 
     The selector is the store's newest for exactly this device and dtype, else the one shipped for it,

@@ -179,7 +179,7 @@ class RaceResult:
 def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, float] | None = None,
               itemsize: int = 8, size: int = 4, per_family: int = 2, prepare_budget: float = 60.0, slack: float = 1.5,
               cheap: float = CHEAP_SPMVS, margin: float = MARGIN) -> list[Entrant]:
-    """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (fastest expected
+    """The entrants of a race: up to ``size`` configs from the selector's ``ranking`` (the one to run
     first), then cuSPARSE's two algorithms.
 
     From the ranking: the first (the selector's answer) and the first that prepares within ``cheap`` SpMVs (what

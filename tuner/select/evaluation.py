@@ -173,7 +173,8 @@ def corpus_table(path: str | os.PathLike[str], *, dtype: str, device: str | None
 
 @dataclass(frozen=True)
 class Ranking:
-    """A matrix's out-of-fold ranking: config keys, fastest expected first, and each one's prepare_spmvs."""
+    """A matrix's out-of-fold ranking: config keys in the selector's order (first the one to run), and each
+    one's prepare_spmvs."""
 
     keys: list[str]
     prepare_spmvs: dict[str, float]

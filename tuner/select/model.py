@@ -254,7 +254,7 @@ class Prediction:
 
 
 class KernelSelector(BaseEstimator):
-    """Ranks the configs of its training portfolio by expected time on a matrix, from its features.
+    """Ranks the configs of its training portfolio for a matrix, from its features (:meth:`rank_order`).
 
     Parameters
     ----------
