@@ -417,6 +417,89 @@ def tensorprod(m: int, rng: np.random.Generator, k: int = 800, per_row: int = 4)
     return B
 
 
+def hypercube(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The hypercube graph on n vertices: row i holds i and i XOR 2^b for every bit b where that is below n: about
+    log2(n) + 1 entries a row, at offsets 1, 2, 4, ... up to n / 2 (every scale of distance at once)."""
+    i = np.arange(n, dtype=np.int64)
+    bits = 1 << np.arange(max(1, int(n - 1).bit_length()), dtype=np.int64)
+    rows, cols = np.repeat(i, bits.size), (i[:, None] ^ bits[None, :]).ravel()
+    keep = cols < n
+    return _csr(np.concatenate([rows[keep], i]), np.concatenate([cols[keep], i]), (n, n), rng)
+
+
+def knn3d(n: int, rng: np.random.Generator, k: int = 12) -> sp.csr_matrix:
+    """n random points in the unit cube numbered along a Z-order (Morton) curve; row i: point i and its ``k``
+    nearest neighbours (not symmetric): a point cloud's operator, local in 3-D, its rows a curve's walk."""
+    from scipy.spatial import cKDTree
+
+    pts = rng.random((n, 3))
+    cells = np.minimum((pts * 1024).astype(np.uint64), np.uint64(1023))
+    code = np.zeros(n, dtype=np.uint64)
+    for bit in range(10):  # interleave the 10 bits of each coordinate's cell
+        for axis in range(3):
+            code |= ((cells[:, axis] >> np.uint64(bit)) & np.uint64(1)) << np.uint64(3 * bit + axis)
+    pts = pts[np.argsort(code, kind="stable")]
+    _, near = cKDTree(pts).query(pts, k=k + 1)
+    return _csr(np.repeat(np.arange(n), k + 1), near.ravel(), (n, n), rng)
+
+
+def dense24(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """An n x n matrix in the 2:4 pattern of structured-sparse weights: in every group of 4 columns of every row,
+    2 at random: n / 2 entries a row, equal long rows over a small x."""
+    groups = n // 4
+    pairs = np.array([(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)])
+    chosen = pairs[rng.integers(0, 6, (n, groups))]  # (rows, groups, 2)
+    cols = (np.arange(groups)[None, :, None] * 4 + chosen).reshape(n, -1)
+    return _csr(np.repeat(np.arange(n), cols.shape[1]), cols.ravel(), (n, 4 * groups), rng)
+
+
+def repeatrows(n: int, rng: np.random.Generator, patterns: int = 64, shortest: int = 8, longest: int = 256
+               ) -> sp.csr_matrix:
+    """Each of n rows a copy of one of ``patterns`` column patterns (log-uniform lengths in [shortest, longest],
+    random columns of n): rows of varied lengths that read a few thousand entries of x over and over."""
+    lengths = np.exp(rng.uniform(np.log(shortest), np.log(longest), patterns)).astype(np.int64)
+    columns = [np.sort(rng.choice(n, size=int(length), replace=False)) for length in lengths]
+    which = rng.integers(0, patterns, n)
+    rows = np.repeat(np.arange(n), lengths[which])
+    return _csr(rows, np.concatenate([columns[w] for w in which]), (n, n), rng)
+
+
+def webhosts(n: int, rng: np.random.Generator, hosts: int = 20_000, degree: float = 12.0, inside: float = 0.8
+             ) -> sp.csr_matrix:
+    """A web crawl's link matrix: n pages numbered host by host (hosts of Zipf-like sizes), log-normal out-degrees;
+    ``inside`` of a page's links go to pages of its own host near it, the rest to other hosts' home pages (their
+    first), chosen in proportion to the hosts' sizes: local runs and a few thousand hub columns."""
+    sizes = rng.pareto(1.2, hosts) + 1.0
+    bounds = np.concatenate([[0], np.round(np.cumsum(sizes) / sizes.sum() * n).astype(np.int64)])
+    bounds = np.maximum.accumulate(np.minimum(bounds, n))
+    bounds[-1] = n
+    deg = np.maximum(1, np.round(rng.lognormal(np.log(degree) - 0.5, 1.0, n))).astype(np.int64)
+    rows = np.repeat(np.arange(n), deg)
+    host = np.searchsorted(bounds, rows, side="right") - 1
+    lo, hi = bounds[host], np.maximum(bounds[host + 1], bounds[host] + 1)
+    near = np.clip(rows + np.round(rng.normal(0.0, 30.0, rows.size)).astype(np.int64), lo, hi - 1)
+    weights = np.diff(bounds).astype(np.float64)
+    homes = bounds[:-1][rng.choice(hosts, size=rows.size, p=weights / weights.sum())]
+    cols = np.where(rng.random(rows.size) < inside, near, np.minimum(homes, n - 1))
+    return _csr(rows, cols, (n, n), rng)
+
+
+def blockangular(blocks: int, rng: np.random.Generator, block_rows: int = 20_000, block_cols: int = 24_000,
+                 per_row: int = 8, linking_cols: int = 2_000, linking_rows: int = 400, linking_len: int = 25_000
+                 ) -> sp.csr_matrix:
+    """A doubly bordered block-angular LP: ``blocks`` diagonal blocks (rows of ``per_row`` random columns of
+    their block), 2 entries a row in ``linking_cols`` columns shared by all (right), and ``linking_rows`` rows of
+    ``linking_len`` random columns over everything (bottom): short rows, a few long ones, shared columns."""
+    m, n = blocks * block_rows, blocks * block_cols + linking_cols
+    rows = np.repeat(np.arange(m), per_row)
+    cols = (rows // block_rows) * block_cols + rng.integers(0, block_cols, rows.size)
+    link = np.repeat(np.arange(m), 2)
+    bottom = m + np.repeat(np.arange(linking_rows), linking_len)
+    return _csr(np.concatenate([rows, link, bottom]),
+                np.concatenate([cols, n - linking_cols + rng.integers(0, linking_cols, link.size),
+                                rng.integers(0, n, bottom.size)]), (m + linking_rows, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -427,7 +510,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49
+    # "d" 46, "e" 49, "f" 53
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -460,6 +543,12 @@ MATRICES = (
     Unseen("lowertri", lowertri, 500_000, 54, "e"),            # ~21 M
     Unseen("bandnoise", bandnoise, 250_000, 55, "e"),          # ~21 M
     Unseen("tensorprod", tensorprod, 2_000, 56, "e"),          # ~24 M
+    Unseen("hypercube", hypercube, 1_000_000, 61, "f"),        # ~21 M
+    Unseen("knn3d", knn3d, 1_600_000, 62, "f"),                # ~21 M
+    Unseen("dense24", dense24, 6_000, 63, "f", dims=2),        # 18 M
+    Unseen("repeatrows", repeatrows, 400_000, 64, "f"),        # ~25 M
+    Unseen("webhosts", webhosts, 2_000_000, 65, "f"),          # ~19 M
+    Unseen("blockangular", blockangular, 50, 66, "f"),         # ~20 M
 )
 
 
@@ -643,7 +732,7 @@ def main() -> None:
     ap.add_argument("--effort", nargs="+", default=list(EFFORTS), choices=EFFORTS)
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
-    ap.add_argument("--set", nargs="+", default=["a", "b", "c", "d", "e"], choices=["a", "b", "c", "d", "e"],
+    ap.add_argument("--set", nargs="+", default=["a", "b", "c", "d", "e", "f"], choices=["a", "b", "c", "d", "e", "f"],
                     help="which sets of matrices")
     ap.add_argument("--suite", default="", help="a named suite of tuner.matrix.suites instead (issue18: the six "
                     "structures issue #18 names); --set and --only are then not used")
