@@ -15,10 +15,15 @@ scikit-learn compares ``float32(x) <= threshold`` with a float64 threshold;
 the threshold kept is the largest float32 not above it, which sends every
 float32 the same way. A prediction walks all trees at once, one level per
 step (NumPy over every (row, tree) pair: a leaf is its own child, so no step
-tracks which pairs are done), then gathers each leaf's mean training targets
-(a table built on the first prediction, never pickled): the forest's own
-prediction, up to float32 rounding of the targets
-(:meth:`CompactForest.from_sklearn` checks every leaf).
+tracks which pairs are done), then averages the training targets of the rows
+that share its leaves (:meth:`CompactForest.proximity`, :meth:`CompactForest.mean_under`):
+the forest's own prediction, up to float32 rounding of the targets
+(:meth:`CompactForest.from_sklearn` checks every leaf). A table of every
+leaf's means (leaves x outputs: megabytes, built on the first ask, never
+pickled) serves each tree's own prediction (:meth:`CompactForest.tree_outputs`);
+a ranking needs only each leaf's best output (:meth:`CompactForest.leaf_argmin`),
+so ``plan()`` never builds it: gathering a hundred of its rows from memory the
+host's caches had lost cost more than the rest of the walk.
 """
 
 from __future__ import annotations
@@ -128,9 +133,13 @@ class CompactForest:
 
     def _walk(self) -> _Walk:
         """:class:`_Walk`, built on the first prediction (a pickle leaves it out)."""
-        if (walk := self.__dict__.get("_walk_cache")) is None:
-            walk = self._walk_cache = _Walk(self)
-        return walk
+        return self._cached("_walk_cache", lambda: _Walk(self))
+
+    def _cached(self, name: str, build: Any) -> Any:
+        """A table built from the arrays on its first use and kept (``name`` starts with ``_``: never pickled)."""
+        if (table := self.__dict__.get(name)) is None:
+            table = self.__dict__[name] = build()
+        return table
 
     def __getstate__(self) -> dict[str, Any]:
         """What a pickle keeps: the arrays given to the constructor, not the tables built from them."""
@@ -149,11 +158,23 @@ class CompactForest:
 
     def outputs_of(self, leaves: np.ndarray) -> np.ndarray:
         """Each tree's prediction for the rows whose leaves (:meth:`apply`'s) are given: (trees, rows, outputs)."""
-        return self._walk().values[leaves].transpose(1, 0, 2)
+        return self._cached("_means", self.leaf_means)[leaves].transpose(1, 0, 2)
+
+    def mean_under(self, weights: np.ndarray) -> np.ndarray:
+        """The training targets averaged under :meth:`proximity`'s weights (rows x training rows): the forest's
+        prediction for those rows, (rows, outputs) float64. Summed training row after training row, every
+        output alike (a matrix product's blocked sums differ from one output to the next in the last bits,
+        which orders configs of equal targets at random), as the GPU's ranking sums them."""
+        return (weights[:, :, None] * self._cached("_targets64", lambda: self.targets.astype(np.float64))).sum(axis=1)
+
+    def leaf_argmin(self, start: int = 0) -> np.ndarray:
+        """Each leaf's output of least mean among outputs ``start`` onwards, counted from ``start``: (leaves,)
+        int. What the tree a leaf belongs to puts first (built once from :meth:`leaf_means`)."""
+        return self._cached(f"_argmin{start}", lambda: self.leaf_means()[:, start:].argmin(axis=1))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The forest's prediction (the mean of its trees'): (rows, outputs)."""
-        return self.tree_outputs(X).mean(axis=0)
+        return self.mean_under(self.proximity(self.apply(X)))
 
     def nbytes(self) -> int:
         """Bytes of the arrays (what a pickle holds)."""
@@ -169,8 +190,7 @@ class _Walk:
     at position ``2k``; every array holds two entries a node: ``child[2k]`` is the position of its left child
     and ``child[2k + 1]`` of its right, the others repeat the node's feature, threshold and NaN direction, so a
     step is ``node = child[node + (x > threshold[node])]``. A leaf splits on feature 0 at +inf with itself as
-    both children: every walk takes ``depth`` steps and no step tracks which are done. ``values``: each leaf's
-    mean training targets (leaves x outputs, float64), so a prediction gathers rows of it."""
+    both children: every walk takes ``depth`` steps and no step tracks which are done."""
 
     def __init__(self, forest: CompactForest) -> None:
         inner, leaves = len(forest.feature), len(forest.leaf_start) - 1
@@ -191,7 +211,6 @@ class _Walk:
         while (frontier := frontier[frontier < 2 * inner]).size:  # inner nodes left on some path
             frontier = np.concatenate([self.child[frontier], self.child[frontier + 1]])
             self.depth += 1
-        self.values = forest.leaf_means()
 
 
 def _floor32(threshold: np.ndarray) -> np.ndarray:

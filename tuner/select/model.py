@@ -377,7 +377,7 @@ class KernelSelector(BaseEstimator):
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validated feature rows, the expected seconds of every config (columns) for them on ``device``
         (default: the training one), the votes (the share of the trees whose own prediction puts each
-        config first) and the leaf each row ends in in each tree (:meth:`CompactForest.apply`)."""
+        config first) and each row's nearness to the training rows (:meth:`CompactForest.proximity`)."""
         check_is_fitted(self)
         names = list(self.feature_names_in_)
         rows = np.atleast_2d(_as_rows(X, names))
@@ -389,15 +389,16 @@ class KernelSelector(BaseEstimator):
             raise ValueError(f"features hold NaN or infinity: {bad}")
         device = self.device_ if device is None else device
         design, _ = design_matrix(rows, dtype=self.dtype_, device=device, feature_names=names)
-        leaves = self.forest_.apply(design)
-        trees = self.forest_.outputs_of(leaves)  # (trees, rows, outputs)
-        out = trees.mean(axis=0)
-        firsts = trees[:, :, 1:].argmin(axis=2)  # (trees, rows)
+        leaves = self.forest_.apply(design)  # (rows, trees)
+        weights = self.forest_.proximity(leaves)
+        out = self.forest_.mean_under(weights)  # the mean of the trees' predictions
+        firsts = self.forest_.leaf_argmin(1)[leaves]  # each tree's first config, (rows, trees)
         configs = len(self.configs_)
-        counts = np.bincount((firsts + configs * np.arange(len(rows))).ravel(), minlength=len(rows) * configs)
-        votes = counts.reshape(len(rows), configs) / len(trees)
+        counts = np.bincount((firsts + configs * np.arange(len(rows))[:, None]).ravel(),
+                             minlength=len(rows) * configs)
+        votes = counts.reshape(len(rows), configs) / leaves.shape[1]
         t_bytes = bytes_time(rows, dtype=self.dtype_, device=device, feature_names=names)
-        return rows, t_bytes[:, None] * np.exp(out[:, :1] + out[:, 1:]), votes, leaves
+        return rows, t_bytes[:, None] * np.exp(out[:, :1] + out[:, 1:]), votes, weights
 
     def expected_times(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
         """Expected seconds of every config in :attr:`configs_` (columns) for each row of X (arrays, or feature
@@ -411,31 +412,37 @@ class KernelSelector(BaseEstimator):
         forest's trees whose own prediction puts the config first; with ``outcomes`` (what a race's shortlist
         draws on; a tenth of a millisecond where the order does not draw them already), each config's
         :meth:`outcomes`."""
-        rows, expected, votes, leaves = self._expected(features, device)
+        rows, expected, votes, weights = self._expected(features, device)
         if len(rows) != 1:
             raise InvalidConfigError(f"rank() takes one matrix's features, got {len(rows)} rows")
-        order, drawn = self._order(expected, leaves)
-        seconds, prepare, shares = expected[0].tolist(), self.prepare_spmvs_.tolist(), votes[0].tolist()
-        if outcomes:
-            columns = np.ascontiguousarray((self._outcomes(leaves) if drawn is None else drawn)[0].T)
-        else:
-            columns = [()] * len(seconds)
+        order, drawn = self._order(expected, weights)
+        if outcomes and drawn is None:
+            drawn = self._outcomes(weights)
+        return self.ranked(order[0], expected[0], votes[0], drawn[0] if outcomes else None)
+
+    def ranked(self, order: np.ndarray, expected: np.ndarray, votes: np.ndarray, outcomes: np.ndarray | None = None
+               ) -> list[RankedConfig]:
+        """One matrix's :meth:`rank` from its parts: the configs' order (columns of :attr:`configs_`), expected
+        seconds, votes and, where asked, outcomes (samples x configs, :meth:`outcomes_of`). :mod:`tuner.select.
+        rank_gpu` computes the parts on the GPU."""
+        seconds, prepare, shares = expected.tolist(), self.prepare_spmvs_.tolist(), votes.tolist()
+        columns = np.ascontiguousarray(outcomes.T) if outcomes is not None else [()] * len(seconds)
         return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), seconds[j], prepare[j], shares[j],
                              columns[j])
-                for j in order[0].tolist()]
+                for j in np.asarray(order).tolist()]
 
     def rank_order(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
         """Each row's configs (columns of :attr:`configs_`) first to last: by expected time, or with
         ``risk_quantile`` by that quantile of their :meth:`outcomes`, ties by expected time."""
-        _, expected, _, leaves = self._expected(X, device)
-        return self._order(expected, leaves)[0]
+        _, expected, _, weights = self._expected(X, device)
+        return self._order(expected, weights)[0]
 
-    def _order(self, expected: np.ndarray, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """:meth:`rank_order` from :meth:`_expected`'s times and leaves, and the outcomes it drew (None when
-        ranked by expected time alone)."""
+    def _order(self, expected: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`rank_order` from :meth:`_expected`'s times and proximity weights, and the outcomes it drew
+        (None when ranked by expected time alone)."""
         if self.risk_quantile is None:
             return np.argsort(expected, axis=1, kind="stable"), None
-        drawn = self._outcomes(leaves)
+        drawn = self._outcomes(weights)
         return np.lexsort((expected, _quantile(drawn, self.risk_quantile)), axis=-1), drawn
 
     def outcomes(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
@@ -447,18 +454,24 @@ class KernelSelector(BaseEstimator):
         covers them)."""
         return self._outcomes(self._expected(X, device)[3])
 
-    def _outcomes(self, leaves: np.ndarray) -> np.ndarray:
-        weights = np.cumsum(self.forest_.proximity(leaves), axis=1)
+    def _outcomes(self, weights: np.ndarray) -> np.ndarray:
+        """:meth:`outcomes` of the rows of these proximity weights."""
+        weights = np.cumsum(weights, axis=1)
         at = (np.arange(OUTCOME_SAMPLES) + 0.5) / OUTCOME_SAMPLES
-        drawn = np.minimum([np.searchsorted(w, at * w[-1]) for w in weights], len(self.forest_.targets) - 1)
+        return self.outcomes_of(np.minimum([np.searchsorted(w, at * w[-1]) for w in weights],
+                                           len(self.forest_.targets) - 1))
+
+    def outcomes_of(self, drawn: np.ndarray) -> np.ndarray:
+        """Each config's ``log(t / t_best)`` on the training rows ``drawn`` (any shape of row indices): that
+        shape plus one axis of configs."""
         return self.forest_.targets[drawn, 1:].astype(np.float64)
 
     def predict_details(self, X: Any, *, device: DeviceSpec | None = None) -> list[Prediction]:
         """The first config of each row's ranking as a :class:`Prediction` (confidence: its votes)."""
-        rows, expected, votes, leaves = self._expected(X, device)
+        rows, expected, votes, weights = self._expected(X, device)
         nnz = rows[:, list(self.feature_names_in_).index("nnz")]
         out = []
-        for i, j in enumerate(self._order(expected, leaves)[0][:, 0].tolist()):
+        for i, j in enumerate(self._order(expected, weights)[0][:, 0].tolist()):
             kernel, params = self.configs_[j]
             out.append(Prediction(kernel, dict(params), float(votes[i, j]), float(2 * nnz[i] / expected[i, j] / 1e9)))
         return out
