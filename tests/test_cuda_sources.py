@@ -18,6 +18,7 @@ from kernels._cuda import KERNEL_DIR
 from kernels.spmspv import MODES
 from tuner.matrix import features_gpu, structure_gpu
 from tuner.measure import backend, verify
+from tuner.select import rank_gpu
 
 NVCC = shutil.which("nvcc")
 SOURCES = {**{n: f for n, f in REGISTRY.items() if f.cu_file}, **{f"spmspv-{n}": m for n, m in MODES.items()},
@@ -52,6 +53,7 @@ def test_cu_file_compiles_with_nvcc(family, tmp_path):
 
 INLINE = {"features": (features_gpu._SOURCE, ("feature_rows", "feature_xor_bits", "feature_columns", "feature_tail")),
           "structure": (structure_gpu._SOURCE, ("csr_structure",)),
+          "rank": (rank_gpu.SOURCE, ("rank_from_counters", "rank_from_features")),
           "spin": (backend._SPIN, ("spin_cycles",)), "gate": (backend._GATE, ("wait_for_host",))}
 """The kernels kept as source strings in Python modules (compiled by NVRTC at run time), and their entry points."""
 

@@ -136,7 +136,7 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
 
     A = random_canonical(3, (40, 30), 120)
     B, fp, features = fp_module.device_csr_and_fingerprint(
-        A, dtype="float32", describe_if=describe, meanwhile=lambda dtype: log.append(f"selector {dtype}"))
+        A, dtype="float32", describe_if=describe, meanwhile=lambda dtype, queued: log.append(f"selector {dtype}"))
     assert log == ["pass", f"describe 40x30 {A.nnz}", f"features of {A.nnz}", "selector float32", "read pass",
                    "read features"]
     assert B.dtype == np.float32 and fp == fingerprint(A) and features == extract_features(A)
@@ -145,7 +145,7 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
     unsorted = sp.csr_matrix((np.ones(4), np.array([2, 1, 3, 3], dtype=np.int32), np.array([0, 2, 4], dtype=np.int32)),
                              shape=(2, 5))
     B, fp, features = fp_module.device_csr_and_fingerprint(
-        unsorted, describe_if=describe, meanwhile=lambda dtype: log.append(f"selector {dtype}"))
+        unsorted, describe_if=describe, meanwhile=lambda dtype, queued: log.append(f"selector {dtype}"))
     assert log == ["pass", "describe 2x5 4", "features of 4", "selector float64", "read pass",
                    "pass", "describe 2x5 3", "features of 3", "selector float64", "read pass", "read features"]
     assert fp == fingerprint(canonical(unsorted)) and features == extract_features(canonical(unsorted))

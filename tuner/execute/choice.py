@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.shipped import may_predict
 
 if TYPE_CHECKING:
+    from tuner.matrix.features import QueuedFeatures
     from tuner.measure.backend import GpuBackend
     from tuner.select.model import DeviceSpec, KernelSelector, RankedConfig
 
@@ -111,9 +112,42 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
         ranking = model.rank(features, device=spec, outcomes=outcomes)
     except InvalidConfigError:  # a selector trained on other features: unusable until retrained
         return None, f"{basis} cannot rank this matrix"
+    return _registered(model, ranking), basis
+
+
+def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str], queued: QueuedFeatures, *,
+                  outcomes: bool = False
+                  ) -> Callable[[Mapping[str, float]], tuple[list[RankedConfig] | None, str] | None] | None:
+    """:func:`rank_configs` with ``selector`` (:func:`selector_for`'s answer) queued on the GPU behind the
+    features' kernels (:mod:`tuner.select.rank_gpu`), or None where it cannot be (no selector, features not
+    computed on the GPU, a selector the kernel does not take). The returned function takes the features read
+    back and gives :func:`rank_configs`' answer, or None where the kernel's features differ from them (then
+    :func:`rank_configs` ranks)."""
+    model, spec, basis = selector
+    if model is None or queued.on_device is None:
+        return None
+    from tuner.select.rank_gpu import queue_rank, takes  # CuPy: the features are on the GPU
+
+    if not takes(model):
+        return None
+    pending = queue_rank(model, queued.on_device, device=spec)
+
+    def ranked(features: Mapping[str, float]) -> tuple[list[RankedConfig] | None, str] | None:
+        parts = pending()
+        if parts.features.tolist() != [features[name] for name in FEATURE_NAMES]:
+            return None
+        ranking = model.ranked(parts.order, parts.expected, parts.votes,
+                               model.outcomes_of(parts.drawn) if outcomes else None)
+        return _registered(model, ranking), basis
+
+    return ranked
+
+
+def _registered(model: Any, ranking: list[RankedConfig]) -> list[RankedConfig] | None:
+    """``ranking`` without the configs the registry no longer holds; None where none is left."""
     if not _ranks_valid_configs_only(model):
         ranking = [r for r in ranking if _valid(r.kernel, r.params)]
-    return ranking or None, basis
+    return ranking or None
 
 
 _ALL_VALID: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
@@ -176,5 +210,5 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     return default_choice()
 
 
-__all__ = ["NO_SELECTOR", "Choice", "choose", "default_choice", "rank_configs", "ranked_choice", "selector_for",
-           "stored_choice"]
+__all__ = ["NO_SELECTOR", "Choice", "choose", "default_choice", "queue_ranking", "rank_configs", "ranked_choice",
+           "selector_for", "stored_choice"]

@@ -5,7 +5,8 @@ measured for the matrix on this GPU and dtype:
 
 - ``"predict"``: the selector's first config (:mod:`tuner.select.model`) among
   those cheap to prepare (:data:`~tuner.execute.race.CHEAP_SPMVS`), or cuSPARSE without
-  a selector for this GPU; the matrix's features are the only other cost;
+  a selector for this GPU; the matrix's features are the only other cost (the ranking is
+  queued on the GPU behind them, :mod:`tuner.select.rank_gpu`, where the matrix is new to the store);
 - ``"race"`` (the default): the selector's shortlist and cuSPARSE's two
   algorithms prepared, checked and timed here (:mod:`tuner.execute.race`; the
   reference they are checked against is computed on the GPU while the host
@@ -44,6 +45,7 @@ from kernels._cuda import gpu_available
 from tuner.execute.choice import (
     Choice,
     default_choice,
+    queue_ranking,
     rank_configs,
     ranked_choice,
     selector_for,
@@ -60,7 +62,7 @@ from tuner.execute.race import (
     search_seeds,
     shortlist,
 )
-from tuner.matrix.features import extract_features
+from tuner.matrix.features import QueuedFeatures, extract_features
 from tuner.matrix.fingerprint import device_csr_and_fingerprint, fingerprint, legacy_fingerprint
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import Backend, GpuBackend
@@ -105,10 +107,13 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     steps = _Steps(backend)
     device = backend.info.id
     selectors: dict[str, Any] = {}  # found while the GPU describes a matrix new to the store, by dtype
+    rankings: dict[str, Any] = {}  # and the rankings queued behind its features (not for a search's seeds)
 
-    def find(values: str) -> None:
+    def find(values: str, queued: QueuedFeatures) -> None:
         if values not in selectors:
             selectors[values] = selector_for(store, device=device, dtype=values, backend=backend)
+        if effort != "tune":
+            rankings[values] = queue_ranking(selectors[values], queued, outcomes=effort == "race")
 
     with steps("matrix"):  # on the GPU, canonical, named and, where new to the store, described: one round trip
         write_behind.wait(store.path)  # an earlier plan()'s race, still being written
@@ -129,12 +134,16 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
         if features is None:
             with steps("features"):
                 features = extract_features(A_dev)
-        # a race's reference: on the GPU while the host ranks the configs
+        queued = rankings.get(dtype)
+        with steps("rank"):  # the GPU's ranking, read back before the reference is queued behind it
+            ranked = queued(features) if queued else None
+        # a race's reference: on the GPU while the host ranks the configs (where the GPU did not)
         reference = Reference.build(A_dev, dtype, npr_max=int(features["npr_max"]), behind=True) \
             if effort == "race" else None
         with steps("rank"):
-            ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, backend=backend,
-                                          outcomes=effort == "race", selector=selectors.get(dtype))
+            ranking, basis = ranked or rank_configs(store, device=device, dtype=dtype, features=features,
+                                                    backend=backend, outcomes=effort == "race",
+                                                    selector=selectors.get(dtype))
         if effort == "tune":
             with steps("tune"):
                 seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A_dev.shape[1],

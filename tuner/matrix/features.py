@@ -25,7 +25,8 @@ indices, sorted columns within each row, no duplicates.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,10 +34,14 @@ import scipy.sparse as sp
 from common.errors import MatrixFormatError
 from kernels.suraa_segments import freedman_diaconis_segments, segments_of_quartiles
 
+if TYPE_CHECKING:
+    from tuner.matrix.features_gpu import DeviceCounters
+
 __all__ = [
     "CF_WIDTHS",
     "FEATURE_NAMES",
     "LONG_ROW",
+    "QueuedFeatures",
     "csr_arrays",
     "extract_features",
     "queue_features",
@@ -158,16 +163,29 @@ def extract_features(A: Any) -> dict[str, float]:
     return queue_features(A)()
 
 
-def queue_features(A: Any, *, checked_apart: bool = False) -> Callable[[], dict[str, float]]:
+@dataclass(frozen=True)
+class QueuedFeatures:
+    """:func:`queue_features`' answer: called, the feature vector (read back from the GPU where its kernels were
+    queued); ``on_device``: those kernels' counters, still on the GPU, for work queued behind them (``plan()``
+    ranks the configs there, :mod:`tuner.select.rank_gpu`), None where the features were computed otherwise."""
+
+    read: Callable[[], dict[str, float]]
+    on_device: DeviceCounters | None = None
+
+    def __call__(self) -> dict[str, float]:
+        return self.read()
+
+
+def queue_features(A: Any, *, checked_apart: bool = False) -> QueuedFeatures:
     """:func:`extract_features` of ``A``, its GPU work (a CuPy matrix's) launched now and read back when the
-    returned function is called: ``plan()`` queues it behind the matrix's structure pass, one read-back for
+    returned object is called: ``plan()`` queues it behind the matrix's structure pass, one read-back for
     both, and uses it only where that pass finds ``A`` canonical (``checked_apart``, :func:`csr_arrays`)."""
     xp, m, n, indptr, indices = csr_arrays(A, checked_apart=checked_apart)
     nnz = int(indices.size)
     if xp is not np and nnz and m:
         return _gpu_features(xp, m, n, indptr, indices)
     features = _features(xp, m, n, indptr, indices)
-    return lambda: features
+    return QueuedFeatures(lambda: features)
 
 
 def _features(xp: Any, m: int, n: int, indptr: Any, indices: Any) -> dict[str, float]:
@@ -210,17 +228,18 @@ def _features(xp: Any, m: int, n: int, indptr: Any, indices: Any) -> dict[str, f
     return {name: float(features[name]) for name in FEATURE_NAMES}
 
 
-def _gpu_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any) -> Callable[[], dict[str, float]]:
+def _gpu_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any) -> QueuedFeatures:
     """:func:`queue_features` for a CuPy matrix with rows and nonzeros, from the fused kernels' numbers."""
     from tuner.matrix.features_gpu import queue_device_features
 
     nnz = int(indices.size)
-    raw_later = queue_device_features(cupy, m, n, indptr, indices, long_row=LONG_ROW, cf_widths=CF_WIDTHS)
-    return lambda: _from_raw(raw_later(), m, n, nnz)
+    counters, raw_later = queue_device_features(cupy, m, n, indptr, indices, long_row=LONG_ROW, cf_widths=CF_WIDTHS)
+    return QueuedFeatures(lambda: _from_raw(raw_later(), m, n, nnz), counters)
 
 
 def _from_raw(raw: dict[str, float], m: int, n: int, nnz: int) -> dict[str, float]:
-    """The feature vector from :func:`~tuner.matrix.features_gpu.queue_device_features`' numbers."""
+    """The feature vector from :func:`~tuner.matrix.features_gpu.queue_device_features`' numbers (its twin on the
+    GPU, :mod:`tuner.select.rank_gpu`, follows it step by step)."""
     mean = nnz / m
     npr_std = float(np.sqrt(max(raw["npr_sum_sq"] / m - mean * mean, 0.0)))
     col_mean = nnz / n

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -164,10 +165,26 @@ def _kernels(cupy: Any, device: int) -> tuple[Any, Any, Any, Any]:
                                                           "feature_tail"))
 
 
+@dataclass(frozen=True)
+class DeviceCounters:
+    """The kernels' counters of one matrix, on the GPU (``buffer``, 46 uint64: the rows kernel's empty, long and
+    diagonal rows and bandwidth, the XOR histogram's 33 bins, the tail's 9 numbers, in that order), with what
+    turns them into features: the shape and the quartiles' interpolation weights (their positions' values are
+    in the buffer). Work queued behind the kernels reads them there (:mod:`tuner.select.rank_gpu`)."""
+
+    buffer: Any
+    m: int
+    n: int
+    nnz: int
+    q25_weight: float
+    q75_weight: float
+
+
 def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
-                          cf_widths: tuple[int, ...]) -> Callable[[], dict[str, float]]:
+                          cf_widths: tuple[int, ...]) -> tuple[DeviceCounters, Callable[[], dict[str, float]]]:
     """The raw numbers :func:`~tuner.matrix.features.extract_features` needs, from CuPy int32 ``indptr`` and
-    ``indices`` (nnz > 0): the kernels launched now, their one read-back when the returned function is called."""
+    ``indices`` (nnz > 0): the kernels launched now; their counters where they stay on the GPU, and their one
+    read-back when the returned function is called."""
     rows_kernel, xor_kernel, columns_kernel, tail_kernel = _kernels(cupy, cupy.cuda.Device().id)
     nnz = int(indices.size)
     sms = device_attributes()["MultiProcessorCount"]
@@ -202,4 +219,4 @@ def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, 
             "segments": [1.0 + changes_at_least[int(math.log2(w)) + 1] for w in cf_widths],
         }
 
-    return result
+    return DeviceCounters(out, m, n, nnz, q25[2], q75[2]), result

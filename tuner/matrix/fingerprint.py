@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.matrix.features import csr_arrays, queue_features
+from tuner.matrix.features import QueuedFeatures, csr_arrays, queue_features
 from tuner.matrix.io import as_device_csr, kept_on_device, stays_on_device, value_dtype
 from tuner.matrix.structure_gpu import queue_structure_pass, structure_pass
 
@@ -83,7 +83,7 @@ def fingerprint(A: Any) -> str:
 
 def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
                                describe_if: Callable[[int, int, int], bool] | None = None,
-                               meanwhile: Callable[[str], object] | None = None
+                               meanwhile: Callable[[str, QueuedFeatures], object] | None = None
                                ) -> tuple[Any, str, dict[str, float] | None]:
     """:func:`~tuner.matrix.io.as_device_csr` of ``A``, its fingerprint and, where ``describe_if(rows, cols,
     nnz)`` holds (``plan()``: the store holds no matrix of that shape and nonzeros, so none can be this one),
@@ -91,7 +91,8 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
     A CuPy CSR matrix of int32 arrays is checked (canonical, values finite) and fingerprinted in one pass
     over it (:func:`~tuner.matrix.structure_gpu.structure_pass`), its features' kernels queued behind that
     pass and read back with it: one wait for the GPU, not two; ``meanwhile`` is called with the values' dtype
-    once they are queued, before that wait (``plan()`` finds the selector while the GPU works). Where it is not
+    and the queued features once they are queued, before that wait (``plan()`` finds the selector while the GPU
+    works, and queues the ranking behind the features). Where it is not
     canonical, its canonical form is fingerprinted and described."""
     if stays_on_device(A):
         check, features = _queued(A, dtype=dtype, values=A.data, describe_if=describe_if, meanwhile=meanwhile)
@@ -105,7 +106,7 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
 
 
 def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int, int], bool] | None,
-            meanwhile: Callable[[str], object] | None
+            meanwhile: Callable[[str, QueuedFeatures], object] | None
             ) -> tuple[Callable[[], tuple[bool, list[int], int]], Callable[[], dict[str, float] | None]]:
     """:func:`device_csr_and_fingerprint`'s GPU work on ``A`` queued: the structure pass (the fingerprint's sums,
     and ``values``' check where given) and, where ``describe_if`` holds, the features (read back only where the
@@ -116,7 +117,7 @@ def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int,
         return check, lambda: None
     features = queue_features(A, checked_apart=True)
     if meanwhile is not None:
-        meanwhile(str(value_dtype(np.dtype(A.dtype), dtype)))
+        meanwhile(str(value_dtype(np.dtype(A.dtype), dtype)), features)
     return check, features
 
 

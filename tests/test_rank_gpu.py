@@ -1,0 +1,137 @@
+"""The selector's ranking on the GPU (tuner.select.rank_gpu) against KernelSelector.rank, its NumPy definition,
+on every shipped selector; and plan()'s use of it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tuner.execute.choice import queue_ranking, selector_for
+from tuner.matrix.features import FEATURE_NAMES, QueuedFeatures, extract_features, queue_features
+from tuner.matrix.generate import KINDS, generate
+from tuner.select import rank_gpu
+from tuner.select.model import load_shipped
+from tuner.select.shipped import DATA_DIR, read_header
+
+FILES = {(h["device"], h["dtype"]): path for path in sorted(DATA_DIR.glob("spmv-selector_*.pkl.gz"))
+         if (h := read_header(path))}
+SHIPPED = sorted(FILES)
+"""The selectors shipped in the package (the tests' own environment ships none: conftest.py)."""
+
+
+def _selector(device: str, dtype: str):
+    selector = load_shipped(device, dtype, path=FILES[device, dtype])
+    assert selector is not None and rank_gpu.takes(selector)
+    return selector
+
+
+def _matrices() -> list:
+    """Every generator's kind, small, with two seeds; and the degenerate shapes of one row and one column."""
+    out = []
+    for kind, g in KINDS.items():
+        for seed in (1, 2):
+            out.append(generate(kind, **{g.size_arg: 30 if g.size_arg == "n" else 3000}, seed=seed))
+    import scipy.sparse as sp
+
+    out += [sp.csr_matrix(np.ones((1, 500))), sp.csr_matrix(np.ones((700, 1)))]
+    return out
+
+
+def _numpy_parts(selector, features, device=None):
+    """rank()'s parts in NumPy: the order, expected seconds, votes and draws."""
+    _, expected, votes, weights = selector._expected(features, device)
+    order = selector._order(expected, weights)[0][0]
+    at = (np.arange(64) + 0.5) / 64
+    cum = np.cumsum(weights[0])
+    drawn = np.minimum(np.searchsorted(cum, at * cum[-1]), len(cum) - 1)
+    return order, expected[0], votes[0], drawn
+
+
+def test_the_ranking_kernel_takes_only_selectors_of_the_features_it_computes() -> None:
+    selector = _selector(*SHIPPED[0])
+    assert rank_gpu.takes(selector)
+    renamed = _selector(*SHIPPED[0])  # the cached object: its features renamed for this test, then restored
+    names = renamed.feature_names_in_
+    try:
+        renamed.feature_names_in_ = np.asarray([*FEATURE_NAMES[:-1], "cf_other"], dtype=object)
+        assert not rank_gpu.takes(renamed)
+    finally:
+        renamed.feature_names_in_ = names
+
+
+def test_a_ranking_is_queued_only_behind_features_on_the_gpu() -> None:
+    """Features computed on the CPU leave nothing on the GPU to rank behind: rank_configs ranks."""
+    selector = (_selector(*SHIPPED[0]), None, "shipped")
+    A = generate("banded", rows=200, seed=0)
+    assert queue_ranking(selector, queue_features(A)) is None
+    assert queue_ranking((None, None, "none"), QueuedFeatures(lambda: {})) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device, dtype", SHIPPED)
+def test_the_gpu_ranks_each_matrix_as_numpy(device: str, dtype: str) -> None:
+    """Behind each matrix's feature kernels: the features NumPy's way to the bit, the order, the votes, the draws
+    equal, the expected seconds to 1e-12."""
+    import cupyx.scipy.sparse as cusp
+
+    selector = _selector(device, dtype)
+    for A in _matrices():
+        queued = queue_features(cusp.csr_matrix(A.astype(dtype)))
+        parts = rank_gpu.queue_rank(selector, queued.on_device)()
+        features = queued()
+        assert parts.features.tolist() == [features[n] for n in FEATURE_NAMES]
+        order, expected, votes, drawn = _numpy_parts(selector, features)
+        np.testing.assert_array_equal(parts.order, order)
+        np.testing.assert_array_equal(parts.drawn, drawn)
+        np.testing.assert_array_equal(parts.votes, votes)
+        np.testing.assert_allclose(parts.expected, expected, rtol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device, dtype", SHIPPED)
+def test_the_gpu_ranks_feature_vectors_as_numpy(device: str, dtype: str) -> None:
+    """Hundreds of feature vectors (the matrices' scaled at random, so that values fall near the trees'
+    thresholds), on the training device and on one of unknown L2 (every x_l2 NaN: the walk's missing values),
+    rank alike on the GPU and in NumPy."""
+    selector = _selector(device, dtype)
+    rng = np.random.default_rng(0)
+    base = np.array([[extract_features(A)[n] for n in FEATURE_NAMES] for A in _matrices()])
+    vectors = np.vstack([base, *(base * np.exp(rng.normal(0, s, base.shape)) for s in (0.05, 0.3, 1.0))])
+    unknown_l2 = dataclasses.replace(selector.device_, l2_bytes=0)
+    for spec in (None, unknown_l2):
+        pending = [rank_gpu.queue_rank_of_features(selector, dict(zip(FEATURE_NAMES, v, strict=True)), device=spec)
+                   for v in vectors]
+        for v, read in zip(vectors, pending, strict=True):
+            parts = read()
+            order, expected, votes, drawn = _numpy_parts(selector, dict(zip(FEATURE_NAMES, v, strict=True)), spec)
+            np.testing.assert_array_equal(parts.order, order)
+            np.testing.assert_array_equal(parts.drawn, drawn)
+            np.testing.assert_allclose(parts.expected, expected, rtol=1e-12)
+
+
+@pytest.mark.gpu
+def test_plan_ranks_a_new_matrix_on_the_gpu(monkeypatch, tmp_path) -> None:
+    """plan() of a matrix new to the store takes the GPU's ranking (rank_configs is not asked) and predicts what
+    NumPy's ranking predicts."""
+    import cupyx.scipy.sparse as cusp
+
+    from db.store import Store
+    from tuner.execute import plan as plan_module
+    from tuner.execute.choice import ranked_choice
+    from tuner.execute.race import CHEAP_SPMVS
+    from tuner.measure.backend import GpuBackend
+
+    monkeypatch.setenv("SPMV_TUNER_MODELS", str(DATA_DIR))
+    A = generate("powerlaw", rows=20_000, seed=3)
+    calls = []
+    real = plan_module.rank_configs
+    monkeypatch.setattr(plan_module, "rank_configs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ex = plan_module.plan(cusp.csr_matrix(A), effort="predict", db=Store(tmp_path / "s.db"))
+    assert calls == [] and ex.source in ("predicted", "default")
+    backend = GpuBackend()
+    model, spec, basis = selector_for(None, device=backend.info.id, dtype="float64", backend=backend)
+    features = extract_features(cusp.csr_matrix(A))
+    want = ranked_choice(model.rank(features, device=spec), basis, nnz=A.nnz, prepare_budget=CHEAP_SPMVS)
+    assert (ex.kernel, ex.params) == (want.kernel, want.params)

@@ -1,0 +1,363 @@
+"""A selector's ranking of one matrix on the GPU, queued behind the matrix's feature kernels.
+
+:meth:`tuner.select.model.KernelSelector.rank` is a hundred-odd NumPy calls on
+one row; run once a matrix, in a process whose caches the GPU work before it
+has just emptied, they took 0.7-1.3 ms of each ``plan()`` on the GPU machines'
+hosts (0.3 ms in a loop on the development VM): the largest step of
+``plan(effort="predict")`` after the features. Here one kernel of one block
+ranks where the features' counters already lie
+(:class:`~tuner.matrix.features_gpu.DeviceCounters`): it turns them into the
+feature vector (as :func:`tuner.matrix.features._from_raw`), the design row
+(:func:`~tuner.select.model.design_matrix`), walks the forest (a thread a tree),
+weighs the training rows by proximity, draws the outcomes, takes each config's
+quantile of them and orders the configs (a thread a config), and writes the
+order, expected times, votes, draws and features into one buffer, read back
+when the host asks for the ranking: no launch or wait of its own between the
+features and the ranking. Measured: ``bench/results/2026-11-28_predict-rank-gpu-53.txt``.
+
+The kernel repeats NumPy's floating-point operations in NumPy's order, with
+fused multiply-adds off (NVRTC's ``--fmad=false``): the walk, the proximity
+weights, the draws and the quantiles are bit for bit NumPy's. Two steps are not
+guaranteed to the last bit: CUDA's ``log``/``log1p`` against NumPy's (rounded to
+float32 before any tree compares them, so a difference shows only where a value
+sits within a double's last bit of a float32 rounding edge), and the weighted
+mean of the targets (summed in another order than NumPy's ``matmul``: expected
+times agree to about 1e-15, which orders configs alike unless two tie to that).
+The host checks the features the kernel used against its own
+(:func:`~tuner.matrix.features.extract_features`'s, read back at the same time)
+and ranks in NumPy where they differ; ``tests/test_rank_gpu.py`` holds the
+rankings to NumPy's on every shipped selector.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.matrix.features import CF_WIDTHS, FEATURE_NAMES
+from tuner.matrix.features_gpu import DeviceCounters
+from tuner.select.model import (
+    COUNT_FEATURES,
+    DERIVED_FEATURES,
+    OUTCOME_SAMPLES,
+    DeviceSpec,
+    KernelSelector,
+    compulsory_bytes,
+)
+
+__all__ = ["MAX_TRAINING_ROWS", "RankParts", "queue_rank", "queue_rank_of_features", "takes"]
+
+MAX_TRAINING_ROWS = 2500
+"""Training rows whose proximity weights the kernel keeps in shared memory (two doubles a row, within the 48 KB a
+block gets without opting in): a selector trained on more ranks in NumPy."""
+
+_THREADS = 256
+
+_SOURCE = r"""
+#define N_FEATURES 31
+#define N_DESIGN 40
+#define SAMPLES 64
+
+// NumPy's linear interpolation for percentiles (common/percentile.py's lerp)
+__device__ double lerp_np(double a, double b, double t) { return t >= 0.5 ? b - (b - a) * (1 - t) : a + (b - a) * t; }
+
+// tuner.matrix.features._from_raw, the same operations in the same order; s: the host's numbers of the shape
+// (m, n, nnz, m as an integer, density, mean, col_mean, m * nnz, min(m, n), the quartiles' weights, cbrt(m))
+__device__ void features_of(const unsigned long long* raw, const double* s, double* f) {
+    const double m = s[0], n = s[1], nnz = s[2], density = s[4], mean = s[5], col_mean = s[6], m_nnz = s[7];
+    const double diag_len = s[8], t25 = s[9], t75 = s[10], cbrt_m = s[11];
+    const long long mi = (long long)s[3];
+    const double lo = (double)raw[40], hi = (double)raw[41];
+    const double npr_std = sqrt(fmax((double)raw[37] / m - mean * mean, 0.0));
+    const double col_std = sqrt(fmax((double)raw[38] / n - col_mean * col_mean, 0.0));
+    const double q25 = lerp_np((double)raw[42], (double)raw[43], t25);
+    const double q75 = lerp_np((double)raw[44], (double)raw[45], t75);
+    const long long ilo = (long long)raw[40], ihi = (long long)raw[41];
+    const double iqr = q75 - q25;
+    long long k = 1;  // kernels.suraa_segments.segments_of_quartiles
+    if (!(mi < 2 || iqr == 0 || ihi == ilo)) {
+        k = (long long)ceil((double)(ihi - ilo) / (2 * iqr / cbrt_m));
+        if (k < 1) k = 1;
+        if (k > mi) k = mi;
+    }
+    f[0] = m; f[1] = n; f[2] = nnz; f[3] = density; f[4] = lo; f[5] = hi; f[6] = mean; f[7] = npr_std;
+    f[8] = npr_std / mean;
+    f[9] = lo == hi ? 0.0 : (double)(long long)raw[39] / m_nnz;
+    f[10] = (double)raw[0] / m; f[11] = (double)raw[1] / m;
+    f[12] = (double)k; f[13] = ceil(m / (double)k);
+    f[14] = (double)raw[3];
+    f[15] = diag_len > 0 ? (double)raw[2] / diag_len : 0.0;
+    f[16] = col_std; f[17] = col_std / col_mean;
+    double suffix[33], sum = 0.0;  // changes of bit length >= b, summed from the top as NumPy's reversed cumsum
+    for (int b = 32; b >= 0; --b) { sum += (double)raw[4 + b]; suffix[b] = sum; }
+    for (int i = 0; i < N_FEATURES - 18; ++i) f[18 + i] = nnz / (1.0 + suffix[CF_FIRST_BIT + i]);
+}
+
+__device__ double count_log(double x) { return log1p(x != x ? x : fmax(x, 0.0)); }  // NumPy: log1p(maximum(x, 0))
+
+// tuner.select.model.design_matrix of one row, rounded to float32 as the forest compares it. d: the host's
+// numbers of the device and dtype (itemsize, L2 bytes or NaN, SMs)
+__device__ void design_of(const double* f, const double* d, unsigned long long counts, float* x) {
+    const double rows = f[0], cols = f[1], nnz = f[2], mean = fmax(f[6], 1e-9), v = d[0], l2 = d[1], sms = d[2];
+    const double nbytes = nnz * (v + 4) + (rows + 1) * 4 + cols * v + rows * v;
+    double all[N_DESIGN];
+    for (int i = 0; i < N_FEATURES; ++i) all[i] = f[i];
+    all[31] = cols * v / l2; all[32] = nbytes / l2; all[33] = log(nbytes); all[34] = log((rows + 1) / (cols + 1));
+    all[35] = f[14] / fmax(cols, 1.0); all[36] = f[CF_1K] / mean; all[37] = f[CF_64K] / mean; all[38] = f[5] / mean;
+    all[39] = rows / sms;
+    for (int i = 0; i < N_DESIGN; ++i) x[i] = (float)((counts >> i) & 1ull ? count_log(all[i]) : all[i]);
+}
+
+// The ranking (KernelSelector.rank) from the design row in shared memory. out: order (C), expected seconds (C),
+// votes (C: trees), draws (64), the features (31), as doubles.
+__device__ void rank_design(const float* x, const double* f, const short* __restrict__ feature,
+                            const float* __restrict__ threshold, const unsigned char* __restrict__ nan_left,
+                            const int* __restrict__ left, const int* __restrict__ right, const int* __restrict__ roots,
+                            int trees, const int* __restrict__ leaf_start, const int* __restrict__ members, int rows,
+                            const float* __restrict__ targets, int outputs, const int* __restrict__ firsts,
+                            double quantile, double t_bytes, double* __restrict__ out, unsigned char* smem) {
+    const int configs = outputs - 1;
+    double* w = (double*)smem;               // proximity weight of each training row, then their running sum
+    double* mean = w + rows;                 // the targets' mean under the weights (outputs)
+    double* key = mean + outputs;            // each config's quantile of its drawn outcomes (configs)
+    double* expected = key + configs;        // (configs)
+    int* leaf = (int*)(expected + configs);  // each tree's leaf (trees)
+    int* drawn = leaf + trees;               // (SAMPLES)
+    int* votes = drawn + SAMPLES;            // (configs)
+    for (int t = threadIdx.x; t < trees; t += blockDim.x) {  // the walk: CompactForest.apply
+        int node = roots[t];
+        while (node >= 0) {
+            const float v = x[feature[node]];
+            node = (v > threshold[node] || (v != v && !nan_left[node])) ? right[node] : left[node];
+        }
+        leaf[t] = -node - 1;
+    }
+    for (int j = threadIdx.x; j < configs; j += blockDim.x) votes[j] = 0;
+    __syncthreads();
+    for (int t = threadIdx.x; t < trees; t += blockDim.x) atomicAdd(&votes[firsts[leaf[t]]], 1);
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {  // CompactForest.proximity: bincount's order, tree by tree
+        double acc = 0.0;
+        for (int t = 0; t < trees; ++t) {
+            const int s = leaf_start[leaf[t]], e = leaf_start[leaf[t] + 1];
+            for (int p = s; p < e; ++p)
+                if (members[p] == r) acc += 1.0 / (double)((e - s) * trees);
+        }
+        w[r] = acc;
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < outputs; o += blockDim.x) {  // CompactForest.mean_under
+        double acc = 0.0;
+        for (int r = 0; r < rows; ++r) acc += w[r] * (double)targets[(long long)r * outputs + o];
+        mean[o] = acc;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int r = 1; r < rows; ++r) w[r] += w[r - 1];  // np.cumsum
+    __syncthreads();
+    for (int s = threadIdx.x; s < SAMPLES; s += blockDim.x) {  // the systematic draw: np.searchsorted, side left
+        const double at = ((double)s + 0.5) / SAMPLES * w[rows - 1];
+        int lo = 0, hi = rows;
+        while (lo < hi) { const int mid = (lo + hi) >> 1; if (w[mid] < at) lo = mid + 1; else hi = mid; }
+        drawn[s] = lo < rows - 1 ? lo : rows - 1;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < configs; j += blockDim.x) {
+        expected[j] = t_bytes * exp(mean[0] + mean[1 + j]);
+        key[j] = 0.0;
+        if (quantile >= 0) {  // the quantile of the drawn outcomes: model._quantile (sorted, linear)
+            double v[SAMPLES];
+            for (int s = 0; s < SAMPLES; ++s) {
+                const double y = (double)targets[(long long)drawn[s] * outputs + 1 + j];
+                int i = s;
+                for (; i > 0 && v[i - 1] > y; --i) v[i] = v[i - 1];
+                v[i] = y;
+            }
+            const double at = quantile * (SAMPLES - 1);
+            const int low = (int)at, high = low + 1 < SAMPLES ? low + 1 : SAMPLES - 1;
+            key[j] = v[low] + (v[high] - v[low]) * (at - low);
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < configs; j += blockDim.x) {  // np.lexsort((expected, key)): its place
+        int place = 0;
+        for (int k = 0; k < configs; ++k)
+            place += key[k] < key[j] || (key[k] == key[j] && (expected[k] < expected[j]
+                                                              || (expected[k] == expected[j] && k < j)));
+        out[place] = j;
+        out[configs + j] = expected[j];
+        out[2 * configs + j] = votes[j];
+    }
+    for (int s = threadIdx.x; s < SAMPLES; s += blockDim.x) out[3 * configs + s] = drawn[s];
+    for (int i = threadIdx.x; i < N_FEATURES; i += blockDim.x) out[3 * configs + SAMPLES + i] = f[i];
+}
+
+#define FOREST const short* feature, const float* threshold, const unsigned char* nan_left, const int* left, \
+    const int* right, const int* roots, int trees, const int* leaf_start, const int* members, int rows, \
+    const float* targets, int outputs, const int* firsts
+#define FOREST_ARGS feature, threshold, nan_left, left, right, roots, trees, leaf_start, members, rows, targets, \
+    outputs, firsts
+
+extern "C" __global__ void rank_from_counters(const unsigned long long* __restrict__ raw, double m, double n,
+                                              double nnz, double mi, double density, double mean, double col_mean,
+                                              double m_nnz, double diag_len, double t25, double t75, double cbrt_m,
+                                              double itemsize, double l2, double sms, unsigned long long counts,
+                                              double quantile, double t_bytes, FOREST, double* __restrict__ out) {
+    extern __shared__ __align__(8) unsigned char smem[];
+    __shared__ double f[N_FEATURES];
+    __shared__ float x[N_DESIGN];
+    if (threadIdx.x == 0) {
+        const double s[12] = {m, n, nnz, mi, density, mean, col_mean, m_nnz, diag_len, t25, t75, cbrt_m};
+        const double d[3] = {itemsize, l2, sms};
+        features_of(raw, s, f);
+        design_of(f, d, counts, x);
+    }
+    __syncthreads();
+    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, out, smem);
+}
+
+extern "C" __global__ void rank_from_features(const double* __restrict__ given, double itemsize, double l2,
+                                              double sms, unsigned long long counts, double quantile, double t_bytes,
+                                              FOREST, double* __restrict__ out) {
+    extern __shared__ __align__(8) unsigned char smem[];
+    __shared__ double f[N_FEATURES];
+    __shared__ float x[N_DESIGN];
+    if (threadIdx.x == 0) {
+        const double d[3] = {itemsize, l2, sms};
+        for (int i = 0; i < N_FEATURES; ++i) f[i] = given[i];
+        design_of(f, d, counts, x);
+    }
+    __syncthreads();
+    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, out, smem);
+}
+"""
+
+_DESIGN = (*FEATURE_NAMES, *DERIVED_FEATURES)
+"""The design row's columns, in the order the kernel writes them (``design_matrix``'s)."""
+
+SOURCE = (_SOURCE.replace("CF_FIRST_BIT", str(int(math.log2(CF_WIDTHS[0])) + 1))
+          .replace("CF_1K", str(FEATURE_NAMES.index("cf_1024")))
+          .replace("CF_64K", str(FEATURE_NAMES.index("cf_65536"))))
+"""The kernels' source, the clustering factors' places filled in."""
+
+_FIXED = ("rows", "cols", "nnz", "density", "npr_min", "npr_max", "npr_mean", "npr_std", "npr_cv", "npr_gini",
+          "empty_row_frac", "long_row_frac", "fd_seg_count", "fd_seg_size", "bandwidth", "diag_frac", "col_std",
+          "col_cv")
+_DERIVED = ("x_l2", "matrix_l2", "log_bytes", "log_aspect", "bandwidth_rel", "cf_rel_1k", "cf_rel_64k", "maxrow_rel",
+            "rows_per_sm")
+
+
+@dataclass(frozen=True)
+class RankParts:
+    """What the kernel wrote, read back: the configs' order, expected seconds, votes (shares of the trees), the
+    training rows drawn (:meth:`KernelSelector.outcomes_of`) and the feature vector it ranked."""
+
+    order: np.ndarray
+    expected: np.ndarray
+    votes: np.ndarray
+    drawn: np.ndarray
+    features: np.ndarray
+
+
+def takes(selector: KernelSelector) -> bool:
+    """Whether the kernel ranks for ``selector``: trained on :data:`FEATURE_NAMES` (the design row the kernel
+    writes), on at most :data:`MAX_TRAINING_ROWS` rows."""
+    return (list(selector.feature_names_in_) == list(FEATURE_NAMES) and len(selector.forest_.targets) <=
+            MAX_TRAINING_ROWS and FEATURE_NAMES[:len(_FIXED)] == _FIXED and tuple(DERIVED_FEATURES) == _DERIVED
+            and len(FEATURE_NAMES) == len(_FIXED) + len(CF_WIDTHS))
+
+
+def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: DeviceSpec | None = None
+               ) -> Callable[[], RankParts]:
+    """Queue ``selector``'s ranking of the matrix whose feature counters are ``counters`` on ``device`` (default:
+    the training one) behind them; the returned function reads it back (waiting for the GPU). Check
+    :func:`takes` first."""
+    m, n, nnz = counters.m, counters.n, counters.nnz
+    shape = (float(m), float(n), float(nnz), float(m), nnz / (m * n), nnz / m, nnz / n, float(m * nnz),
+             float(min(m, n)), counters.q25_weight, counters.q75_weight, float(np.cbrt(m)))
+    return _launch(selector, device, (m, n, nnz), "rank_from_counters", (counters.buffer, *map(np.float64, shape)))
+
+
+def queue_rank_of_features(selector: KernelSelector, features: Mapping[str, float], *,
+                           device: DeviceSpec | None = None) -> Callable[[], RankParts]:
+    """:func:`queue_rank` from a feature vector (copied to the GPU) rather than a matrix's counters: what the
+    tests hold to :meth:`KernelSelector.rank` over many vectors."""
+    import cupy
+
+    given = cupy.asarray(np.array([float(features[name]) for name in FEATURE_NAMES]))
+    shape = (features["rows"], features["cols"], features["nnz"])
+    return _launch(selector, device, shape, "rank_from_features", (given,))
+
+
+def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[float, float, float], entry: str,
+            head: tuple[Any, ...]) -> Callable[[], RankParts]:
+    """Launch ``entry`` (its first arguments ``head``) for ``selector`` on ``device``, for a matrix of ``shape``
+    (rows, columns, nonzeros); the read-back."""
+    import cupy
+
+    device = selector.device_ if device is None else device
+    forest = _on_gpu(selector, cupy.cuda.Device().id)
+    l2 = float(device.l2_bytes) if device.l2_bytes > 0 else math.nan
+    counts = sum(1 << i for i, name in enumerate(_DESIGN) if name in COUNT_FEATURES)
+    quantile = -1.0 if selector.risk_quantile is None else float(selector.risk_quantile)
+    rows, cols, nnz = map(float, shape)  # bytes_time's seconds, its float64 arithmetic
+    t_bytes = compulsory_bytes(rows, cols, nnz, selector.dtype_) / (device.bandwidth_gbs * 1e9)
+    configs = len(selector.configs_)
+    out = cupy.empty(3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES), dtype=cupy.float64)
+    tail = (*map(np.float64, (np.dtype(selector.dtype_).itemsize, l2, device.sms)), np.uint64(counts),
+            np.float64(quantile), np.float64(t_bytes))
+    _kernels(cupy, cupy.cuda.Device().id)[entry]((1,), (_THREADS,), (*head, *tail, *forest.args, out),
+                                                  shared_mem=forest.shared_bytes)
+
+    def read() -> RankParts:
+        values = out.get()
+        return RankParts(values[:configs].astype(np.intp), values[configs:2 * configs],
+                         values[2 * configs:3 * configs] / forest.trees,
+                         values[3 * configs:3 * configs + OUTCOME_SAMPLES].astype(np.intp),
+                         values[3 * configs + OUTCOME_SAMPLES:])
+
+    return read
+
+
+@dataclass(frozen=True)
+class _Forest:
+    """A selector's forest on one GPU: the kernel's forest arguments, its trees, the shared memory it needs."""
+
+    args: tuple[Any, ...]
+    trees: int
+    shared_bytes: int
+
+
+_ON_GPU: weakref.WeakKeyDictionary[KernelSelector, dict[int, _Forest]] = weakref.WeakKeyDictionary()
+
+
+def _on_gpu(selector: KernelSelector, device: int) -> _Forest:
+    """``selector``'s forest copied to GPU ``device`` once (a few hundred KB) and kept while the selector lives."""
+    import cupy
+
+    per_device = _ON_GPU.setdefault(selector, {})
+    if (found := per_device.get(device)) is None:
+        f = selector.forest_
+        up = cupy.asarray
+        trees, rows, outputs = f.n_trees, len(f.targets), f.n_outputs
+        configs = outputs - 1
+        args = (up(f.feature.astype(np.int16)), up(f.threshold.astype(np.float32)), up(f.nan_left.astype(np.uint8)),
+                up(f.children[0].astype(np.int32)), up(f.children[1].astype(np.int32)), up(f.roots.astype(np.int32)),
+                np.int32(trees), up(f.leaf_start.astype(np.int32)), up(f.members.astype(np.int32)), np.int32(rows),
+                up(np.ascontiguousarray(f.targets, dtype=np.float32)), np.int32(outputs),
+                up(f.leaf_argmin(1).astype(np.int32)))
+        shared = 8 * (rows + outputs + 2 * configs) + 4 * (trees + OUTCOME_SAMPLES + configs)
+        found = per_device[device] = _Forest(args, trees, shared)
+    return found
+
+
+@functools.cache
+def _kernels(cupy: Any, device: int) -> dict[str, Any]:
+    """Both entries, compiled once per device and process, without fused multiply-adds (NumPy's rounding)."""
+    module = cupy.RawModule(code=SOURCE, options=("--fmad=false",))
+    return {name: module.get_function(name) for name in ("rank_from_counters", "rank_from_features")}
