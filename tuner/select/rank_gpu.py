@@ -51,11 +51,12 @@ from tuner.select.model import (
     compulsory_bytes,
 )
 
-__all__ = ["MAX_TRAINING_ROWS", "RankParts", "queue_rank", "queue_rank_of_features", "takes"]
+__all__ = ["SHARED_BYTES", "RankParts", "queue_rank", "queue_rank_of_features", "takes"]
 
-MAX_TRAINING_ROWS = 2500
-"""Training rows whose proximity weights the kernel keeps in shared memory (two doubles a row, within the 48 KB a
-block gets without opting in): a selector trained on more ranks in NumPy."""
+SHARED_BYTES = 47 * 1024
+"""The kernel keeps the proximity weights (a double a training row), the drawn outcomes and each tree's leaf in
+shared memory, within the 48 KB a block gets without opting in (less its own arrays): a selector whose forest
+needs more (some 3,000 training rows) ranks in NumPy."""
 
 _THREADS = 256
 
@@ -115,43 +116,48 @@ __device__ void design_of(const double* f, const double* d, unsigned long long c
 }
 
 // The ranking (KernelSelector.rank) from the design row in shared memory. out: order (C), expected seconds (C),
-// votes (C: trees), draws (64), the features (31), as doubles.
+// votes (C: trees), draws (64), the features (31), as doubles. Shared memory (smem): see _shared_bytes.
 __device__ void rank_design(const float* x, const double* f, const short* __restrict__ feature,
                             const float* __restrict__ threshold, const unsigned char* __restrict__ nan_left,
                             const int* __restrict__ left, const int* __restrict__ right, const int* __restrict__ roots,
                             int trees, const int* __restrict__ leaf_start, const int* __restrict__ members, int rows,
                             const float* __restrict__ targets, int outputs, const int* __restrict__ firsts,
-                            double quantile, double t_bytes, double* __restrict__ out, unsigned char* smem) {
+                            const int* __restrict__ room, double quantile, double t_bytes, double* __restrict__ out,
+                            unsigned char* smem) {
     const int configs = outputs - 1;
-    double* w = (double*)smem;               // proximity weight of each training row, then their running sum
-    double* mean = w + rows;                 // the targets' mean under the weights (outputs)
-    double* key = mean + outputs;            // each config's quantile of its drawn outcomes (configs)
-    double* expected = key + configs;        // (configs)
-    int* leaf = (int*)(expected + configs);  // each tree's leaf (trees)
-    int* drawn = leaf + trees;               // (SAMPLES)
-    int* votes = drawn + SAMPLES;            // (configs)
+    double* w = (double*)smem;                 // proximity weight of each training row, then their running sum
+    double* mean = w + rows;                   // the targets' mean under the weights (outputs)
+    double* key = mean + outputs;              // each config's quantile of its drawn outcomes (configs)
+    double* expected = key + configs;          // (configs)
+    float* drawn_t = (float*)(expected + configs);  // the drawn rows' targets, config by config (configs x SAMPLES)
+    int* leaf = (int*)(drawn_t + configs * SAMPLES);  // each tree's leaf (trees)
+    int* size = leaf + trees;                  // its training rows (trees)
+    int* drawn = size + trees;                 // (SAMPLES)
+    int* votes = drawn + SAMPLES;              // (configs)
+    int* staged = votes + configs;             // each tree's leaf's rows, at room[t] (room[trees] in all)
     for (int t = threadIdx.x; t < trees; t += blockDim.x) {  // the walk: CompactForest.apply
         int node = roots[t];
         while (node >= 0) {
             const float v = x[feature[node]];
             node = (v > threshold[node] || (v != v && !nan_left[node])) ? right[node] : left[node];
         }
-        leaf[t] = -node - 1;
+        const int l = -node - 1, s = leaf_start[l];
+        leaf[t] = l;
+        size[t] = leaf_start[l + 1] - s;
+        for (int p = 0; p < size[t]; ++p) staged[room[t] + p] = members[s + p];
     }
     for (int j = threadIdx.x; j < configs; j += blockDim.x) votes[j] = 0;
     __syncthreads();
     for (int t = threadIdx.x; t < trees; t += blockDim.x) atomicAdd(&votes[firsts[leaf[t]]], 1);
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {  // CompactForest.proximity: bincount's order, tree by tree
         double acc = 0.0;
-        for (int t = 0; t < trees; ++t) {
-            const int s = leaf_start[leaf[t]], e = leaf_start[leaf[t] + 1];
-            for (int p = s; p < e; ++p)
-                if (members[p] == r) acc += 1.0 / (double)((e - s) * trees);
-        }
+        for (int t = 0; t < trees; ++t)
+            for (int p = 0; p < size[t]; ++p)
+                if (staged[room[t] + p] == r) acc += 1.0 / (double)(size[t] * trees);
         w[r] = acc;
     }
     __syncthreads();
-    for (int o = threadIdx.x; o < outputs; o += blockDim.x) {  // CompactForest.mean_under
+    for (int o = threadIdx.x; o < outputs; o += blockDim.x) {  // CompactForest.mean_under: row after row
         double acc = 0.0;
         for (int r = 0; r < rows; ++r) acc += w[r] * (double)targets[(long long)r * outputs + o];
         mean[o] = acc;
@@ -167,20 +173,34 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
         drawn[s] = lo < rows - 1 ? lo : rows - 1;
     }
     __syncthreads();
+    for (int i = threadIdx.x; i < configs * SAMPLES; i += blockDim.x) {  // a drawn row's targets side by side
+        const int s = i / configs, j = i % configs;
+        drawn_t[j * SAMPLES + s] = targets[(long long)drawn[s] * outputs + 1 + j];
+    }
     for (int j = threadIdx.x; j < configs; j += blockDim.x) {
         expected[j] = t_bytes * exp(mean[0] + mean[1 + j]);
         key[j] = 0.0;
-        if (quantile >= 0) {  // the quantile of the drawn outcomes: model._quantile (sorted, linear)
-            double v[SAMPLES];
-            for (int s = 0; s < SAMPLES; ++s) {
-                const double y = (double)targets[(long long)drawn[s] * outputs + 1 + j];
-                int i = s;
-                for (; i > 0 && v[i - 1] > y; --i) v[i] = v[i - 1];
-                v[i] = y;
+    }
+    __syncthreads();
+    if (quantile >= 0) {  // model._quantile: of the sorted outcomes, the two at the quantile's place, interpolated
+        const double at = quantile * (SAMPLES - 1);
+        const int low = (int)at, high = low + 1 < SAMPLES ? low + 1 : SAMPLES - 1;
+        const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+        for (int j = threadIdx.x >> 5; j < configs; j += warps) {  // a warp a config: each lane ranks two outcomes
+            const float* v = drawn_t + j * SAMPLES;
+            float a = 0.0f, b = 0.0f;
+            bool has_a = false, has_b = false;
+            for (int half = 0; half < 2; ++half) {
+                const int s = lane + 32 * half;
+                int place = 0;  // its place in a stable sort
+                for (int u = 0; u < SAMPLES; ++u) place += v[u] < v[s] || (v[u] == v[s] && u < s);
+                if (place == low) { a = v[s]; has_a = true; }
+                if (place == high) { b = v[s]; has_b = true; }
             }
-            const double at = quantile * (SAMPLES - 1);
-            const int low = (int)at, high = low + 1 < SAMPLES ? low + 1 : SAMPLES - 1;
-            key[j] = v[low] + (v[high] - v[low]) * (at - low);
+            const unsigned int with_a = __ballot_sync(0xffffffffu, has_a), with_b = __ballot_sync(0xffffffffu, has_b);
+            a = __shfl_sync(0xffffffffu, a, __ffs(with_a) - 1);
+            b = __shfl_sync(0xffffffffu, b, __ffs(with_b) - 1);
+            if (lane == 0) key[j] = (double)a + ((double)b - (double)a) * (at - low);
         }
     }
     __syncthreads();
@@ -199,9 +219,9 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
 
 #define FOREST const short* feature, const float* threshold, const unsigned char* nan_left, const int* left, \
     const int* right, const int* roots, int trees, const int* leaf_start, const int* members, int rows, \
-    const float* targets, int outputs, const int* firsts
+    const float* targets, int outputs, const int* firsts, const int* room
 #define FOREST_ARGS feature, threshold, nan_left, left, right, roots, trees, leaf_start, members, rows, targets, \
-    outputs, firsts
+    outputs, firsts, room
 
 extern "C" __global__ void rank_from_counters(const unsigned long long* __restrict__ raw, double m, double n,
                                               double nnz, double mi, double density, double mean, double col_mean,
@@ -266,10 +286,10 @@ class RankParts:
 
 def takes(selector: KernelSelector) -> bool:
     """Whether the kernel ranks for ``selector``: trained on :data:`FEATURE_NAMES` (the design row the kernel
-    writes), on at most :data:`MAX_TRAINING_ROWS` rows."""
-    return (list(selector.feature_names_in_) == list(FEATURE_NAMES) and len(selector.forest_.targets) <=
-            MAX_TRAINING_ROWS and FEATURE_NAMES[:len(_FIXED)] == _FIXED and tuple(DERIVED_FEATURES) == _DERIVED
-            and len(FEATURE_NAMES) == len(_FIXED) + len(CF_WIDTHS))
+    writes), its forest within :data:`SHARED_BYTES`."""
+    return (list(selector.feature_names_in_) == list(FEATURE_NAMES) and FEATURE_NAMES[:len(_FIXED)] == _FIXED
+            and tuple(DERIVED_FEATURES) == _DERIVED and len(FEATURE_NAMES) == len(_FIXED) + len(CF_WIDTHS)
+            and _shared_bytes(selector) <= SHARED_BYTES)
 
 
 def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: DeviceSpec | None = None
@@ -336,6 +356,25 @@ class _Forest:
 _ON_GPU: weakref.WeakKeyDictionary[KernelSelector, dict[int, _Forest]] = weakref.WeakKeyDictionary()
 
 
+def _room(selector: KernelSelector) -> np.ndarray:
+    """Where the kernel stages each tree's leaf's rows in shared memory: tree t's at ``room[t]``, as many places as
+    its largest leaf holds (``room[trees]`` in all). A tree's leaves hold every training row once, and the
+    leaves are numbered tree by tree, so tree t's first leaf starts at t x rows."""
+    f = selector.forest_
+    first = np.searchsorted(f.leaf_start[:-1], np.arange(f.n_trees) * len(f.targets))
+    largest = np.maximum.reduceat(np.diff(f.leaf_start), first)
+    return np.concatenate([[0], np.cumsum(largest)]).astype(np.int32)
+
+
+def _shared_bytes(selector: KernelSelector) -> int:
+    """The kernel's shared memory for ``selector``'s forest (rank_design's layout)."""
+    f = selector.forest_
+    rows, outputs, trees = len(f.targets), f.n_outputs, f.n_trees
+    configs = outputs - 1
+    return (8 * (rows + outputs + 2 * configs) + 4 * configs * OUTCOME_SAMPLES
+            + 4 * (2 * trees + OUTCOME_SAMPLES + configs + int(_room(selector)[-1])))
+
+
 def _on_gpu(selector: KernelSelector, device: int) -> _Forest:
     """``selector``'s forest copied to GPU ``device`` once (a few hundred KB) and kept while the selector lives."""
     import cupy
@@ -344,15 +383,12 @@ def _on_gpu(selector: KernelSelector, device: int) -> _Forest:
     if (found := per_device.get(device)) is None:
         f = selector.forest_
         up = cupy.asarray
-        trees, rows, outputs = f.n_trees, len(f.targets), f.n_outputs
-        configs = outputs - 1
         args = (up(f.feature.astype(np.int16)), up(f.threshold.astype(np.float32)), up(f.nan_left.astype(np.uint8)),
                 up(f.children[0].astype(np.int32)), up(f.children[1].astype(np.int32)), up(f.roots.astype(np.int32)),
-                np.int32(trees), up(f.leaf_start.astype(np.int32)), up(f.members.astype(np.int32)), np.int32(rows),
-                up(np.ascontiguousarray(f.targets, dtype=np.float32)), np.int32(outputs),
-                up(f.leaf_argmin(1).astype(np.int32)))
-        shared = 8 * (rows + outputs + 2 * configs) + 4 * (trees + OUTCOME_SAMPLES + configs)
-        found = per_device[device] = _Forest(args, trees, shared)
+                np.int32(f.n_trees), up(f.leaf_start.astype(np.int32)), up(f.members.astype(np.int32)),
+                np.int32(len(f.targets)), up(np.ascontiguousarray(f.targets, dtype=np.float32)),
+                np.int32(f.n_outputs), up(f.leaf_argmin(1).astype(np.int32)), up(_room(selector)))
+        found = per_device[device] = _Forest(args, f.n_trees, _shared_bytes(selector))
     return found
 
 
