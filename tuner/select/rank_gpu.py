@@ -158,8 +158,9 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
     }
     __syncthreads();
     for (int o = threadIdx.x; o < outputs; o += blockDim.x) {  // CompactForest.mean_under: row after row
-        double acc = 0.0;
-        for (int r = 0; r < rows; ++r) acc += w[r] * (double)targets[(long long)r * outputs + o];
+        double acc = 0.0;  // rows of no weight add +-0: left out, the sum is the same to the bit (and a tenth)
+        for (int r = 0; r < rows; ++r)
+            if (w[r] != 0.0) acc += w[r] * (double)targets[(long long)r * outputs + o];
         mean[o] = acc;
     }
     __syncthreads();
@@ -286,10 +287,16 @@ class RankParts:
 
 def takes(selector: KernelSelector) -> bool:
     """Whether the kernel ranks for ``selector``: trained on :data:`FEATURE_NAMES` (the design row the kernel
-    writes), its forest within :data:`SHARED_BYTES`."""
-    return (list(selector.feature_names_in_) == list(FEATURE_NAMES) and FEATURE_NAMES[:len(_FIXED)] == _FIXED
+    writes), its forest within :data:`SHARED_BYTES` (known once a selector and process)."""
+    if (known := _TAKES.get(selector)) is None:
+        known = _TAKES[selector] = (
+            list(selector.feature_names_in_) == list(FEATURE_NAMES) and FEATURE_NAMES[:len(_FIXED)] == _FIXED
             and tuple(DERIVED_FEATURES) == _DERIVED and len(FEATURE_NAMES) == len(_FIXED) + len(CF_WIDTHS)
             and _shared_bytes(selector) <= SHARED_BYTES)
+    return known
+
+
+_TAKES: weakref.WeakKeyDictionary[KernelSelector, bool] = weakref.WeakKeyDictionary()
 
 
 def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: DeviceSpec | None = None
@@ -317,31 +324,62 @@ def queue_rank_of_features(selector: KernelSelector, features: Mapping[str, floa
 def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[float, float, float], entry: str,
             head: tuple[Any, ...]) -> Callable[[], RankParts]:
     """Launch ``entry`` (its first arguments ``head``) for ``selector`` on ``device``, for a matrix of ``shape``
-    (rows, columns, nonzeros); the read-back."""
+    (rows, columns, nonzeros), on a stream of its own that waits for the work queued so far: the features'
+    read-back does not wait for the ranking, which runs while the host reads them. Returns the read-back."""
     import cupy
 
-    device = selector.device_ if device is None else device
-    forest = _on_gpu(selector, cupy.cuda.Device().id)
-    l2 = float(device.l2_bytes) if device.l2_bytes > 0 else math.nan
+    gpu = cupy.cuda.Device().id
+    forest = _on_gpu(selector, gpu)
+    spec = selector.device_ if device is None else device
+    rows, cols, nnz = map(float, shape)  # bytes_time's seconds, its float64 arithmetic
+    t_bytes = compulsory_bytes(rows, cols, nnz, selector.dtype_) / (spec.bandwidth_gbs * 1e9)
+    configs = len(selector.configs_)
+    side, queued = _side_stream(cupy, gpu), cupy.cuda.Event(block=False, disable_timing=True)
+    queued.record()
+    side.wait_event(queued)
+    with side:  # out from the side stream's memory: freed, it is reused behind this kernel only
+        out = cupy.empty(3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES), dtype=cupy.float64)
+        _kernels(cupy, gpu)[entry]((1,), (_THREADS,), (*head, *_spec_args(selector, spec), np.float64(t_bytes),
+                                                        *forest.args, out), shared_mem=forest.shared_bytes)
+    return _Pending(side, out, head, configs, forest.trees)
+
+
+class _Pending:
+    """A ranking queued on the side stream; called, its read-back. It holds the arrays the kernel reads (from the
+    main stream's memory, which the main stream would reuse once they are freed, not waiting for the side
+    stream), and, dropped unread, waits for the kernel before they go."""
+
+    def __init__(self, side: Any, out: Any, inputs: tuple[Any, ...], configs: int, trees: int) -> None:
+        self._side, self._out, self._inputs, self._configs, self._trees = side, out, inputs, configs, trees
+        self._read = False
+
+    def __call__(self) -> RankParts:
+        values = self._out.get(stream=self._side)
+        self._read = True
+        c, samples = self._configs, OUTCOME_SAMPLES
+        return RankParts(values[:c].astype(np.intp), values[c:2 * c], values[2 * c:3 * c] / self._trees,
+                         values[3 * c:3 * c + samples].astype(np.intp), values[3 * c + samples:])
+
+    def __del__(self) -> None:
+        if not self._read:
+            self._side.synchronize()
+
+
+@functools.lru_cache(maxsize=32)
+def _spec_args(selector: KernelSelector, spec: DeviceSpec) -> tuple[Any, ...]:
+    """The kernel's arguments of the device and dtype (itemsize, L2 or NaN, SMs, the count columns, the quantile
+    or -1), once a selector and device spec."""
     counts = sum(1 << i for i, name in enumerate(_DESIGN) if name in COUNT_FEATURES)
     quantile = -1.0 if selector.risk_quantile is None else float(selector.risk_quantile)
-    rows, cols, nnz = map(float, shape)  # bytes_time's seconds, its float64 arithmetic
-    t_bytes = compulsory_bytes(rows, cols, nnz, selector.dtype_) / (device.bandwidth_gbs * 1e9)
-    configs = len(selector.configs_)
-    out = cupy.empty(3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES), dtype=cupy.float64)
-    tail = (*map(np.float64, (np.dtype(selector.dtype_).itemsize, l2, device.sms)), np.uint64(counts),
-            np.float64(quantile), np.float64(t_bytes))
-    _kernels(cupy, cupy.cuda.Device().id)[entry]((1,), (_THREADS,), (*head, *tail, *forest.args, out),
-                                                  shared_mem=forest.shared_bytes)
+    l2 = float(spec.l2_bytes) if spec.l2_bytes > 0 else math.nan
+    return (*map(np.float64, (np.dtype(selector.dtype_).itemsize, l2, spec.sms)), np.uint64(counts),
+            np.float64(quantile))
 
-    def read() -> RankParts:
-        values = out.get()
-        return RankParts(values[:configs].astype(np.intp), values[configs:2 * configs],
-                         values[2 * configs:3 * configs] / forest.trees,
-                         values[3 * configs:3 * configs + OUTCOME_SAMPLES].astype(np.intp),
-                         values[3 * configs + OUTCOME_SAMPLES:])
 
-    return read
+@functools.cache
+def _side_stream(cupy: Any, gpu: int) -> Any:
+    """The stream the rankings run on, one a GPU and process."""
+    return cupy.cuda.Stream(non_blocking=True)
 
 
 @dataclass(frozen=True)
