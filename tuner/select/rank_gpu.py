@@ -10,23 +10,25 @@ ranks where the features' counters already lie
 feature vector (as :func:`tuner.matrix.features._from_raw`), the design row
 (:func:`~tuner.select.model.design_matrix`), walks the forest (a thread a tree),
 weighs the training rows by proximity, draws the outcomes, takes each config's
-quantile of them and orders the configs (a thread a config), and writes the
-order, expected times, votes, draws and features into one buffer, read back
-when the host asks for the ranking: no launch or wait of its own between the
-features and the ranking. Measured: ``bench/results/2026-11-28_predict-rank-gpu-53.txt``.
+quantile of them (a warp a config) and orders the configs, and writes the order,
+expected times, votes, draws and features into one buffer. It runs on a stream
+of its own, behind an event after the features' kernels, so the features' read-back
+does not wait for it; the host reads the ranking back when it asks for it. Against
+stop 52's NumPy ranking, ``plan(effort="predict")`` took 0.4-1.0 ms less on the
+same machine (``bench/results/2026-11-28_predict-rank-gpu-53.txt``).
 
 The kernel repeats NumPy's floating-point operations in NumPy's order, with
-fused multiply-adds off (NVRTC's ``--fmad=false``): the walk, the proximity
-weights, the draws and the quantiles are bit for bit NumPy's. Two steps are not
-guaranteed to the last bit: CUDA's ``log``/``log1p`` against NumPy's (rounded to
-float32 before any tree compares them, so a difference shows only where a value
-sits within a double's last bit of a float32 rounding edge), and the weighted
-mean of the targets (summed in another order than NumPy's ``matmul``: expected
-times agree to about 1e-15, which orders configs alike unless two tie to that).
-The host checks the features the kernel used against its own
-(:func:`~tuner.matrix.features.extract_features`'s, read back at the same time)
-and ranks in NumPy where they differ; ``tests/test_rank_gpu.py`` holds the
-rankings to NumPy's on every shipped selector.
+fused multiply-adds off (NVRTC's ``--fmad=false``): the features, the walk, the
+proximity weights, the forest's mean (row after row,
+:meth:`~tuner.select.forest.CompactForest.mean_under`), the draws and the quantiles
+are NumPy's to the bit. Not guaranteed to the last bit: CUDA's ``log``, ``log1p``
+and ``exp`` against NumPy's (the design row is rounded to float32 before a tree
+compares it, so a difference there shows only for a value within a double's last
+bit of a float32 rounding edge; ``exp`` gives the expected times, which order
+configs only where their quantiles tie). The host compares the features the
+kernel used with its own (:func:`~tuner.matrix.features.extract_features`'s) and
+ranks in NumPy where they differ; ``tests/test_rank_gpu.py`` holds the rankings
+to NumPy's on every shipped selector.
 """
 
 from __future__ import annotations
