@@ -43,11 +43,7 @@ def _matrices() -> list:
 def _numpy_parts(selector, features, device=None):
     """rank()'s parts in NumPy: the order, expected seconds, votes and draws."""
     _, expected, votes, weights = selector._expected(features, device)
-    order = selector._order(expected, weights)[0][0]
-    at = (np.arange(64) + 0.5) / 64
-    cum = np.cumsum(weights[0])
-    drawn = np.minimum(np.searchsorted(cum, at * cum[-1]), len(cum) - 1)
-    return order, expected[0], votes[0], drawn
+    return selector._order(expected, weights)[0][0], expected[0], votes[0], selector._draws(weights)[0]
 
 
 def test_the_ranking_kernel_takes_only_selectors_of_the_features_it_computes() -> None:

@@ -456,10 +456,14 @@ class KernelSelector(BaseEstimator):
 
     def _outcomes(self, weights: np.ndarray) -> np.ndarray:
         """:meth:`outcomes` of the rows of these proximity weights."""
+        return self.outcomes_of(self._draws(weights))
+
+    def _draws(self, weights: np.ndarray) -> np.ndarray:
+        """The training rows drawn for each row of these proximity weights (rows, samples): systematically, a
+        row of weight w about w x :data:`OUTCOME_SAMPLES` times."""
         weights = np.cumsum(weights, axis=1)
         at = (np.arange(OUTCOME_SAMPLES) + 0.5) / OUTCOME_SAMPLES
-        return self.outcomes_of(np.minimum([np.searchsorted(w, at * w[-1]) for w in weights],
-                                           len(self.forest_.targets) - 1))
+        return np.minimum([np.searchsorted(w, at * w[-1]) for w in weights], len(self.forest_.targets) - 1)
 
     def outcomes_of(self, drawn: np.ndarray) -> np.ndarray:
         """Each config's ``log(t / t_best)`` on the training rows ``drawn`` (any shape of row indices): that
