@@ -367,10 +367,10 @@ class _Pending:
             self._side.synchronize()
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)
 def _spec_args(selector: KernelSelector, spec: DeviceSpec) -> tuple[Any, ...]:
     """The kernel's arguments of the device and dtype (itemsize, L2 or NaN, SMs, the count columns, the quantile
-    or -1), once a selector and device spec."""
+    or -1), once a selector and device spec (the last eight kept: a process plans with a selector or two)."""
     counts = sum(1 << i for i, name in enumerate(_DESIGN) if name in COUNT_FEATURES)
     quantile = -1.0 if selector.risk_quantile is None else float(selector.risk_quantile)
     l2 = float(spec.l2_bytes) if spec.l2_bytes > 0 else math.nan
