@@ -19,11 +19,11 @@ tracks which pairs are done), then averages the training targets of the rows
 that share its leaves (:meth:`CompactForest.proximity`, :meth:`CompactForest.mean_under`):
 the forest's own prediction, up to float32 rounding of the targets
 (:meth:`CompactForest.from_sklearn` checks every leaf). A table of every
-leaf's means (leaves x outputs: megabytes, built on the first ask, never
-pickled) serves each tree's own prediction (:meth:`CompactForest.tree_outputs`);
-a ranking needs only each leaf's best output (:meth:`CompactForest.leaf_argmin`),
-so ``plan()`` never builds it: gathering a hundred of its rows from memory the
-host's caches had lost cost more than the rest of the walk.
+leaf's means (leaves x outputs: 9 MB for a shipped selector, built on the first
+ask, never pickled) serves each tree's own prediction
+(:meth:`CompactForest.tree_outputs`); a ranking needs only each leaf's best
+output (:meth:`CompactForest.leaf_argmin`), so a process that only ranks does
+not keep it.
 """
 
 from __future__ import annotations
@@ -164,8 +164,14 @@ class CompactForest:
         """The training targets averaged under :meth:`proximity`'s weights (rows x training rows): the forest's
         prediction for those rows, (rows, outputs) float64. Summed training row after training row, every
         output alike (a matrix product's blocked sums differ from one output to the next in the last bits,
-        which orders configs of equal targets at random), as the GPU's ranking sums them."""
-        return (weights[:, :, None] * self._cached("_targets64", lambda: self.targets.astype(np.float64))).sum(axis=1)
+        which orders configs of equal targets at random), as the GPU's ranking sums them; a few rows at a time,
+        so that the products held at once stay near 32 MB."""
+        targets = self._cached("_targets64", lambda: self.targets.astype(np.float64))
+        out = np.empty((len(weights), self.n_outputs))
+        step = max(1, (1 << 22) // targets.size)
+        for i in range(0, len(weights), step):
+            out[i:i + step] = (weights[i:i + step, :, None] * targets).sum(axis=1)
+        return out
 
     def leaf_argmin(self, start: int = 0) -> np.ndarray:
         """Each leaf's output of least mean among outputs ``start`` onwards, counted from ``start``: (leaves,)
