@@ -63,10 +63,6 @@ needs more (some 3,000 training rows) ranks in NumPy."""
 _THREADS = 256
 
 _SOURCE = r"""
-#define N_FEATURES 31
-#define N_DESIGN 40
-#define SAMPLES 64
-
 // NumPy's linear interpolation for percentiles (common/percentile.py's lerp)
 __device__ double lerp_np(double a, double b, double t) { return t >= 0.5 ? b - (b - a) * (1 - t) : a + (b - a) * t; }
 
@@ -263,10 +259,13 @@ extern "C" __global__ void rank_from_features(const double* __restrict__ given, 
 _DESIGN = (*FEATURE_NAMES, *DERIVED_FEATURES)
 """The design row's columns, in the order the kernel writes them (``design_matrix``'s)."""
 
-SOURCE = (_SOURCE.replace("CF_FIRST_BIT", str(int(math.log2(CF_WIDTHS[0])) + 1))
+SOURCE = (f"#define N_FEATURES {len(FEATURE_NAMES)}\n#define N_DESIGN {len(_DESIGN)}\n"
+          f"#define SAMPLES {OUTCOME_SAMPLES}\n"
+          + _SOURCE.replace("CF_FIRST_BIT", str(int(math.log2(CF_WIDTHS[0])) + 1))
           .replace("CF_1K", str(FEATURE_NAMES.index("cf_1024")))
           .replace("CF_64K", str(FEATURE_NAMES.index("cf_65536"))))
-"""The kernels' source, the clustering factors' places filled in."""
+"""The kernels' source, its sizes (features, design columns, outcomes drawn) and the clustering factors' places
+filled in from the Python side's."""
 
 _FIXED = ("rows", "cols", "nnz", "density", "npr_min", "npr_max", "npr_mean", "npr_std", "npr_cv", "npr_gini",
           "empty_row_frac", "long_row_frac", "fd_seg_count", "fd_seg_size", "bandwidth", "diag_frac", "col_std",
