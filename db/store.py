@@ -659,10 +659,19 @@ class Store:
             self.db["matrices"].rows_where(order_by="created_at, fingerprint", limit=limit, offset=offset)
         )
 
-    def has_matrix_shaped(self, *, rows: int, cols: int, nnz: int) -> bool:
-        """Whether the store holds a matrix of this shape and count of nonzeros (by any fingerprint scheme): where
-        it holds none, nothing stored can be of a matrix of them, and ``plan()`` describes it at once."""
-        return bool(self.db["matrices"].count_where("rows = ? and cols = ? and nnz = ?", [rows, cols, nnz]))
+    def shaped_and_newest_model(self, *, rows: int, cols: int, nnz: int, device: str, dtype: str,
+                                task: str = "spmv") -> tuple[bool, dict[str, Any] | None]:
+        """Whether the store holds a matrix of this shape and count of nonzeros (by any fingerprint scheme: where
+        it holds none, nothing stored can be of a matrix of them, and ``plan()`` describes it at once), and the
+        newest ``models`` row of ``task`` for exactly (device, dtype), its ``id`` and ``created_at`` (None where
+        none is stored): what ``plan()`` asks of the store before it describes a matrix, in one statement (each
+        cost about 0.1 ms of a plan on the GPU machines' hosts, ``bench/results/2026-11-28_predict-host-54.txt``)."""
+        shaped, newest, created_at = self.db.execute(
+            "select exists(select 1 from matrices where rows = ? and cols = ? and nnz = ?), newest.id, "
+            "newest.created_at from (select 1) left join (select id, created_at from models where task = ? and "
+            "device = ? and dtype = ? order by id desc limit 1) as newest",
+            [rows, cols, nnz, task, device, dtype]).fetchone()
+        return bool(shaped), None if newest is None else {"id": newest, "created_at": created_at}
 
     def has_legacy_matrix(self, *, rows: int, cols: int, nnz: int) -> bool:
         """Whether a matrix named by fingerprint scheme 1 has this shape and count of nonzeros: only then

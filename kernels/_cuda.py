@@ -8,8 +8,9 @@ raises :class:`~common.errors.NoDeviceError` that says what to install.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,7 @@ def _compile(cu_file: str, name_expressions: tuple[str, ...], options: tuple[str
 
 def get_kernels(
     cu_file: str, name_expressions: tuple[str, ...], *, options: tuple[str, ...] = (), cooperative: bool = False
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """Compile ``cu_file`` once per (instantiations, options, device); return its kernels by name.
 
     Templates take their tunables as template arguments (``csr_vector<double, 8, true>``),
@@ -90,9 +91,16 @@ def get_kernels(
     grid-wide barrier in it cannot deadlock; a launch must then ask no more blocks than
     :func:`resident_threads` allows.
     """
-    cupy = require_cupy()
-    module = _compile(cu_file, name_expressions, options, cooperative, cupy.cuda.Device().id)
-    return {name: module.get_function(name) for name in name_expressions}
+    return _functions(cu_file, name_expressions, options, cooperative, require_cupy().cuda.Device().id)
+
+
+@functools.cache
+def _functions(cu_file: str, name_expressions: tuple[str, ...], options: tuple[str, ...], cooperative: bool,
+               device: int) -> Mapping[str, Any]:
+    """:func:`get_kernels`' answer, once per compilation (a prepare asks for it: a dozen ``get_function`` calls
+    cost 0.07 ms of each ``plan()`` on the GPU machines' hosts)."""
+    module = _compile(cu_file, name_expressions, options, cooperative, device)
+    return MappingProxyType({name: module.get_function(name) for name in name_expressions})
 
 
 def resident_threads(regs: int, block: int, attributes: dict[str, int]) -> int:

@@ -130,14 +130,14 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
     monkeypatch.setattr(fp_module, "kept_on_device", lambda A, dtype, nonfinite: A.astype(dtype or A.dtype))
     monkeypatch.setattr(fp_module, "as_device_csr", lambda A, dtype=None: canonical(A).astype(dtype or A.dtype))
 
-    def describe(rows: int, cols: int, nnz: int) -> bool:
-        log.append(f"describe {rows}x{cols} {nnz}")
+    def describe(rows: int, cols: int, nnz: int, values: str) -> bool:
+        log.append(f"describe {rows}x{cols} {nnz} {values}")
         return True
 
     A = random_canonical(3, (40, 30), 120)
     B, fp, features = fp_module.device_csr_and_fingerprint(
         A, dtype="float32", describe_if=describe, meanwhile=lambda dtype, queued: log.append(f"selector {dtype}"))
-    assert log == ["pass", f"describe 40x30 {A.nnz}", f"features of {A.nnz}", "selector float32", "read pass",
+    assert log == ["pass", f"describe 40x30 {A.nnz} float32", f"features of {A.nnz}", "selector float32", "read pass",
                    "read features"]
     assert B.dtype == np.float32 and fp == fingerprint(A) and features == extract_features(A)
 
@@ -146,8 +146,8 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
                              shape=(2, 5))
     B, fp, features = fp_module.device_csr_and_fingerprint(
         unsorted, describe_if=describe, meanwhile=lambda dtype, queued: log.append(f"selector {dtype}"))
-    assert log == ["pass", "describe 2x5 4", "features of 4", "selector float64", "read pass",
-                   "pass", "describe 2x5 3", "features of 3", "selector float64", "read pass", "read features"]
+    assert log == ["pass", "describe 2x5 4 float64", "features of 4", "selector float64", "read pass",
+                   "pass", "describe 2x5 3 float64", "features of 3", "selector float64", "read pass", "read features"]
     assert fp == fingerprint(canonical(unsorted)) and features == extract_features(canonical(unsorted))
 
     log.clear()

@@ -460,6 +460,22 @@ def test_saved_model_is_versioned_and_per_device(store):
         save_model(store, sel, device="nope", dtype=DTYPE)
 
 
+def test_a_selector_found_from_the_row_plan_asked_for_is_the_one_the_store_would_give(store):
+    """plan() asks the store for its newest selector row with the matrix's shape (Store.shaped_and_newest_model)
+    and passes it on: selector_for then finds what it finds asking the store itself, and, told that the store
+    holds none (newest None), looks no further there."""
+    from tuner.execute.choice import NO_SELECTOR, selector_for
+
+    save_model(store, _store_selector(store), device=DEV_A, dtype=DTYPE)
+    asked = selector_for(store, device=DEV_A, dtype=DTYPE)
+    newest = store.shaped_and_newest_model(rows=1, cols=1, nnz=1, device=DEV_A, dtype=DTYPE)[1]
+    told = selector_for(store, device=DEV_A, dtype=DTYPE, newest=newest)
+    assert isinstance(asked[0], KernelSelector) and told[0] is asked[0] and told[2] == asked[2]
+    assert load_latest(store, device=DEV_A, dtype=DTYPE, newest=newest) is asked[0]
+    assert selector_for(store, device=DEV_A, dtype=DTYPE, newest=None) == (None, None, NO_SELECTOR)
+    assert selector_for(store, device=DEV_B, dtype=DTYPE) == (None, None, NO_SELECTOR)
+
+
 def test_choose_predicted_default_and_tuned(store):
     fp_new = "f" * 16
     table = ranking_table(store, device=DEV_A, dtype=DTYPE)

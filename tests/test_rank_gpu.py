@@ -107,7 +107,7 @@ def test_the_gpu_ranks_feature_vectors_as_numpy(device: str, dtype: str) -> None
 @pytest.mark.gpu
 def test_plan_ranks_a_new_matrix_on_the_gpu(monkeypatch, tmp_path) -> None:
     """plan() of a matrix new to the store takes the GPU's ranking (rank_configs is not asked) and predicts what
-    NumPy's ranking predicts."""
+    NumPy's whole ranking predicts (plan builds it only up to its first config cheap to prepare)."""
     import cupyx.scipy.sparse as cusp
 
     from db.store import Store
@@ -117,14 +117,15 @@ def test_plan_ranks_a_new_matrix_on_the_gpu(monkeypatch, tmp_path) -> None:
     from tuner.measure.backend import GpuBackend
 
     monkeypatch.setenv("SPMV_TUNER_MODELS", str(DATA_DIR))
-    A = generate("powerlaw", rows=20_000, seed=3)
     calls = []
     real = plan_module.rank_configs
     monkeypatch.setattr(plan_module, "rank_configs", lambda *a, **k: calls.append(1) or real(*a, **k))
-    ex = plan_module.plan(cusp.csr_matrix(A), effort="predict", db=Store(tmp_path / "s.db"))
-    assert calls == [] and ex.source in ("predicted", "default")
     backend = GpuBackend()
     model, spec, basis = selector_for(None, device=backend.info.id, dtype="float64", backend=backend)
-    features = extract_features(cusp.csr_matrix(A))
-    want = ranked_choice(model.rank(features, device=spec), basis, nnz=A.nnz, prepare_budget=CHEAP_SPMVS)
-    assert (ex.kernel, ex.params) == (want.kernel, want.params)
+    for kind, rows in [("powerlaw", 20_000), ("banded", 20_000), ("emptyrows", 40_000), ("lp", 4_000)]:
+        A = generate(kind, rows=rows, seed=3)
+        ex = plan_module.plan(cusp.csr_matrix(A), effort="predict", db=Store(tmp_path / f"{kind}.db"))
+        assert calls == [] and ex.source in ("predicted", "default")
+        features = extract_features(cusp.csr_matrix(A))
+        want = ranked_choice(model.rank(features, device=spec), basis, nnz=A.nnz, prepare_budget=CHEAP_SPMVS)
+        assert (ex.kernel, ex.params) == (want.kernel, want.params), kind

@@ -638,6 +638,36 @@ def test_migration_4_marks_older_matrices_as_fingerprint_scheme_1(tmp_path: Path
         assert schemes == {"old": 1, "new": 2, "imported": 1}
         assert store.has_legacy_matrix(rows=3, cols=4, nnz=5) and store.has_legacy_matrix(rows=6, cols=6, nnz=6)
         assert not store.has_legacy_matrix(rows=3, cols=4, nnz=6)
-        assert store.has_matrix_shaped(rows=3, cols=4, nnz=5) and store.has_matrix_shaped(rows=6, cols=6, nnz=6)
-        assert not store.has_matrix_shaped(rows=3, cols=4, nnz=6) and not store.has_matrix_shaped(rows=4, cols=3, nnz=5)
+        def shaped(rows: int, cols: int, nnz: int) -> bool:
+            return store.shaped_and_newest_model(rows=rows, cols=cols, nnz=nnz, device="x", dtype="float64")[0]
+
+        assert shaped(3, 4, 5) and shaped(6, 6, 6) and not shaped(3, 4, 6) and not shaped(4, 3, 5)
         assert store.device("x") is None and "l2_bytes" in store.db["devices"].columns_dict
+
+
+def test_the_store_answers_plans_question_of_shape_and_selector_in_one_statement(tmp_path: Path) -> None:
+    """shaped_and_newest_model: whether a matrix of the shape is stored, and the newest models row of the task
+    for exactly (device, dtype), as latest_row finds it; None where none is."""
+    from tuner.select.model import latest_row
+
+    def models(**row: str) -> None:
+        store.db["models"].insert({"created_at": "2026-11-28T00:00:00+00:00", "n_train": 1, "features": "[]",
+                                   "metrics": "{}", "blob": b"", **row})
+
+    with Store(tmp_path / "t.db") as store:
+        store.add_matrix("a" * 32, name="a", rows=3, cols=4, nnz=5)
+        ask = {"rows": 3, "cols": 4, "nnz": 5, "device": "GPU A (sm_90)", "dtype": "float64"}
+        assert store.shaped_and_newest_model(**ask) == (True, None)
+        models(task="spmv", device="GPU A (sm_90)", dtype="float64")
+        models(task="spmv", device="GPU A (sm_90)", dtype="float64")
+        models(task="spmv", device="GPU A (sm_90)", dtype="float32")
+        models(task="spmv", device="GPU B (sm_90)", dtype="float64")
+        models(task="spmspv", device="GPU A (sm_90)", dtype="float64")
+        for device, dtype in [("GPU A (sm_90)", "float64"), ("GPU A (sm_90)", "float32"), ("GPU B (sm_90)", "float64"),
+                              ("GPU C (sm_90)", "float64")]:
+            expected = latest_row(store, device=device, dtype=dtype, select="id, created_at")
+            for rows in (3, 4):
+                got = store.shaped_and_newest_model(**{**ask, "rows": rows, "device": device, "dtype": dtype})
+                assert got == (rows == 3, expected)
+        assert store.shaped_and_newest_model(**ask)[1]["id"] == 2
+        assert store.shaped_and_newest_model(**ask, task="spmspv")[1]["id"] == 5

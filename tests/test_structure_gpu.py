@@ -113,7 +113,7 @@ def test_the_pass_counts_nan_and_inf_values_as_numpy_does(dtype: str) -> None:
 def test_one_pass_checks_and_names_a_new_matrix_as_each_would_alone() -> None:
     """plan()'s first step: the canonical check and the fingerprint in one pass, the same answers as the
     NumPy count and the NumPy fingerprint, with or without the sums; a matrix that is not canonical is named by
-    its canonical form. Asked to (``describe_if``, given the shape and nonzeros), the same round trip gives
+    its canonical form. Asked to (``describe_if``, given the shape, nonzeros and dtype), the same round trip gives
     the features of the canonical form, as the CPU computes them."""
     import cupy
     import cupyx.scipy.sparse as cusp
@@ -139,7 +139,7 @@ def test_one_pass_checks_and_names_a_new_matrix_as_each_would_alone() -> None:
         B32, fp32, features = device_csr_and_fingerprint(
             on_gpu, dtype="float32", describe_if=lambda *shape, seen=asked: seen.append(shape) or True)
         assert B32.dtype == np.float32 and fp32 == fp and same_features(features, A), name
-        assert asked == [(*A.shape, A.nnz)], name
+        assert asked == [(*A.shape, A.nnz, "float32")], name
         assert device_csr_and_fingerprint(A, describe_if=lambda *shape: False)[1:] == (fp, None), name
         assert same_features(device_csr_and_fingerprint(A, describe_if=lambda *shape: True)[2], A), name
     rev = big.indices.copy()

@@ -18,13 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, canonical, get_family
 from tuner.execute.race import MARGIN
 from tuner.execute.race import STUDY as RACE_STUDY
 from tuner.matrix.features import FEATURE_NAMES
-from tuner.select.shipped import may_predict
+from tuner.select.shipped import ASK_STORE, StoredRow, may_predict
 
 if TYPE_CHECKING:
     from tuner.matrix.features import QueuedFeatures
@@ -75,16 +77,17 @@ def default_choice() -> Choice:
 NO_SELECTOR = "no selector for this GPU's architecture and dtype"
 
 
-def selector_for(store: Store | None, *, device: str, dtype: str, backend: GpuBackend | None = None
-                 ) -> tuple[KernelSelector | None, DeviceSpec | None, str]:
+def selector_for(store: Store | None, *, device: str, dtype: str, backend: GpuBackend | None = None,
+                 newest: StoredRow = ASK_STORE) -> tuple[KernelSelector | None, DeviceSpec | None, str]:
     """The selector that ranks configs for ``device`` in ``dtype`` as ``(model, spec, basis)``
     (:func:`tuner.select.model.find_selector`), or ``(None, None, why not)``: what :func:`rank_configs` ranks
-    with, found apart so that ``plan()`` can find it while the GPU describes the matrix."""
-    if not may_predict(store, device, dtype):
+    with, found apart so that ``plan()`` can find it while the GPU describes the matrix. ``newest``: the store's
+    newest selector row for them, where the caller asked for it already."""
+    if not may_predict(store, device, dtype, newest):
         return None, None, NO_SELECTOR
     from tuner.select.model import find_selector  # scikit-learn only when a selector is stored or shipped
 
-    found = find_selector(store, device=device, dtype=dtype, backend=backend)
+    found = find_selector(store, device=device, dtype=dtype, backend=backend, newest=newest)
     return found if found is not None else (None, None, NO_SELECTOR)
 
 
@@ -116,13 +119,15 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
 
 
 def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str], queued: QueuedFeatures, *,
-                  outcomes: bool = False
+                  outcomes: bool = False, prepare_budget: float | None = None
                   ) -> Callable[[Mapping[str, float]], tuple[list[RankedConfig] | None, str] | None] | None:
     """:func:`rank_configs` with ``selector`` (:func:`selector_for`'s answer) queued on the GPU behind the
     features' kernels (:mod:`tuner.select.rank_gpu`), or None where it cannot be (no selector, features not
     computed on the GPU, a selector the kernel does not take). The returned function takes the features read
     back and gives :func:`rank_configs`' answer, or None where the kernel's features differ from them (then
-    :func:`rank_configs` ranks)."""
+    :func:`rank_configs` ranks). With ``prepare_budget`` (``plan(effort="predict")``), the ranking ends at its
+    first config expected to prepare within that many SpMVs: all :func:`ranked_choice` reads of it, without the
+    some seventy configs after it built (0.1 ms of a plan on the GPU machines' hosts)."""
     model, spec, basis = selector
     if model is None or queued.on_device is None:
         return None
@@ -136,8 +141,11 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
         parts = pending()
         if parts.features.tolist() != [features[name] for name in FEATURE_NAMES]:
             return None
-        ranking = model.ranked(parts.order, parts.expected, parts.votes,
-                               model.outcomes_of(parts.drawn) if outcomes else None)
+        order = parts.order
+        if prepare_budget is not None and _ranks_valid_configs_only(model):  # else the cut could fall short
+            cheap = np.flatnonzero(model.prepare_spmvs_[order] <= prepare_budget)
+            order = order[:cheap[0] + 1] if cheap.size else order[:0]
+        ranking = model.ranked(order, parts.expected, parts.votes, model.outcomes_of(parts.drawn) if outcomes else None)
         return _registered(model, ranking), basis
 
     return ranked

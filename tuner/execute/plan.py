@@ -64,10 +64,11 @@ from tuner.execute.race import (
 )
 from tuner.matrix.features import QueuedFeatures, extract_features
 from tuner.matrix.fingerprint import device_csr_and_fingerprint, fingerprint, legacy_fingerprint
-from tuner.matrix.io import as_csr
+from tuner.matrix.io import as_csr, dtype_name
 from tuner.measure.backend import Backend, GpuBackend
 from tuner.measure.metrics import effective_bytes
 from tuner.measure.verify import Reference
+from tuner.select.shipped import ASK_STORE, StoredRow
 
 if TYPE_CHECKING:
     from tuner.execute.spmspv import SpMSpVExecutor
@@ -106,23 +107,29 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
     store = db if isinstance(db, Store) else shared_store(db)
     steps = _Steps(backend)
     device = backend.info.id
+    newest: dict[str, StoredRow] = {}  # the store's newest selector for this GPU, by dtype: asked with the shape
     selectors: dict[str, Any] = {}  # found while the GPU describes a matrix new to the store, by dtype
     rankings: dict[str, Any] = {}  # and the rankings queued behind its features (not for a search's seeds)
 
+    def new_to_store(rows: int, cols: int, nnz: int, values: str) -> bool:
+        shaped, newest[values] = store.shaped_and_newest_model(rows=rows, cols=cols, nnz=nnz, device=device,
+                                                               dtype=values)
+        return not shaped
+
     def find(values: str, queued: QueuedFeatures) -> None:
         if values not in selectors:
-            selectors[values] = selector_for(store, device=device, dtype=values, backend=backend)
+            selectors[values] = selector_for(store, device=device, dtype=values, backend=backend,
+                                             newest=newest.get(values, ASK_STORE))
         if effort != "tune":
-            rankings[values] = queue_ranking(selectors[values], queued, outcomes=effort == "race")
+            rankings[values] = queue_ranking(selectors[values], queued, outcomes=effort == "race",
+                                             prepare_budget=CHEAP_SPMVS if effort == "predict" else None)
 
     with steps("matrix"):  # on the GPU, canonical, named and, where new to the store, described: one round trip
         write_behind.wait(store.path)  # an earlier plan()'s race, still being written
-        A_dev, fp, features = device_csr_and_fingerprint(
-            A, dtype=dtype, meanwhile=find,
-            describe_if=lambda rows, cols, nnz: not store.has_matrix_shaped(rows=rows, cols=cols, nnz=nnz))
+        A_dev, fp, features = device_csr_and_fingerprint(A, dtype=dtype, meanwhile=find, describe_if=new_to_store)
     if features is not None:
         steps.rename("matrix", "matrix+features")
-    dtype = str(A_dev.dtype)
+    dtype = dtype_name(A_dev.dtype)
     choice = None
     if features is None:  # the store holds a matrix of this shape: this one?
         with steps("lookup"):

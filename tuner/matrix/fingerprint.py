@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuner.matrix.features import QueuedFeatures, csr_arrays, queue_features
-from tuner.matrix.io import as_device_csr, kept_on_device, stays_on_device, value_dtype
+from tuner.matrix.io import as_device_csr, dtype_name, kept_on_device, stays_on_device, value_dtype
 from tuner.matrix.structure_gpu import queue_structure_pass, structure_pass
 
 __all__ = ["SCHEME", "device_csr_and_fingerprint", "fingerprint", "legacy_fingerprint"]
@@ -82,11 +82,12 @@ def fingerprint(A: Any) -> str:
 
 
 def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
-                               describe_if: Callable[[int, int, int], bool] | None = None,
+                               describe_if: Callable[[int, int, int, str], bool] | None = None,
                                meanwhile: Callable[[str, QueuedFeatures], object] | None = None
                                ) -> tuple[Any, str, dict[str, float] | None]:
     """:func:`~tuner.matrix.io.as_device_csr` of ``A``, its fingerprint and, where ``describe_if(rows, cols,
-    nnz)`` holds (``plan()``: the store holds no matrix of that shape and nonzeros, so none can be this one),
+    nnz, values' dtype)`` holds (``plan()``: the store holds no matrix of that shape and nonzeros, so none can be
+    this one; it asks the store for its selector of that dtype in the same statement),
     its features (:func:`~tuner.matrix.features.extract_features`), else None: what ``plan()`` starts from.
     A CuPy CSR matrix of int32 arrays is checked (canonical, values finite) and fingerprinted in one pass
     over it (:func:`~tuner.matrix.structure_gpu.structure_pass`), its features' kernels queued behind that
@@ -105,7 +106,7 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
     return B, _name(*B.shape, int(B.indices.size), check()[1]), features()
 
 
-def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int, int], bool] | None,
+def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int, int, str], bool] | None,
             meanwhile: Callable[[str, QueuedFeatures], object] | None
             ) -> tuple[Callable[[], tuple[bool, list[int], int]], Callable[[], dict[str, float] | None]]:
     """:func:`device_csr_and_fingerprint`'s GPU work on ``A`` queued: the structure pass (the fingerprint's sums,
@@ -113,11 +114,12 @@ def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int,
     pass finds ``A`` canonical); ``meanwhile`` called before any wait. Returns both read-backs."""
     m, n = A.shape
     check = queue_structure_pass(A.indptr, A.indices, tags=_ALL_TAGS, values=values)
-    if describe_if is None or not describe_if(m, n, int(A.indices.size)):
+    of = dtype_name(value_dtype(A.dtype, dtype))
+    if describe_if is None or not describe_if(m, n, int(A.indices.size), of):
         return check, lambda: None
     features = queue_features(A, checked_apart=True)
     if meanwhile is not None:
-        meanwhile(str(value_dtype(np.dtype(A.dtype), dtype)), features)
+        meanwhile(of, features)
     return check, features
 
 

@@ -66,6 +66,7 @@ from kernels import config_key, config_of
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.measure.metrics import effective_bytes
 from tuner.select.forest import CompactForest
+from tuner.select.shipped import ASK_STORE, StoredRow
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -584,10 +585,12 @@ def latest_row(store: Store, *, device: str, dtype: str, task: str = "spmv", sel
 
 
 def load_latest(store: Store, *, device: str, dtype: str, task: str = "spmv",
-                features: Sequence[str] = FEATURE_NAMES) -> Any:
-    """The newest ``task`` selector trained for exactly (device, dtype) on ``features``, or None. The blob
-    is a pickle: only load stores you trust."""
-    newest = latest_row(store, device=device, dtype=dtype, task=task, select="id, created_at")
+                features: Sequence[str] = FEATURE_NAMES, newest: StoredRow = ASK_STORE) -> Any:
+    """The newest ``task`` selector trained for exactly (device, dtype) on ``features``, or None (``newest``:
+    its row's id and created_at, where the caller asked the store already). The blob is a pickle: only load
+    stores you trust."""
+    if newest is ASK_STORE:
+        newest = latest_row(store, device=device, dtype=dtype, task=task, select="id, created_at")
     if newest is None:
         return None
     key = (str(store.path), newest["id"], newest["created_at"])
@@ -658,17 +661,18 @@ def device_spec(store: Store | None, device: str, backend: Backend | None = None
                                    "copy_bandwidth_gbs": backend.copy_bandwidth_gbs()})
 
 
-def find_selector(store: Store | None, *, device: str, dtype: str, backend: Backend | None = None
-                  ) -> tuple[KernelSelector, DeviceSpec | None, str] | None:
+def find_selector(store: Store | None, *, device: str, dtype: str, backend: Backend | None = None,
+                  newest: StoredRow = ASK_STORE) -> tuple[KernelSelector, DeviceSpec | None, str] | None:
     """The selector that ranks configs for ``device`` in ``dtype``, as ``(model, spec, basis)``, or None.
 
     The store's newest for exactly (device, dtype), else the one shipped for exactly them (``spec`` None:
     the model's own training device), else one shipped for another GPU of the same architecture (the
     ``(sm_XX)`` of the device id) and dtype, the nearest in copy bandwidth when several, with ``spec`` this
     device's (:func:`device_spec`) so that its expectations are carried over; where nothing is known of this
-    device, its own training device's. ``basis`` names the selector in a few words.
+    device, its own training device's. ``basis`` names the selector in a few words. ``newest``: the store's
+    newest row for (device, dtype), where the caller asked for it already (:func:`load_latest`).
     """
-    if store is not None and (model := load_latest(store, device=device, dtype=dtype)) is not None:
+    if store is not None and (model := load_latest(store, device=device, dtype=dtype, newest=newest)) is not None:
         return model, None, f"the selector trained in the store for {device} on {model.n_train_} matrices"
     if (model := load_shipped(device, dtype)) is not None:
         return model, None, f"the selector shipped for {device}"

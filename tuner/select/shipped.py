@@ -23,11 +23,13 @@ their answers).
 
 from __future__ import annotations
 
+import enum
 import functools
 import gzip
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +38,7 @@ from common.errors import InvalidConfigError
 if TYPE_CHECKING:
     from db.store import Store
 
-__all__ = ["DATA_DIR", "ENV", "architecture", "may_predict", "read_header", "read_shipped", "shipped_dir",
+__all__ = ["ASK_STORE", "DATA_DIR", "ENV", "architecture", "may_predict", "read_header", "read_shipped", "shipped_dir",
            "shipped_path", "shipped_selectors", "slug", "write_shipped"]
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -44,6 +46,20 @@ ENV = "SPMV_TUNER_MODELS"
 FORMAT = "spmv-tuner-selector"
 VERSION = 1
 _ARCH = re.compile(r"\((sm_\d+[a-z]?)\)\s*$")
+
+
+class _Newest(enum.Enum):
+    ASK_STORE = "ask the store"
+
+
+ASK_STORE = _Newest.ASK_STORE
+"""The ``newest`` of :func:`may_predict`, :func:`tuner.select.model.find_selector` and the functions that pass it
+on when the caller has not asked the store for its newest selector row already (``plan()`` has:
+:meth:`db.store.Store.shaped_and_newest_model`): they ask it."""
+
+StoredRow = Mapping[str, Any] | None | _Newest
+"""The store's newest ``models`` row for a device and dtype (its id and created_at), None where it holds none,
+or :data:`ASK_STORE`."""
 
 
 def architecture(device: str) -> str | None:
@@ -70,7 +86,13 @@ def shipped_path(device: str, dtype: str, folder: Path | None = None, *, task: s
     """The file a selector for ``task`` ('spmv': kernels, 'spmspv': SpMSpV modes) on (device, dtype) has in
     ``folder`` (default :func:`shipped_dir`); None when shipped selectors are off."""
     folder = shipped_dir() if folder is None else folder
-    return None if folder is None else folder / f"{task}-selector_{slug(device)}_{dtype}.pkl.gz"
+    return None if folder is None else _named(folder, task, device, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _named(folder: Path, task: str, device: str, dtype: str) -> Path:
+    """:func:`shipped_path`'s file, named once (every ``plan()`` asks twice: 0.1 ms on the GPU machines' hosts)."""
+    return folder / f"{task}-selector_{slug(device)}_{dtype}.pkl.gz"
 
 
 def write_shipped(header: dict[str, Any], blob: bytes, folder: Path) -> Path:
@@ -138,11 +160,14 @@ def _cached_header(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None
         return None
 
 
-def may_predict(store: Store | None, device: str, dtype: str) -> bool:
-    """Whether a selector may exist for (device, dtype): the store holds models, a file is shipped for them, or
-    one for another GPU of the same architecture and dtype. Cheap (no scikit-learn): ``plan()`` extracts
-    features only then."""
-    if store is not None and store.db["models"].count_where("task = 'spmv'"):
+def may_predict(store: Store | None, device: str, dtype: str, newest: StoredRow = ASK_STORE) -> bool:
+    """Whether a selector may exist for (device, dtype): the store holds models (``newest``: its newest for them,
+    where the caller asked already), a file is shipped for them, or one for another GPU of the same architecture
+    and dtype. Cheap (no scikit-learn): ``plan()`` extracts features only then."""
+    if newest is ASK_STORE:
+        if store is not None and store.db["models"].count_where("task = 'spmv'"):
+            return True
+    elif newest is not None:
         return True
     path = shipped_path(device, dtype)
     if path is not None and path.is_file():
