@@ -67,11 +67,11 @@ _SOURCE = r"""
 __device__ double lerp_np(double a, double b, double t) { return t >= 0.5 ? b - (b - a) * (1 - t) : a + (b - a) * t; }
 
 // tuner.matrix.features._from_raw, the same operations in the same order; s: the host's numbers of the shape
-// (m, n, nnz, m as an integer, density, mean, col_mean, m * nnz, min(m, n), the quartiles' weights, cbrt(m))
+// (m, n, nnz, density, mean, col_mean, m * nnz, min(m, n), the quartiles' weights, cbrt(m))
 __device__ void features_of(const unsigned long long* raw, const double* s, double* f) {
-    const double m = s[0], n = s[1], nnz = s[2], density = s[4], mean = s[5], col_mean = s[6], m_nnz = s[7];
-    const double diag_len = s[8], t25 = s[9], t75 = s[10], cbrt_m = s[11];
-    const long long mi = (long long)s[3];
+    const double m = s[0], n = s[1], nnz = s[2], density = s[3], mean = s[4], col_mean = s[5], m_nnz = s[6];
+    const double diag_len = s[7], t25 = s[8], t75 = s[9], cbrt_m = s[10];
+    const long long mi = (long long)m;  // rows: below 2**31, exact as a double
     const double lo = (double)raw[40], hi = (double)raw[41];
     const double npr_std = sqrt(fmax((double)raw[37] / m - mean * mean, 0.0));
     const double col_std = sqrt(fmax((double)raw[38] / n - col_mean * col_mean, 0.0));
@@ -223,7 +223,7 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
     outputs, firsts, room
 
 extern "C" __global__ void rank_from_counters(const unsigned long long* __restrict__ raw, double m, double n,
-                                              double nnz, double mi, double density, double mean, double col_mean,
+                                              double nnz, double density, double mean, double col_mean,
                                               double m_nnz, double diag_len, double t25, double t75, double cbrt_m,
                                               double itemsize, double l2, double sms, unsigned long long counts,
                                               double quantile, double t_bytes, FOREST, double* __restrict__ out) {
@@ -231,7 +231,7 @@ extern "C" __global__ void rank_from_counters(const unsigned long long* __restri
     __shared__ double f[N_FEATURES];
     __shared__ float x[N_DESIGN];
     if (threadIdx.x == 0) {
-        const double s[12] = {m, n, nnz, mi, density, mean, col_mean, m_nnz, diag_len, t25, t75, cbrt_m};
+        const double s[11] = {m, n, nnz, density, mean, col_mean, m_nnz, diag_len, t25, t75, cbrt_m};
         const double d[3] = {itemsize, l2, sms};
         features_of(raw, s, f);
         design_of(f, d, counts, x);
@@ -306,7 +306,7 @@ def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: De
     the training one) behind them; the returned function reads it back (waiting for the GPU). Check
     :func:`takes` first."""
     m, n, nnz = counters.m, counters.n, counters.nnz
-    shape = (float(m), float(n), float(nnz), float(m), nnz / (m * n), nnz / m, nnz / n, float(m * nnz),
+    shape = (float(m), float(n), float(nnz), nnz / (m * n), nnz / m, nnz / n, float(m * nnz),
              float(min(m, n)), counters.q25_weight, counters.q75_weight, float(np.cbrt(m)))
     return _launch(selector, device, (m, n, nnz), "rank_from_counters", (counters.buffer, *map(np.float64, shape)))
 
