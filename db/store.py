@@ -664,8 +664,8 @@ class Store:
         """Whether the store holds a matrix of this shape and count of nonzeros (by any fingerprint scheme: where
         it holds none, nothing stored can be of a matrix of them, and ``plan()`` describes it at once), and the
         newest ``models`` row of ``task`` for exactly (device, dtype), its ``id`` and ``created_at`` (None where
-        none is stored): what ``plan()`` asks of the store before it describes a matrix, in one statement (each
-        cost about 0.1 ms of a plan on the GPU machines' hosts, ``bench/results/2026-11-28_predict-host-54.txt``)."""
+        none is stored): what ``plan()`` asks of the store before it describes a matrix, in one statement (three
+        took 0.3-0.4 ms of a plan on the GPU machines' hosts, ``bench/results/2026-11-28_predict-host-54.txt``)."""
         shaped, newest, created_at = self.db.execute(
             "select exists(select 1 from matrices where rows = ? and cols = ? and nnz = ?), newest.id, "
             "newest.created_at from (select 1) left join (select id, created_at from models where task = ? and "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -220,7 +222,9 @@ def test_gpu_queued_timing_keeps_a_slow_host_out() -> None:
 @pytest.mark.gpu
 def test_gpu_timing_keeps_the_host_out_from_between_a_products_launches() -> None:
     """A product of two launches with 2 ms of host time between them (csr5's product and its fix-up on a busy
-    host): time() counts the kernels alone, as for the same two launched at once, cold and warm."""
+    host): time() counts the kernels alone, as for the same two launched at once, cold and warm. Other tests'
+    kernels on the same GPU (the suite's workers) can slow one of the two timings: the closest of three tries
+    counts; the 2 ms between the launches, were it counted, would be in all three."""
     import time
 
     import cupy
@@ -242,9 +246,10 @@ def test_gpu_timing_keeps_the_host_out_from_between_a_products_launches() -> Non
 
     both()
     for flush_l2 in (True, False):
-        fast = backend.time(both, repeats=20, flush_l2=flush_l2).median_s
-        slow = backend.time(apart, repeats=10, flush_l2=flush_l2).median_s
-        assert 0.8 < slow / fast < 1.25 and slow < 1e-3
+        tries = [(backend.time(both, repeats=20, flush_l2=flush_l2).median_s,
+                  backend.time(apart, repeats=10, flush_l2=flush_l2).median_s) for _ in range(3)]
+        fast, slow = min(tries, key=lambda t: abs(math.log(t[1] / t[0])))
+        assert 0.8 < slow / fast < 1.25 and slow < 1e-3, tries
 
 
 @pytest.mark.gpu

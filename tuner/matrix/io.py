@@ -456,8 +456,8 @@ def _validate_triple(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, 
 
 
 def dtype_name(dtype: np.dtype) -> str:
-    """``str(dtype)``, at once for the value dtypes: NumPy's is Python code, 0.03 ms of a ``plan()`` each time it
-    is asked on the GPU machines' hosts."""
+    """``str(dtype)``, at once for the value dtypes: NumPy's is Python code, some 0.03 ms each time ``plan()``
+    asked it on the GPU machines' hosts."""
     return _VALUE_NAMES.get(dtype) or str(dtype)
 
 

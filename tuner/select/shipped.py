@@ -53,9 +53,9 @@ class _Newest(enum.Enum):
 
 
 ASK_STORE = _Newest.ASK_STORE
-"""The ``newest`` of :func:`may_predict`, :func:`tuner.select.model.find_selector` and the functions that pass it
-on when the caller has not asked the store for its newest selector row already (``plan()`` has:
-:meth:`db.store.Store.shaped_and_newest_model`): they ask it."""
+"""``newest`` (of :func:`may_predict`, :func:`tuner.select.model.find_selector` and the functions that pass it on)
+where the caller has not asked the store for its newest selector row: the function asks it. ``plan()`` has asked,
+with the matrix's shape (:meth:`db.store.Store.shaped_and_newest_model`)."""
 
 StoredRow = Mapping[str, Any] | None | _Newest
 """The store's newest ``models`` row for a device and dtype (its id and created_at), None where it holds none,
@@ -91,7 +91,8 @@ def shipped_path(device: str, dtype: str, folder: Path | None = None, *, task: s
 
 @functools.lru_cache(maxsize=64)
 def _named(folder: Path, task: str, device: str, dtype: str) -> Path:
-    """:func:`shipped_path`'s file, named once (every ``plan()`` asks twice: 0.1 ms on the GPU machines' hosts)."""
+    """:func:`shipped_path`'s file, named once (every ``plan()`` asks twice; a regex and a path join each time,
+    on a host whose caches the GPU's work has just emptied)."""
     return folder / f"{task}-selector_{slug(device)}_{dtype}.pkl.gz"
 
 
