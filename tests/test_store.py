@@ -638,6 +638,7 @@ def test_migration_4_marks_older_matrices_as_fingerprint_scheme_1(tmp_path: Path
         assert schemes == {"old": 1, "new": 2, "imported": 1}
         assert store.has_legacy_matrix(rows=3, cols=4, nnz=5) and store.has_legacy_matrix(rows=6, cols=6, nnz=6)
         assert not store.has_legacy_matrix(rows=3, cols=4, nnz=6)
+
         def shaped(rows: int, cols: int, nnz: int) -> bool:
             return store.shaped_and_newest_model(rows=rows, cols=cols, nnz=nnz, device="x", dtype="float64")[0]
 
