@@ -38,8 +38,8 @@ from common.errors import InvalidConfigError
 if TYPE_CHECKING:
     from db.store import Store
 
-__all__ = ["ASK_STORE", "DATA_DIR", "ENV", "architecture", "may_predict", "read_header", "read_shipped", "shipped_dir",
-           "shipped_path", "shipped_selectors", "slug", "write_shipped"]
+__all__ = ["ASK_STORE", "DATA_DIR", "ENV", "StoredRow", "architecture", "may_predict", "read_header", "read_shipped",
+           "shipped_dir", "shipped_path", "shipped_selectors", "slug", "write_shipped"]
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 ENV = "SPMV_TUNER_MODELS"
