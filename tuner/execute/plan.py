@@ -218,7 +218,7 @@ def race_matrix(A: Any, *, backend: Backend, store: Store, fp: str, features: di
     :mod:`db.write_behind` (``plan()``: they land while the caller's products run; ``result.recorded`` is
     that write), else before this returns. ``result.seconds["reference"]`` is the wait for the reference.
     """
-    dtype = str(A.dtype)
+    dtype = dtype_name(A.dtype)
     if features is None:
         features = extract_features(A)
     if ranking is None and basis is None:
