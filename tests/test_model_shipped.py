@@ -83,6 +83,8 @@ def test_a_model_for_another_device_is_not_used_even_under_this_devices_file_nam
     other = ship_model(sel, device=DEV_B, dtype=DTYPE, folder=models)
     assert not shipped.may_predict(None, DEV_A, DTYPE)
     other.rename(shipped.shipped_path(DEV_A, DTYPE))  # a file named for DEV_A whose header says DEV_B
+    assert not shipped.may_predict(None, DEV_A, DTYPE)  # files are looked for once a process (and folder)...
+    shipped._found.cache_clear()  # ...or after write_shipped: renamed by hand, it is seen once looked for again
     assert shipped.may_predict(None, DEV_A, DTYPE)  # the cheap check only looks at the name...
     assert shipped.read_shipped(DEV_A, DTYPE) is None and load_shipped(DEV_A, DTYPE) is None  # ...the header decides
     with Store(memory=True) as fresh:

@@ -608,15 +608,18 @@ _LOADED_MAX = 8
 def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Sequence[str] = FEATURE_NAMES,
                  path: Path | None = None) -> Any:
     """The ``task`` selector shipped for exactly (device, dtype) (in ``path``, default the file named for
-    them), or None (also when it cannot be unpickled here, e.g. under an incompatible scikit-learn: logged).
-    Each file is unpickled once."""
-    from tuner.select.shipped import shipped_path
+    them, :func:`~tuner.select.shipped.shipped_file`), or None (also when it cannot be unpickled here, e.g. under an
+    incompatible scikit-learn: logged). Each file is unpickled once."""
+    from tuner.select.shipped import ShippedFile, shipped_file
 
-    path = shipped_path(device, dtype, task=task) if path is None else path
-    if path is None or not path.is_file():
+    if path is None:
+        found = shipped_file(device, dtype, task=task)
+    else:
+        stat = path.stat() if path.is_file() else None
+        found = ShippedFile(path, stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    if found is None:
         return None
-    stat = path.stat()
-    return _load_shipped(str(path), stat.st_mtime_ns, stat.st_size, device, dtype, task, tuple(features))
+    return _load_shipped(str(found.path), found.mtime_ns, found.size, device, dtype, task, tuple(features))
 
 
 @functools.lru_cache(maxsize=8)

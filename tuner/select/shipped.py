@@ -18,7 +18,9 @@ This module reads headers and paths only; it imports no scikit-learn, so
 ``plan()`` can ask whether a selector exists without paying for it.
 ``$SPMV_TUNER_MODELS`` names another folder to look in, or with an empty value
 turns shipped selectors off (the tests do, so what is shipped never changes
-their answers).
+their answers). The file for a device and dtype is looked for once a process
+and folder (:func:`shipped_file`; :func:`write_shipped` looks again): a file
+another process ships is seen by the next process.
 """
 
 from __future__ import annotations
@@ -31,15 +33,16 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from stat import S_ISREG
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common.errors import InvalidConfigError
 
 if TYPE_CHECKING:
     from db.store import Store
 
-__all__ = ["ASK_STORE", "DATA_DIR", "ENV", "StoredRow", "architecture", "may_predict", "read_header", "read_shipped",
-           "shipped_dir", "shipped_path", "shipped_selectors", "slug", "write_shipped"]
+__all__ = ["ASK_STORE", "DATA_DIR", "ENV", "ShippedFile", "StoredRow", "architecture", "may_predict", "read_header",
+           "read_shipped", "shipped_dir", "shipped_file", "shipped_path", "shipped_selectors", "slug", "write_shipped"]
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 ENV = "SPMV_TUNER_MODELS"
@@ -96,6 +99,32 @@ def _named(folder: Path, task: str, device: str, dtype: str) -> Path:
     return folder / f"{task}-selector_{slug(device)}_{dtype}.pkl.gz"
 
 
+class ShippedFile(NamedTuple):
+    """A selector file found, with its modification time and size (what names its contents in a cache)."""
+
+    path: Path
+    mtime_ns: int
+    size: int
+
+
+def shipped_file(device: str, dtype: str, *, task: str = "spmv") -> ShippedFile | None:
+    """The file of the ``task`` selector shipped for (device, dtype) in :func:`shipped_dir`, if there is one:
+    looked for once a process and folder (:func:`write_shipped` looks again). ``plan()`` asks twice (whether a
+    selector may exist, then which): a file's status is 10-40 us on the GPU machines' cold hosts."""
+    folder = shipped_dir()
+    return None if folder is None else _found(folder, task, device, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _found(folder: Path, task: str, device: str, dtype: str) -> ShippedFile | None:
+    path = _named(folder, task, device, dtype)
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return ShippedFile(path, stat.st_mtime_ns, stat.st_size) if S_ISREG(stat.st_mode) else None
+
+
 def write_shipped(header: dict[str, Any], blob: bytes, folder: Path) -> Path:
     """Write a selector file for ``header['task']``, ``header['device']`` and ``header['dtype']`` into
     ``folder``; its path. Written to a temporary name first; gzip's timestamp is zeroed (same selector, same
@@ -108,6 +137,7 @@ def write_shipped(header: dict[str, Any], blob: bytes, folder: Path) -> Path:
         gz.write(json.dumps({"format": FORMAT, "version": VERSION, **header}, sort_keys=True).encode() + b"\n")
         gz.write(blob)
     tmp.replace(path)
+    _found.cache_clear()
     return path
 
 
@@ -170,8 +200,7 @@ def may_predict(store: Store | None, device: str, dtype: str, newest: StoredRow 
             return True
     elif newest is not None:
         return True
-    path = shipped_path(device, dtype)
-    if path is not None and path.is_file():
+    if shipped_file(device, dtype) is not None:
         return True
     arch = architecture(device)
     return arch is not None and any(h.get("dtype") == dtype and architecture(h.get("device", "")) == arch
