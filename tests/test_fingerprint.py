@@ -113,17 +113,21 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
     from tuner.matrix.structure_gpu import canonical_reference
 
     log: list[str] = []
+    read_backs: list[object] = []  # the one each matrix's pass and features write into: one copy back for both
 
-    def queue_pass(indptr, indices, tags=None, values=None):
+    def queue_pass(indptr, indices, tags=None, values=None, into=None):
         log.append("pass")
+        read_backs.append(into)
         sums = [*fp_module._sums_numpy(indptr, fp_module._TAGS[0]), *fp_module._sums_numpy(indices, fp_module._TAGS[1])]
         return lambda: log.append("read pass") or (canonical_reference(indptr, indices), sums, 0)
 
-    def queue_features(A, checked_apart=False):
+    def queue_features(A, checked_apart=False, into=None):
         assert checked_apart  # CuPy's own check (a kernel and a wait) is not asked: the pass answers it
+        assert into is read_backs[-1] is not None
         log.append(f"features of {A.nnz}")
         return lambda: log.append("read features") or extract_features(canonical(A))
 
+    monkeypatch.setattr(fp_module, "ReadBack", object)
     monkeypatch.setattr(fp_module, "stays_on_device", lambda A: isinstance(A, sp.csr_matrix))
     monkeypatch.setattr(fp_module, "queue_structure_pass", queue_pass)
     monkeypatch.setattr(fp_module, "queue_features", queue_features)

@@ -36,6 +36,7 @@ from kernels.suraa_segments import freedman_diaconis_segments, segments_of_quart
 
 if TYPE_CHECKING:
     from tuner.matrix.features_gpu import DeviceCounters
+    from tuner.matrix.readback import ReadBack
 
 __all__ = [
     "CF_WIDTHS",
@@ -176,14 +177,14 @@ class QueuedFeatures:
         return self.read()
 
 
-def queue_features(A: Any, *, checked_apart: bool = False) -> QueuedFeatures:
+def queue_features(A: Any, *, checked_apart: bool = False, into: ReadBack | None = None) -> QueuedFeatures:
     """:func:`extract_features` of ``A``, its GPU work (a CuPy matrix's) launched now and read back when the
-    returned object is called: ``plan()`` queues it behind the matrix's structure pass, one read-back for
-    both, and uses it only where that pass finds ``A`` canonical (``checked_apart``, :func:`csr_arrays`)."""
+    returned object is called: ``plan()`` queues it behind the matrix's structure pass, in the same read-back
+    (``into``), and uses it only where that pass finds ``A`` canonical (``checked_apart``, :func:`csr_arrays`)."""
     xp, m, n, indptr, indices = csr_arrays(A, checked_apart=checked_apart)
     nnz = int(indices.size)
     if xp is not np and nnz and m:
-        return _gpu_features(xp, m, n, indptr, indices)
+        return _gpu_features(xp, m, n, indptr, indices, into)
     features = _features(xp, m, n, indptr, indices)
     return QueuedFeatures(lambda: features)
 
@@ -228,12 +229,13 @@ def _features(xp: Any, m: int, n: int, indptr: Any, indices: Any) -> dict[str, f
     return {name: float(features[name]) for name in FEATURE_NAMES}
 
 
-def _gpu_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any) -> QueuedFeatures:
+def _gpu_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, into: ReadBack | None) -> QueuedFeatures:
     """:func:`queue_features` for a CuPy matrix with rows and nonzeros, from the fused kernels' numbers."""
     from tuner.matrix.features_gpu import queue_device_features
 
     nnz = int(indices.size)
-    counters, raw_later = queue_device_features(cupy, m, n, indptr, indices, long_row=LONG_ROW, cf_widths=CF_WIDTHS)
+    counters, raw_later = queue_device_features(cupy, m, n, indptr, indices, long_row=LONG_ROW, cf_widths=CF_WIDTHS,
+                                                into=into)
     return QueuedFeatures(lambda: _from_raw(raw_later(), m, n, nnz), counters)
 
 

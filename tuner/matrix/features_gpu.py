@@ -30,6 +30,7 @@ import numpy as np
 
 from common.percentile import lerp, positions
 from kernels._cuda import device_attributes
+from tuner.matrix.readback import ReadBack, part_of
 
 _SOURCE = r"""
 extern "C" __global__ void feature_rows(const int* __restrict__ indptr, const int* __restrict__ indices, int m,
@@ -170,7 +171,8 @@ class DeviceCounters:
     """The kernels' counters of one matrix, on the GPU (``buffer``, 46 uint64: the rows kernel's empty, long and
     diagonal rows and bandwidth, the XOR histogram's 33 bins, the tail's 9 numbers, in that order), with what
     turns them into features: the shape and the quartiles' interpolation weights (their positions' values are
-    in the buffer). Work queued behind the kernels reads them there (:mod:`tuner.select.rank_gpu`)."""
+    in the buffer). Work queued behind the kernels reads them there (:mod:`tuner.select.rank_gpu`), and writes its
+results into ``read_back`` (the one the counters are read back with) where it is given and has room."""
 
     buffer: Any
     m: int
@@ -178,19 +180,22 @@ class DeviceCounters:
     nnz: int
     q25_weight: float
     q75_weight: float
+    read_back: ReadBack | None = None
 
 
 def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
-                          cf_widths: tuple[int, ...]) -> tuple[DeviceCounters, Callable[[], dict[str, float]]]:
+                          cf_widths: tuple[int, ...], into: ReadBack | None = None
+                          ) -> tuple[DeviceCounters, Callable[[], dict[str, float]]]:
     """The raw numbers :func:`~tuner.matrix.features.extract_features` needs, from CuPy int32 ``indptr`` and
     ``indices`` (nnz > 0): the kernels launched now; their counters where they stay on the GPU, and their one
-    read-back when the returned function is called."""
+    read-back (``into``'s where given) when the returned function is called."""
     rows_kernel, xor_kernel, columns_kernel, tail_kernel = _kernels(cupy, cupy.cuda.Device().id)
     nnz = int(indices.size)
     sms = device_attributes()["MultiProcessorCount"]
     opens = cupy.zeros(nnz, dtype=cupy.uint8)
     # the counters: empty, long and diagonal rows (3), the bandwidth (1), the XOR histogram (33), the tail's (9)
-    out = cupy.zeros(46, dtype=cupy.uint64)
+    part = part_of(into, 46)
+    out = part.device
     blocks = max(1, min(-(-m // 256), 16 * sms))
     rows_kernel((blocks,), (256,), (indptr, indices, np.int32(m), np.int32(long_row), opens, out, out[3:]))
     entry_blocks = max(1, min(-(-nnz // 256), 16 * sms))
@@ -205,7 +210,7 @@ def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, 
                                           *(np.int64(p) for p in (*q25[:2], *q75[:2])), out[37:]))
 
     def result() -> dict[str, float]:
-        scalars = out.get()  # the one read-back
+        scalars = part.read()  # the one read-back
         empty, longr, diag, far = scalars[:4].astype(np.float64)
         bits = scalars[4:37].astype(np.float64)
         sum_sq, col_sq = float(scalars[37]), float(scalars[38])
@@ -219,4 +224,4 @@ def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, 
             "segments": [1.0 + changes_at_least[int(math.log2(w)) + 1] for w in cf_widths],
         }
 
-    return DeviceCounters(out, m, n, nnz, q25[2], q75[2]), result
+    return DeviceCounters(out, m, n, nnz, q25[2], q75[2], into), result

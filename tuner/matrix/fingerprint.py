@@ -31,6 +31,7 @@ import numpy as np
 
 from tuner.matrix.features import QueuedFeatures, csr_arrays, queue_features
 from tuner.matrix.io import as_device_csr, dtype_name, kept_on_device, stays_on_device, value_dtype
+from tuner.matrix.readback import ReadBack
 from tuner.matrix.structure_gpu import queue_structure_pass, structure_pass
 
 __all__ = ["SCHEME", "device_csr_and_fingerprint", "fingerprint", "legacy_fingerprint"]
@@ -110,14 +111,17 @@ def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int,
             meanwhile: Callable[[str, QueuedFeatures], object] | None
             ) -> tuple[Callable[[], tuple[bool, list[int], int]], Callable[[], dict[str, float] | None]]:
     """:func:`device_csr_and_fingerprint`'s GPU work on ``A`` queued: the structure pass (the fingerprint's sums,
-    and ``values``' check where given) and, where ``describe_if`` holds, the features (read back only where the
-    pass finds ``A`` canonical); ``meanwhile`` called before any wait. Returns both read-backs."""
+    and ``values``' check where given) and, where ``describe_if`` holds, the features (used only where the
+    pass finds ``A`` canonical); ``meanwhile`` called before any wait. Both, and what ``meanwhile`` queues behind
+    them into the features' read-back (:class:`~tuner.matrix.readback.ReadBack`), are copied back at once, at the
+    first of the two functions returned."""
     m, n = A.shape
-    check = queue_structure_pass(A.indptr, A.indices, tags=_ALL_TAGS, values=values)
+    read_back = ReadBack() if describe_if is not None else None
+    check = queue_structure_pass(A.indptr, A.indices, tags=_ALL_TAGS, values=values, into=read_back)
     of = dtype_name(value_dtype(A.dtype, dtype))
     if describe_if is None or not describe_if(m, n, int(A.indices.size), of):
         return check, lambda: None
-    features = queue_features(A, checked_apart=True)
+    features = queue_features(A, checked_apart=True, into=read_back)
     if meanwhile is not None:
         meanwhile(of, features)
     return check, features

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from kernels._cuda import device_attributes
+from tuner.matrix.readback import ReadBack, part_of
 
 __all__ = ["canonical_reference", "queue_structure_pass", "structure_pass"]
 
@@ -140,14 +141,16 @@ def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None,
     return queue_structure_pass(indptr, indices, tags, values)()
 
 
-def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None, values: Any = None
-                         ) -> Callable[[], tuple[bool, list[int], int]]:
+def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None, values: Any = None,
+                         into: ReadBack | None = None) -> Callable[[], tuple[bool, list[int], int]]:
     """:func:`structure_pass` launched now, its read-back when the returned function is called: work queued
-    in between (``plan()``: the features of a matrix new to the store) is waited for by the same read-back."""
+    in between (``plan()``: the features of a matrix new to the store, and the ranking) is waited for by the
+    same read-back, and read back by it where it writes into the same ``into``."""
     import cupy
 
     nnz, m = int(indices.size), int(indptr.size) - 1
-    out = cupy.zeros(7, dtype=cupy.uint64)
+    part = part_of(into, 7)
+    out = part.device
     if nnz > 1 or tags is not None or values is not None:
         blocks = max(1, min(-(-max(nnz, m + 1) // 256), 16 * device_attributes()["MultiProcessorCount"]))
         words = [np.uint64(t) for t in (tags if tags is not None else (0, 0, 0, 0))]
@@ -157,7 +160,7 @@ def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None =
                                 values if step else None, np.int32(step), np.uint32(mask), out))
 
     def result() -> tuple[bool, list[int], int]:
-        pairs, across, *sums, nonfinite = out.get().tolist()
+        pairs, across, *sums, nonfinite = part.read().tolist()
         return pairs == across, sums if tags is not None else [], nonfinite
 
     return result

@@ -11,11 +11,17 @@ feature vector (as :func:`tuner.matrix.features._from_raw`), the design row
 (:func:`~tuner.select.model.design_matrix`), walks the forest (a thread a tree),
 weighs the training rows by proximity, draws the outcomes, takes each config's
 quantile of them (a warp a config) and orders the configs, and writes the order,
-expected times, votes, draws and features into one buffer. It runs on a stream
-of its own, behind an event after the features' kernels, so the features' read-back
-does not wait for it; the host reads the ranking back when it asks for it. Against
+expected times, votes, draws and features into the features' read-back
+(:class:`~tuner.matrix.readback.ReadBack`), behind their kernels on the same stream: the structure
+pass, the features and the ranking come back to the host in one copy. Against
 stop 52's NumPy ranking, ``plan(effort="predict")`` took 0.4-1.0 ms less on the
-same machine (``bench/results/2026-11-28_predict-rank-gpu-53.txt``).
+same machine (``bench/results/2026-11-28_predict-rank-gpu-53.txt``; the ranking then ran on a stream of its
+own and was read back apart). That kernel took 155 us of an H100 (one block of 256 threads, clocks at each
+barrier: 40 us the proximity weights, a thread a training row scanning every tree's leaf, 61 us the mean, a
+memory load at a time, 23 us the quantiles); since stop 55 one warp adds each tree's share to the rows of its leaf,
+tree by tree (bincount's order still), the mean keeps eight rows' loads in flight over the rows of nonzero weight,
+and the block has 1,024 threads (768 for ``rank_from_counters``, its registers' limit): 66-69 us, the same bits
+(``bench/results/2026-11-28_predict-host-55.txt``). So the features' read-back can wait for it.
 
 The kernel repeats NumPy's floating-point operations in NumPy's order, with
 fused multiply-adds off (NVRTC's ``--fmad=false``): the features, the walk, the
@@ -44,6 +50,7 @@ import numpy as np
 
 from tuner.matrix.features import CF_WIDTHS, FEATURE_NAMES
 from tuner.matrix.features_gpu import DeviceCounters
+from tuner.matrix.readback import ReadBack, part_of
 from tuner.select.model import (
     COUNT_FEATURES,
     DERIVED_FEATURES,
@@ -60,7 +67,9 @@ SHARED_BYTES = 47 * 1024
 shared memory, within the 48 KB a block gets without opting in (less its own arrays): a selector whose forest
 needs more (some 3,000 training rows) ranks in NumPy."""
 
-_THREADS = 256
+_THREADS = 1024
+"""The kernel's block at most (as many as its registers allow): its quantiles take a warp a config (stop 55, an H100:
+19 us of the kernel with 256 threads, 13 with 1,024)."""
 
 _SOURCE = r"""
 // NumPy's linear interpolation for percentiles (common/percentile.py's lerp)
@@ -127,12 +136,15 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
     double* mean = w + rows;                   // the targets' mean under the weights (outputs)
     double* key = mean + outputs;              // each config's quantile of its drawn outcomes (configs)
     double* expected = key + configs;          // (configs)
-    float* drawn_t = (float*)(expected + configs);  // the drawn rows' targets, config by config (configs x SAMPLES)
+    double* share = expected + configs;        // what each tree adds to the weight of each row of its leaf (trees)
+    float* drawn_t = (float*)(share + trees);  // the drawn rows' targets, config by config (configs x SAMPLES)
     int* leaf = (int*)(drawn_t + configs * SAMPLES);  // each tree's leaf (trees)
     int* size = leaf + trees;                  // its training rows (trees)
     int* drawn = size + trees;                 // (SAMPLES)
     int* votes = drawn + SAMPLES;              // (configs)
     int* staged = votes + configs;             // each tree's leaf's rows, at room[t] (room[trees] in all)
+    int* kept = staged + room[trees];          // the training rows of nonzero weight, in order (rows at most)
+    __shared__ int n_kept;
     for (int t = threadIdx.x; t < trees; t += blockDim.x) {  // the walk: CompactForest.apply
         int node = roots[t];
         while (node >= 0) {
@@ -142,23 +154,44 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
         const int l = -node - 1, s = leaf_start[l];
         leaf[t] = l;
         size[t] = leaf_start[l + 1] - s;
+        share[t] = 1.0 / (double)(size[t] * trees);
         for (int p = 0; p < size[t]; ++p) staged[room[t] + p] = members[s + p];
     }
     for (int j = threadIdx.x; j < configs; j += blockDim.x) votes[j] = 0;
     __syncthreads();
     for (int t = threadIdx.x; t < trees; t += blockDim.x) atomicAdd(&votes[firsts[leaf[t]]], 1);
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {  // CompactForest.proximity: bincount's order, tree by tree
-        double acc = 0.0;
-        for (int t = 0; t < trees; ++t)
-            for (int p = 0; p < size[t]; ++p)
-                if (staged[room[t] + p] == r) acc += 1.0 / (double)(size[t] * trees);
-        w[r] = acc;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) w[r] = 0.0;
+    __syncthreads();
+    if (threadIdx.x < 32) {  // CompactForest.proximity: bincount's order, tree by tree (a row is in one leaf a tree)
+        for (int t = 0; t < trees; ++t) {
+            for (int p = threadIdx.x; p < size[t]; p += 32) w[staged[room[t] + p]] += share[t];
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // the rows of nonzero weight listed in order (rows of no weight add +-0: the same sum)
+        const int lane = threadIdx.x;
+        int count = 0;
+        for (int base = 0; base < rows; base += 32) {
+            const bool keep = base + lane < rows && w[base + lane] != 0.0;
+            const unsigned int ahead = __ballot_sync(0xffffffffu, keep);
+            if (keep) kept[count + __popc(ahead & ((1u << lane) - 1))] = base + lane;
+            count += __popc(ahead);
+        }
+        if (lane == 0) n_kept = count;
     }
     __syncthreads();
     for (int o = threadIdx.x; o < outputs; o += blockDim.x) {  // CompactForest.mean_under: row after row
-        double acc = 0.0;  // rows of no weight add +-0: left out, the sum is the same to the bit (and a tenth)
-        for (int r = 0; r < rows; ++r)
-            if (w[r] != 0.0) acc += w[r] * (double)targets[(long long)r * outputs + o];
+        double acc = 0.0;
+        int i = 0;
+        for (; i + 8 <= n_kept; i += 8) {  // eight rows' loads in flight, added in their order
+            float t[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) t[u] = targets[(long long)kept[i + u] * outputs + o];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc += w[kept[i + u]] * (double)t[u];
+        }
+        for (; i < n_kept; ++i) acc += w[kept[i]] * (double)targets[(long long)kept[i] * outputs + o];
         mean[o] = acc;
     }
     __syncthreads();
@@ -308,7 +341,8 @@ def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: De
     m, n, nnz = counters.m, counters.n, counters.nnz
     shape = (float(m), float(n), float(nnz), nnz / (m * n), nnz / m, nnz / n, float(m * nnz),
              float(min(m, n)), counters.q25_weight, counters.q75_weight, float(np.cbrt(m)))
-    return _launch(selector, device, (m, n, nnz), "rank_from_counters", (counters.buffer, *map(np.float64, shape)))
+    return _launch(selector, device, (m, n, nnz), "rank_from_counters", (counters.buffer, *map(np.float64, shape)),
+                   counters.read_back)
 
 
 def queue_rank_of_features(selector: KernelSelector, features: Mapping[str, float], *,
@@ -323,10 +357,10 @@ def queue_rank_of_features(selector: KernelSelector, features: Mapping[str, floa
 
 
 def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[float, float, float], entry: str,
-            head: tuple[Any, ...]) -> Callable[[], RankParts]:
+            head: tuple[Any, ...], into: ReadBack | None = None) -> Callable[[], RankParts]:
     """Launch ``entry`` (its first arguments ``head``) for ``selector`` on ``device``, for a matrix of ``shape``
-    (rows, columns, nonzeros), on a stream of its own that waits for the work queued so far: the features'
-    read-back does not wait for the ranking, which runs while the host reads them. Returns the read-back."""
+    (rows, columns, nonzeros), its output in ``into`` where given and it has room (read back with the counters,
+    behind which it is queued). Returns the read-back."""
     import cupy
 
     gpu = cupy.cuda.Device().id
@@ -335,35 +369,18 @@ def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[fl
     rows, cols, nnz = map(float, shape)  # bytes_time's seconds, its float64 arithmetic
     t_bytes = compulsory_bytes(rows, cols, nnz, selector.dtype_) / (spec.bandwidth_gbs * 1e9)
     configs = len(selector.configs_)
-    side, queued = _side_stream(cupy, gpu), cupy.cuda.Event(block=False, disable_timing=True)
-    queued.record()
-    side.wait_event(queued)
-    with side:  # out from the side stream's memory: freed, it is reused behind this kernel only
-        out = cupy.empty(3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES), dtype=cupy.float64)
-        _kernels(cupy, gpu)[entry]((1,), (_THREADS,), (*head, *_spec_args(selector, spec), np.float64(t_bytes),
-                                                        *forest.args, out), shared_mem=forest.shared_bytes)
-    return _Pending(side, out, head, configs, forest.trees)
+    part = part_of(into, 3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES))
+    kernel, threads = _kernels(cupy, gpu)[entry]
+    kernel((1,), (threads,), (*head, *_spec_args(selector, spec), np.float64(t_bytes), *forest.args, part.device),
+           shared_mem=forest.shared_bytes)
 
-
-class _Pending:
-    """A ranking queued on the side stream; called, its read-back. It holds the arrays the kernel reads (from the
-    main stream's memory, which the main stream would reuse once they are freed, not waiting for the side
-    stream), and, dropped unread, waits for the kernel before they go."""
-
-    def __init__(self, side: Any, out: Any, inputs: tuple[Any, ...], configs: int, trees: int) -> None:
-        self._side, self._out, self._inputs, self._configs, self._trees = side, out, inputs, configs, trees
-        self._read = False
-
-    def __call__(self) -> RankParts:
-        values = self._out.get(stream=self._side)
-        self._read = True
-        c, samples = self._configs, OUTCOME_SAMPLES
-        return RankParts(values[:c].astype(np.intp), values[c:2 * c], values[2 * c:3 * c] / self._trees,
+    def read() -> RankParts:
+        values = part.read().view(np.float64)
+        c, samples = configs, OUTCOME_SAMPLES
+        return RankParts(values[:c].astype(np.intp), values[c:2 * c], values[2 * c:3 * c] / forest.trees,
                          values[3 * c:3 * c + samples].astype(np.intp), values[3 * c + samples:])
 
-    def __del__(self) -> None:
-        if not self._read:
-            self._side.synchronize()
+    return read
 
 
 @functools.lru_cache(maxsize=8)
@@ -375,12 +392,6 @@ def _spec_args(selector: KernelSelector, spec: DeviceSpec) -> tuple[Any, ...]:
     l2 = float(spec.l2_bytes) if spec.l2_bytes > 0 else math.nan
     return (*map(np.float64, (np.dtype(selector.dtype_).itemsize, l2, spec.sms)), np.uint64(counts),
             np.float64(quantile))
-
-
-@functools.cache
-def _side_stream(cupy: Any, gpu: int) -> Any:
-    """The stream the rankings run on, one a GPU and process."""
-    return cupy.cuda.Stream(non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -410,8 +421,8 @@ def _shared_bytes(selector: KernelSelector) -> int:
     f = selector.forest_
     rows, outputs, trees = len(f.targets), f.n_outputs, f.n_trees
     configs = outputs - 1
-    return (8 * (rows + outputs + 2 * configs) + 4 * configs * OUTCOME_SAMPLES
-            + 4 * (2 * trees + OUTCOME_SAMPLES + configs + int(_room(selector)[-1])))
+    return (8 * (rows + outputs + 2 * configs + trees) + 4 * configs * OUTCOME_SAMPLES
+            + 4 * (2 * trees + OUTCOME_SAMPLES + configs + int(_room(selector)[-1]) + rows))
 
 
 def _on_gpu(selector: KernelSelector, device: int) -> _Forest:
@@ -432,7 +443,9 @@ def _on_gpu(selector: KernelSelector, device: int) -> _Forest:
 
 
 @functools.cache
-def _kernels(cupy: Any, device: int) -> dict[str, Any]:
-    """Both entries, compiled once per device and process, without fused multiply-adds (NumPy's rounding)."""
+def _kernels(cupy: Any, device: int) -> dict[str, tuple[Any, int]]:
+    """Both entries, compiled once per device and process, without fused multiply-adds (NumPy's rounding), each
+    with its block's threads: :data:`_THREADS`, or fewer where its registers allow fewer (whole warps)."""
     module = cupy.RawModule(code=SOURCE, options=("--fmad=false",))
-    return {name: module.get_function(name) for name in ("rank_from_counters", "rank_from_features")}
+    kernels = {name: module.get_function(name) for name in ("rank_from_counters", "rank_from_features")}
+    return {name: (f, min(_THREADS, f.max_threads_per_block // 32 * 32)) for name, f in kernels.items()}

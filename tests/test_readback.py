@@ -1,0 +1,31 @@
+"""One read-back for several kernels' small results (tuner.matrix.readback), on the GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_parts_are_read_back_at_once_and_a_full_or_read_buffer_hands_out_none() -> None:
+    import cupy
+
+    from tuner.matrix.readback import ReadBack, part_of
+
+    read_back = ReadBack(8)
+    first, second = read_back.take(3), read_back.take(4)
+    assert read_back.take(2) is None  # 7 of 8 taken: two do not fit
+    assert not first.device.any() and not second.device.any()  # zeroed, for kernels that add into them
+    first.device[:] = cupy.arange(1, 4, dtype=cupy.uint64)
+    second.device[:] = cupy.asarray(np.array([0.5, -2.0, np.inf, 7.0]).view(np.uint64))
+    assert first.read().tolist() == [1, 2, 3]
+    second.device[0] = 99  # written after the copy back: not seen, the host holds the first read's words
+    assert second.read().view(np.float64).tolist() == [0.5, -2.0, np.inf, 7.0]
+    assert read_back.take(1) is None  # read already: a part taken now would never be copied back
+
+    own = part_of(read_back, 5)  # none left there: a read-back of its own
+    assert own.owner is not read_back and own.read().tolist() == [0] * 5
+    shared = ReadBack(16)
+    part = part_of(shared, 5)
+    assert part.owner is shared and part_of(None, 2).owner is not shared
