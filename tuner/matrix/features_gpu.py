@@ -172,7 +172,7 @@ class DeviceCounters:
     diagonal rows and bandwidth, the XOR histogram's 33 bins, the tail's 9 numbers, in that order), with what
     turns them into features: the shape and the quartiles' interpolation weights (their positions' values are
     in the buffer). Work queued behind the kernels reads them there (:mod:`tuner.select.rank_gpu`), and writes its
-results into ``read_back`` (the one the counters are read back with) where it is given and has room."""
+    results into ``read_back`` (the one the counters are read back with) where it has room."""
 
     buffer: Any
     m: int
@@ -180,7 +180,7 @@ results into ``read_back`` (the one the counters are read back with) where it is
     nnz: int
     q25_weight: float
     q75_weight: float
-    read_back: ReadBack | None = None
+    read_back: ReadBack
 
 
 def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, *, long_row: int,
@@ -224,4 +224,4 @@ def queue_device_features(cupy: Any, m: int, n: int, indptr: Any, indices: Any, 
             "segments": [1.0 + changes_at_least[int(math.log2(w)) + 1] for w in cf_widths],
         }
 
-    return DeviceCounters(out, m, n, nnz, q25[2], q75[2], into), result
+    return DeviceCounters(out, m, n, nnz, q25[2], q75[2], part.owner), result
