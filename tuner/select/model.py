@@ -612,11 +612,7 @@ def load_shipped(device: str, dtype: str, *, task: str = "spmv", features: Seque
     incompatible scikit-learn: logged). Each file is unpickled once."""
     from tuner.select.shipped import ShippedFile, shipped_file
 
-    if path is None:
-        found = shipped_file(device, dtype, task=task)
-    else:
-        stat = path.stat() if path.is_file() else None
-        found = ShippedFile(path, stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    found = shipped_file(device, dtype, task=task) if path is None else ShippedFile.at(path)
     if found is None:
         return None
     return _load_shipped(str(found.path), found.mtime_ns, found.size, device, dtype, task, tuple(features))

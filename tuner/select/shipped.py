@@ -106,6 +106,15 @@ class ShippedFile(NamedTuple):
     mtime_ns: int
     size: int
 
+    @classmethod
+    def at(cls, path: Path) -> ShippedFile | None:
+        """The regular file at ``path`` with its status (one ``stat``), or None where there is none."""
+        try:
+            stat = path.stat()
+        except OSError:
+            return None
+        return cls(path, stat.st_mtime_ns, stat.st_size) if S_ISREG(stat.st_mode) else None
+
 
 def shipped_file(device: str, dtype: str, *, task: str = "spmv") -> ShippedFile | None:
     """The file of the ``task`` selector shipped for (device, dtype) in :func:`shipped_dir`, if there is one:
@@ -117,12 +126,7 @@ def shipped_file(device: str, dtype: str, *, task: str = "spmv") -> ShippedFile 
 
 @functools.lru_cache(maxsize=64)
 def _found(folder: Path, task: str, device: str, dtype: str) -> ShippedFile | None:
-    path = _named(folder, task, device, dtype)
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return ShippedFile(path, stat.st_mtime_ns, stat.st_size) if S_ISREG(stat.st_mode) else None
+    return ShippedFile.at(_named(folder, task, device, dtype))
 
 
 def write_shipped(header: dict[str, Any], blob: bytes, folder: Path) -> Path:
