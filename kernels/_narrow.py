@@ -31,6 +31,8 @@ _MAX_BLOCKS = 4096
 """Blocks of narrow_offsets at most (its warps stride over the segments): a few waves on a Hopper GPU."""
 _BASE_BYTES, _SAVED_BYTES = 4, 2
 """Bytes of a segment's base word; bytes an offset saves against an int32 column."""
+_ROW_ENTRIES = "_spmv_narrow_row_entries"
+"""The attribute :func:`note_narrow_rows` keeps its count in."""
 
 
 def indices_param(segment: str) -> Param:
@@ -39,15 +41,36 @@ def indices_param(segment: str) -> Param:
                  f"lowest where a {segment} spans fewer than 65,536 and that saves bytes (narrow), or as int32")
 
 
-def attach(extra: dict[str, Any], params: Mapping[str, Any], ptr: Any, indices: Any) -> bool:
+def attach(extra: dict[str, Any], params: Mapping[str, Any], ptr: Any, indices: Any,
+           narrow_entries: int | None = None) -> bool:
     """Where ``params`` ask for narrow columns and they pay, their ``base`` and ``offsets`` put in ``extra``
-    (written on the GPU for CuPy arrays, by the reference for NumPy ones); whether they were."""
+    (written on the GPU for CuPy arrays, by the reference for NumPy ones); whether they were. ``narrow_entries``:
+    the entries of the narrow segments where a pass over the matrix counted them already (a row family's:
+    :func:`narrow_rows`), which then decides whether they pay, and the GPU writes them with nothing to wait for
+    (else its count is read back: about 0.1-0.2 ms of a plan on an H100, a wait and a copy)."""
     if params["indices"] != "narrow":
         return False
-    found = (narrow_columns if isinstance(indices, np.ndarray) else narrow_columns_on_gpu)(ptr, indices)
+    known = narrow_entries is not None
+    if known and not _pays(narrow_entries, ptr.size - 1):
+        return False
+    found = (narrow_columns if isinstance(indices, np.ndarray) else narrow_columns_on_gpu)(ptr, indices, pays=known)
     if found is not None:
         extra["base"], extra["offsets"] = found
     return found is not None
+
+
+def note_narrow_rows(A: Any, entries: int) -> None:
+    """Keep on the CSR matrix object ``A`` the entries of its rows that span fewer than :data:`OFFSET_LIMIT`
+    columns, as a pass over it counted them (``plan()``'s structure pass, :mod:`tuner.matrix.structure_gpu`),
+    for :func:`narrow_rows`. Should ``A``'s columns change in place afterwards, a stale count costs speed, never
+    a wrong product: the offsets written mark each row wide or narrow by its own columns."""
+    setattr(A, _ROW_ENTRIES, int(entries))
+
+
+def narrow_rows(A: Any) -> int | None:
+    """What :func:`note_narrow_rows` kept on ``A``; None where nothing was (the row families pass it to
+    :func:`attach`)."""
+    return getattr(A, _ROW_ENTRIES, None)
 
 
 def launch_columns(extra: Mapping[str, Any], indices: Any) -> tuple[Any, Any]:
@@ -61,11 +84,12 @@ def reference_columns(extra: Mapping[str, Any], ptr: np.ndarray, indices: np.nda
     return columns(ptr, extra["base"], extra["offsets"], indices) if "base" in extra else None
 
 
-def narrow_columns(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def narrow_columns(ptr: np.ndarray, indices: np.ndarray, pays: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
     """(base, offsets) of the segments ``ptr`` delimits over ``indices`` (int32 and uint16), or None where
-    they do not pay (the reference)."""
+    they do not pay (``pays``: known to, not counted again; the reference)."""
     base, offsets, narrow_entries = encode(ptr, indices)
-    return (base, offsets) if _pays(narrow_entries, ptr.size - 1) else None
+    return (base, offsets) if pays or _pays(narrow_entries, ptr.size - 1) else None
 
 
 def encode(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -84,8 +108,10 @@ def encode(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.where(fits, lo, -1).astype(np.int32), offsets, int(lengths[fits].sum())
 
 
-def narrow_columns_on_gpu(ptr: Any, indices: Any) -> tuple[Any, Any] | None:
-    """The same on the GPU (CuPy arrays, one read-back: whether they pay)."""
+def narrow_columns_on_gpu(ptr: Any, indices: Any, pays: bool = False) -> tuple[Any, Any] | None:
+    """The same on the GPU (CuPy arrays): where ``pays`` is not known, one read-back of the count decides."""
+    if pays:
+        return queue_encode(ptr, indices)
     base, offsets, narrow_entries = encode_on_gpu(ptr, indices)
     return (base, offsets) if _pays(narrow_entries, ptr.size - 1) else None
 
@@ -93,15 +119,22 @@ def narrow_columns_on_gpu(ptr: Any, indices: Any) -> tuple[Any, Any] | None:
 def encode_on_gpu(ptr: Any, indices: Any, lanes: int | None = None) -> tuple[Any, Any, int]:
     """``narrow_offsets``: every segment's base, the offsets (unwritten in wide segments) and the entries of
     the narrow segments; ``lanes`` threads a segment (default :func:`group_lanes`)."""
+    narrow_entries = require_cupy().zeros(1, dtype=np.uint64)
+    base, offsets = queue_encode(ptr, indices, lanes, narrow_entries)
+    return base, offsets, int(narrow_entries.get()[0])
+
+
+def queue_encode(ptr: Any, indices: Any, lanes: int | None = None, narrow_entries: Any = None) -> tuple[Any, Any]:
+    """``narrow_offsets`` launched: every segment's base and the offsets (unwritten in wide segments), and,
+    into ``narrow_entries`` (one zeroed uint64 on the GPU) where given, the entries of the narrow segments."""
     cupy = require_cupy()
     segments = ptr.size - 1
     base, offsets = cupy.empty(segments, dtype=np.int32), cupy.empty(indices.size, dtype=np.uint16)
-    narrow_entries = cupy.zeros(1, dtype=np.uint64)
     kernel = get_kernels(CU_FILE, KERNELS)["narrow_offsets"]
     lanes = group_lanes(indices.size, segments) if lanes is None else lanes
     blocks = min(grid(lanes * segments, 256), _MAX_BLOCKS)
     kernel((blocks,), (256,), (np.int32(segments), np.int32(lanes), ptr, indices, base, offsets, narrow_entries))
-    return base, offsets, int(narrow_entries.get()[0])
+    return base, offsets
 
 
 def group_lanes(entries: int, segments: int) -> int:

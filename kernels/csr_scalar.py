@@ -16,7 +16,7 @@ import numpy as np
 
 from kernels._cuda import c_type, get_kernels, grid
 from kernels._family import Family, Prepared
-from kernels._narrow import attach, indices_param, launch_columns
+from kernels._narrow import attach, indices_param, launch_columns, narrow_rows
 from kernels._reference import RowSumReference
 from kernels._space import Param, Space
 
@@ -50,7 +50,7 @@ class CsrScalar(RowSumReference, Family):
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        narrow = "true" if attach(ex, p, A.indptr, A.indices) else "false"
+        narrow = "true" if attach(ex, p, A.indptr, A.indices, narrow_rows(A)) else "false"
         ex["kernel"] = kernels[f"csr_scalar<{c_type(prepared.dtype)}, {p['unroll']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:

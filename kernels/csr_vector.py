@@ -20,7 +20,7 @@ import numpy as np
 
 from kernels._cuda import c_type, get_kernels, grid
 from kernels._family import Family, Prepared
-from kernels._narrow import attach, indices_param, launch_columns, reference_columns
+from kernels._narrow import attach, indices_param, launch_columns, narrow_rows, reference_columns
 from kernels._reference import products, row_ids, segment_sums
 from kernels._space import Param, Space
 
@@ -49,7 +49,7 @@ class CsrVector(Family):
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        narrow = "true" if attach(ex, p, A.indptr, A.indices) else "false"
+        narrow = "true" if attach(ex, p, A.indptr, A.indices, narrow_rows(A)) else "false"
         ex["kernel"] = kernels[f"csr_vector<{c_type(prepared.dtype)}, {p['threads_per_row']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:

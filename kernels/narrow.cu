@@ -3,8 +3,8 @@
 // caller's pick for the mean segment): its lowest and highest column; where they are fewer than 65,536 apart
 // (or the segment is empty), base[s] = the lowest (0 for an empty one) and offsets[j] = indices[j] - base[s]
 // for its entries; otherwise base[s] = -1 and its offsets are left unwritten (never read). A segment's columns
-// need not be sorted. narrow_entries (zeroed by the caller) gets the entries of the narrow segments: whether
-// the offsets pay is then one read-back.
+// need not be sorted. narrow_entries (zeroed by the caller; null where the caller knows the count) gets the
+// entries of the narrow segments: whether the offsets pay is then one read-back.
 
 __global__ void narrow_offsets(const int segments,
                                const int lanes,
@@ -48,5 +48,5 @@ __global__ void narrow_offsets(const int segments,
     }
     if (found) atomicAdd(&block_entries, found);
     __syncthreads();
-    if (threadIdx.x == 0 && block_entries) atomicAdd(narrow_entries, block_entries);
+    if (threadIdx.x == 0 && block_entries && narrow_entries) atomicAdd(narrow_entries, block_entries);
 }

@@ -110,7 +110,8 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
     queued, the selector found (meanwhile), then the read-backs; a matrix found not canonical drops the features
     queued on it, unread, and its canonical form is checked and described the same way; without describe_if,
     no features."""
-    from tuner.matrix.structure_gpu import canonical_reference
+    from kernels._narrow import encode, narrow_rows
+    from tuner.matrix.structure_gpu import Structure, canonical_reference
 
     log: list[str] = []
     read_backs: list[object] = []  # the one each matrix's pass and features write into: one copy back for both
@@ -119,7 +120,8 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
         log.append("pass")
         read_backs.append(into)
         sums = [*fp_module._sums_numpy(indptr, fp_module._TAGS[0]), *fp_module._sums_numpy(indices, fp_module._TAGS[1])]
-        return lambda: log.append("read pass") or (canonical_reference(indptr, indices), sums, 0)
+        return lambda: log.append("read pass") or Structure(canonical_reference(indptr, indices), sums, 0,
+                                                            encode(indptr, indices)[2])
 
     def queue_features(A, checked_apart=False, into=None):
         assert checked_apart  # CuPy's own check (a kernel and a wait) is not asked: the pass answers it
@@ -131,7 +133,7 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
     monkeypatch.setattr(fp_module, "stays_on_device", lambda A: isinstance(A, sp.csr_matrix))
     monkeypatch.setattr(fp_module, "queue_structure_pass", queue_pass)
     monkeypatch.setattr(fp_module, "queue_features", queue_features)
-    monkeypatch.setattr(fp_module, "kept_on_device", lambda A, dtype, nonfinite: A.astype(dtype or A.dtype))
+    monkeypatch.setattr(fp_module, "kept_on_device", lambda A, dtype, found: A.astype(dtype or A.dtype))
     monkeypatch.setattr(fp_module, "as_device_csr", lambda A, dtype=None: canonical(A).astype(dtype or A.dtype))
 
     def describe(rows: int, cols: int, nnz: int, values: str) -> bool:
@@ -153,6 +155,7 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
     assert log == ["pass", "describe 2x5 4 float64", "features of 4", "selector float64", "read pass",
                    "pass", "describe 2x5 3 float64", "features of 3", "selector float64", "read pass", "read features"]
     assert fp == fingerprint(canonical(unsorted)) and features == extract_features(canonical(unsorted))
+    assert narrow_rows(B) == 3  # the count of the canonical form's pass kept on it (kept_on_device's own, faked here)
 
     log.clear()
     assert fp_module.device_csr_and_fingerprint(A)[2] is None and log == ["pass", "read pass"]

@@ -182,3 +182,63 @@ def test_gpu_keeps_int32_columns_where_offsets_do_not_pay(family):
         _, cpu, gpu, expected, _, y = gpu_runs(f, A, "float64", params)
         assert "base" not in gpu.extra and "base" not in cpu.extra
         np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_count_known_before_decides_whether_offsets_pay():
+    """A row family given the entries of its narrow rows (plan()'s structure pass counts them) takes that count's
+    answer without counting again; the matrix object carries it (note_narrow_rows), and a stale count changes the
+    choice, never the product: a wide row's base is -1 whatever the count said."""
+    from kernels._narrow import attach, narrow_rows, note_narrow_rows
+
+    A = _local()
+    counted = encode(A.indptr, A.indices)[2]
+    assert narrow_rows(A) is None
+    note_narrow_rows(A, counted)
+    assert narrow_rows(A) == counted
+    extra: dict = {}
+    assert attach(extra, {"indices": "narrow"}, A.indptr, A.indices, narrow_rows(A))
+    np.testing.assert_array_equal(extra["base"], narrow_columns(A.indptr, A.indices)[0])
+    assert not attach({}, {"indices": "narrow"}, A.indptr, A.indices, 0)  # said to pay nothing: int32 columns
+    assert not attach({}, {"indices": "int32"}, A.indptr, A.indices, counted)
+    wide = as_csr(_mixed()[200:])  # no narrow row, said to hold many: offsets written, wide rows marked
+    extra = {}
+    assert attach(extra, {"indices": "narrow"}, wide.indptr, wide.indices, 10 * wide.shape[0])
+    assert (extra["base"] == -1).all()
+    f = get_family("csr_vector")
+    prepared = f.prepare_reference(wide, {"threads_per_row": 4, "indices": "narrow"})
+    prepared.extra.update(extra)
+    x = np.random.default_rng(1).uniform(-1, 1, COLS)
+    np.testing.assert_allclose(f.run_reference(prepared, x), wide @ x, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["csr_vector", "csr_scalar"])
+def test_plan_counts_narrow_rows_in_its_structure_pass_and_the_row_families_take_it(family):
+    """The structure pass counts the entries of rows spanning fewer than 65,536 columns as the reference
+    encoding does; the matrix plan() works on carries that count, and a row family prepared on it writes the same
+    offsets as one that counts for itself, and multiplies the same, stale counts included."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from kernels._narrow import narrow_rows, note_narrow_rows
+    from tuner.matrix.fingerprint import device_csr_and_fingerprint
+    from tuner.matrix.structure_gpu import structure_pass
+
+    f = get_family(family)
+    x = np.random.default_rng(1).uniform(-1, 1, COLS)
+    for A in (_mixed(), _local(), _short(3, seed=3), as_csr(_mixed()[200:]), as_csr(sp.csr_matrix((4, COLS)))):
+        counted = encode(A.indptr, A.indices)[2]
+        on_gpu = cusp.csr_matrix(A)
+        assert structure_pass(on_gpu.indptr, on_gpu.indices).narrow_rows == counted
+        B = device_csr_and_fingerprint(on_gpu)[0]
+        assert narrow_rows(B) == counted
+        plain = f.prepare(cusp.csr_matrix(A), {"indices": "narrow"})
+        for noted in (counted, 0, 10 * A.shape[0]):
+            note_narrow_rows(B, noted)
+            prepared = f.prepare(B, {"indices": "narrow"})
+            if noted == counted:
+                assert ("base" in prepared.extra) == ("base" in plain.extra)
+                if "base" in plain.extra:
+                    np.testing.assert_array_equal(prepared.extra["base"].get(), plain.extra["base"].get())
+            y = f.run(prepared, cupy.asarray(x)).get()
+            np.testing.assert_allclose(y, A @ x, rtol=1e-12, atol=1e-12)

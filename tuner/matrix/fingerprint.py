@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from kernels._narrow import note_narrow_rows
 from tuner.matrix.features import QueuedFeatures, csr_arrays, queue_features
 from tuner.matrix.io import as_device_csr, dtype_name, kept_on_device, stays_on_device, value_dtype
 from tuner.matrix.readback import ReadBack
-from tuner.matrix.structure_gpu import queue_structure_pass, structure_pass
+from tuner.matrix.structure_gpu import Structure, queue_structure_pass, structure_pass
 
 __all__ = ["SCHEME", "device_csr_and_fingerprint", "fingerprint", "legacy_fingerprint"]
 
@@ -95,21 +96,24 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
     pass and read back with it: one wait for the GPU, not two; ``meanwhile`` is called with the values' dtype
     and the queued features once they are queued, before that wait (``plan()`` finds the selector while the GPU
     works, and queues the ranking behind the features). Where it is not
-    canonical, its canonical form is fingerprinted and described."""
+    canonical, its canonical form is fingerprinted and described. The matrix returned carries the pass's count of
+    entries in rows narrow enough for 16-bit columns (:func:`kernels._narrow.note_narrow_rows`)."""
     if stays_on_device(A):
         check, features = _queued(A, dtype=dtype, values=A.data, describe_if=describe_if, meanwhile=meanwhile)
-        canonical, sums, nonfinite = check()
-        if canonical:
-            B = kept_on_device(A, dtype, nonfinite)
-            return B, _name(*B.shape, int(B.indices.size), sums), features()
+        found = check()
+        if found.canonical:
+            B = kept_on_device(A, dtype, found)
+            return B, _name(*B.shape, int(B.indices.size), found.sums), features()
     B = as_device_csr(A, dtype=dtype)
     check, features = _queued(B, dtype=dtype, values=None, describe_if=describe_if, meanwhile=meanwhile)
-    return B, _name(*B.shape, int(B.indices.size), check()[1]), features()
+    found = check()
+    note_narrow_rows(B, found.narrow_rows)
+    return B, _name(*B.shape, int(B.indices.size), found.sums), features()
 
 
 def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int, int, str], bool] | None,
             meanwhile: Callable[[str, QueuedFeatures], object] | None
-            ) -> tuple[Callable[[], tuple[bool, list[int], int]], Callable[[], dict[str, float] | None]]:
+            ) -> tuple[Callable[[], Structure], Callable[[], dict[str, float] | None]]:
     """:func:`device_csr_and_fingerprint`'s GPU work on ``A`` queued: the structure pass (the fingerprint's sums,
     and ``values``' check where given) and, where ``describe_if`` holds, the features (used only where the
     pass finds ``A`` canonical); ``meanwhile`` called before any wait. Both, and what ``meanwhile`` queues behind

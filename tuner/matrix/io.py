@@ -26,14 +26,18 @@ import traceback
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import fast_matrix_market as fmm
 import numpy as np
 import scipy.sparse as sp
 
 from common.errors import InvalidConfigError, MatrixFormatError
+from kernels._narrow import note_narrow_rows
 from tuner.matrix.bounds import GZIP_MAGIC, ReadLimits, scan_mtx
+
+if TYPE_CHECKING:
+    from tuner.matrix.structure_gpu import Structure
 
 __all__ = [
     "INDEX_MAX", "as_csr", "as_device_csr", "check_dtype", "dtype_name", "kept_on_device", "matrix_name",
@@ -341,27 +345,29 @@ def as_device_csr(A: Any, *, dtype: Any = None) -> Any:
     from tuner.matrix.structure_gpu import structure_pass
 
     if stays_on_device(A):
-        canonical, _, nonfinite = structure_pass(A.indptr, A.indices, values=A.data)
-        if canonical:
-            return kept_on_device(A, dtype, nonfinite)
+        found = structure_pass(A.indptr, A.indices, values=A.data)
+        if found.canonical:
+            return kept_on_device(A, dtype, found)
     B = cusp.csr_matrix(as_csr(A, dtype=dtype))  # canonical on the host, so on the GPU
     B.has_canonical_format = True  # CuPy's own flag: its check (a thread a row, then a reduction) never runs on B
     return B
 
 
-def kept_on_device(A: Any, dtype: Any, nonfinite: int) -> Any:
+def kept_on_device(A: Any, dtype: Any, found: Structure) -> Any:
     """``A``, a CuPy CSR matrix of int32 indices that :func:`~tuner.matrix.structure_gpu.structure_pass` found
-    canonical with ``nonfinite`` NaN or Inf values, as :func:`as_device_csr` gives it: in ``dtype`` (its values
-    converted on the GPU where they are of another type), flagged canonical; MatrixFormatError where its values
-    are not real, it holds more entries than int32 can count, or NaN or Inf values (naming the first)."""
+    canonical (``found``), as :func:`as_device_csr` gives it: in ``dtype`` (its values converted on the GPU where
+    they are of another type), flagged canonical, with the pass's count of narrow rows
+    (:func:`kernels._narrow.note_narrow_rows`); MatrixFormatError where its values are not real, it holds more
+    entries than int32 can count, or NaN or Inf values (naming the first)."""
     import cupyx.scipy.sparse as cusp
 
     wanted = value_dtype(np.dtype(A.dtype), dtype)
     _check_index_range(A.shape, A.nnz)
-    if nonfinite:
+    if found.nonfinite:
         _check_finite_values(A.data, A.indptr, A.indices)
     B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
     B.has_canonical_format = True
+    note_narrow_rows(B, found.narrow_rows)
     return B
 
 

@@ -1,6 +1,6 @@
 """Small results of kernels queued one after another, in one device buffer read back to the host once.
 
-``plan()`` queues three kernels' small results on a matrix new to the store: the structure pass's 7 words, the
+``plan()`` queues three kernels' small results on a matrix new to the store: the structure pass's 8 words, the
 features' 46 counters and the selector's ranking (some 300 doubles). Each in a buffer of its own took an allocation,
 a copy back and a wait for the GPU apiece, 20-50 us each on the GPU machines' hosts, whose caches the GPU's work
 empties (``bench/results/2026-11-28_predict-host-54.txt``). Here they take parts of one zeroed buffer

@@ -22,21 +22,39 @@ of ``plan()`` against 0.42-0.54 for the two apart (an H100, four unseen
 matrices in both dtypes, ``bench/results/..._ab_plan-a0e28ed.txt``); and, given
 the values, count those that are NaN or Inf (a matrix's values may change while
 its structure stays, so the pass runs on every ``plan()`` and nothing is
-remembered of a matrix between two).
+remembered of a matrix between two). It also counts the entries of the rows whose
+columns span fewer than :data:`kernels._narrow.OFFSET_LIMIT` (a sorted row's span is
+its last column less its first, both read for the check): whether a row family's
+16-bit columns pay is then known before its preparation, which launches their
+kernel without waiting for a count of its own (:func:`kernels._narrow.attach`).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from kernels._cuda import device_attributes
+from kernels._narrow import OFFSET_LIMIT
 from tuner.matrix.readback import ReadBack, part_of
 
-__all__ = ["canonical_reference", "queue_structure_pass", "structure_pass"]
+__all__ = ["Structure", "canonical_reference", "queue_structure_pass", "structure_pass"]
+
+
+class Structure(NamedTuple):
+    """What :func:`structure_pass` finds."""
+
+    canonical: bool
+    sums: list[int]
+    """The fingerprint's four sums where tags were given, else none."""
+    nonfinite: int
+    """NaN and Inf values where values were given, else 0."""
+    narrow_rows: int
+    """Entries of the nonempty rows whose last column is less than :data:`~kernels._narrow.OFFSET_LIMIT` past
+    their first: those of the rows that span fewer columns where the matrix is canonical."""
 
 _SOURCE = r"""
 __device__ __forceinline__ unsigned long long mix(unsigned long long z) {  // splitmix64's finalizer
@@ -64,14 +82,15 @@ __device__ __forceinline__ bool nonfinite(const unsigned int* __restrict__ words
 // out[0] += pairs (j, j + 1) of entries whose column does not increase; out[1] += those where j + 1 opens a
 // nonempty row (the pair spans two rows). With hash != 0 also the fingerprint's sums: out[2], out[3] over
 // indptr (lanes tagged p0, p1), out[4], out[5] over indices (i0, i1). With words (not null), out[6] += the
-// values that are NaN or Inf.
+// values that are NaN or Inf. out[7] += the entries of the nonempty rows whose last column is less than
+// limit past their first.
 extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const int* __restrict__ indices,
                                          long long m, long long nnz, int hash,
                                          unsigned long long p0, unsigned long long p1,
                                          unsigned long long i0, unsigned long long i1,
                                          const unsigned int* __restrict__ words, int step, unsigned int mask,
-                                         unsigned long long* __restrict__ out) {
-    unsigned long long pairs = 0, across = 0, sp0 = 0, sp1 = 0, si0 = 0, si1 = 0, bad = 0;
+                                         int limit, unsigned long long* __restrict__ out) {
+    unsigned long long pairs = 0, across = 0, sp0 = 0, sp1 = 0, si0 = 0, si1 = 0, bad = 0, narrow = 0;
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     for (; j + 3 * stride + 1 < nnz; j += 4 * stride) {  // four entries and their right neighbours in flight
@@ -97,11 +116,19 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i <= m; i += stride) {
         const int s = indptr[i];
         if (hash) add_word(i, s, p0, p1, sp0, sp1);
-        if (i < m) across += s > 0 && s < indptr[i + 1] && indices[s] <= indices[s - 1];
+        if (i < m) {
+            const int e = indptr[i + 1];
+            if (s < e) {
+                const int first = indices[s];
+                across += s > 0 && first <= indices[s - 1];
+                if ((long long)indices[e - 1] - first < limit) narrow += e - s;
+            }
+        }
     }
     pairs = warp_sum(pairs);
     across = warp_sum(across);
     bad = warp_sum(bad);
+    narrow = warp_sum(narrow);
     if (hash) {
         sp0 = warp_sum(sp0); sp1 = warp_sum(sp1); si0 = warp_sum(si0); si1 = warp_sum(si1);
     }
@@ -111,6 +138,7 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
             atomicAdd(&out[1], across);
         }
         if (bad) atomicAdd(&out[6], bad);
+        if (narrow) atomicAdd(&out[7], narrow);
         if (hash) {
             atomicAdd(&out[2], sp0); atomicAdd(&out[3], sp1); atomicAdd(&out[4], si0); atomicAdd(&out[5], si1);
         }
@@ -130,11 +158,11 @@ _EXPONENT = {np.dtype(np.float32): (1, 0x7F800000), np.dtype(np.float64): (2, 0x
 
 
 def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None, values: Any = None
-                   ) -> tuple[bool, list[int], int]:
+                   ) -> Structure:
     """Whether the CSR structure of CuPy int32 arrays ``indptr`` (nondecreasing from 0 to nnz) and ``indices``
     is canonical; with ``tags`` (indptr's two lanes, then indices') the fingerprint's four sums (else none);
     with ``values`` (one a column index) how many of them are NaN or Inf (else, and for values neither float32
-    nor float64, 0): one
+    nor float64, 0); the entries of the rows narrow enough for 16-bit columns (:class:`Structure`): one
     kernel, one read-back. The values' check reads each value's exponent where the entry is read anyway:
     a CuPy reduction of ``isfinite`` took 0.38 ms of an H100's time on two unseen matrices of 32-46 M entries
     (``bench/results/..._prof48-9891656.txt``)."""
@@ -142,26 +170,26 @@ def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None,
 
 
 def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None, values: Any = None,
-                         into: ReadBack | None = None) -> Callable[[], tuple[bool, list[int], int]]:
+                         into: ReadBack | None = None) -> Callable[[], Structure]:
     """:func:`structure_pass` launched now, its read-back when the returned function is called: work queued
     in between (``plan()``: the features of a matrix new to the store, and the ranking) is waited for by the
     same read-back, and read back by it where it writes into the same ``into``."""
     import cupy
 
     nnz, m = int(indices.size), int(indptr.size) - 1
-    part = part_of(into, 7)
+    part = part_of(into, 8)
     out = part.device
-    if nnz > 1 or tags is not None or values is not None:
+    if nnz > 0 or tags is not None:
         blocks = max(1, min(-(-max(nnz, m + 1) // 256), 16 * device_attributes()["MultiProcessorCount"]))
         words = [np.uint64(t) for t in (tags if tags is not None else (0, 0, 0, 0))]
         step, mask = _EXPONENT.get(np.dtype(values.dtype), (0, 0)) if values is not None else (0, 0)
         _kernel(cupy, cupy.cuda.Device().id)(
             (blocks,), (256,), (indptr, indices, np.int64(m), np.int64(nnz), np.int32(tags is not None), *words,
-                                values if step else None, np.int32(step), np.uint32(mask), out))
+                                values if step else None, np.int32(step), np.uint32(mask), np.int32(OFFSET_LIMIT), out))
 
-    def result() -> tuple[bool, list[int], int]:
-        pairs, across, *sums, nonfinite = part.read().tolist()
-        return pairs == across, sums if tags is not None else [], nonfinite
+    def result() -> Structure:
+        pairs, across, *sums, nonfinite, narrow = part.read().tolist()
+        return Structure(pairs == across, sums if tags is not None else [], nonfinite, narrow)
 
     return result
 
