@@ -155,7 +155,7 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
     assert log == ["pass", "describe 2x5 4 float64", "features of 4", "selector float64", "read pass",
                    "pass", "describe 2x5 3 float64", "features of 3", "selector float64", "read pass", "read features"]
     assert fp == fingerprint(canonical(unsorted)) and features == extract_features(canonical(unsorted))
-    assert narrow_rows(B) == 3  # the count of the canonical form's pass kept on it (kept_on_device's own, faked here)
+    assert narrow_rows(B) == 3  # its canonical form's pass counted, and the count kept on it
 
     log.clear()
     assert fp_module.device_csr_and_fingerprint(A)[2] is None and log == ["pass", "read pass"]
