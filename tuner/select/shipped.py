@@ -92,10 +92,8 @@ def shipped_path(device: str, dtype: str, folder: Path | None = None, *, task: s
     return None if folder is None else _named(folder, task, device, dtype)
 
 
-@functools.lru_cache(maxsize=64)
 def _named(folder: Path, task: str, device: str, dtype: str) -> Path:
-    """:func:`shipped_path`'s file, named once (every ``plan()`` asks twice; a regex and a path join each time,
-    on a host whose caches the GPU's work has just emptied)."""
+    """:func:`shipped_path`'s file (``plan()`` asks :func:`shipped_file`, which names it once a process)."""
     return folder / f"{task}-selector_{slug(device)}_{dtype}.pkl.gz"
 
 
