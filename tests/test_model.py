@@ -25,7 +25,14 @@ from tuner.execute.choice import choose
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.measure.metrics import effective_bytes
 from tuner.select.corpus import import_corpus, read_corpus
-from tuner.select.evaluation import RankingTable, corpus_table, evaluate_selector, ranking_table, structure_family
+from tuner.select.evaluation import (
+    RankingTable,
+    corpus_table,
+    evaluate_selector,
+    out_of_fold,
+    ranking_table,
+    structure_family,
+)
 from tuner.select.forest import CompactForest
 from tuner.select.model import (
     DERIVED_FEATURES,
@@ -625,9 +632,27 @@ def test_evaluation_on_two_families(cv: str) -> None:
     assert scores["race4"].prepare_spmvs == pytest.approx(4 * 3)  # four configs, each prepared in 3 SpMVs
     assert [f.family for f in ev.families] == ["banded", "powerlaw"]
     assert all(0 < g <= 1 for f in ev.families for g in f.geomean.values())
+    assert scores["race4"].below_cusparse == scores["cusparse"].below_cusparse == 0  # both time cuSPARSE
     metrics = json.loads(json.dumps(ev.as_metrics(), allow_nan=False))
     assert metrics["cv"] == cv and len(metrics["strategies"]) == 6
     assert "powerlaw" in ev.format_table() and "race4" in ev.format_table()
+
+
+def test_evaluation_counts_the_matrices_below_cusparse() -> None:
+    """On every third matrix cuSPARSE is made the fastest, which no feature tells: the first config is slower
+    there, and counted below 0.97x cuSPARSE exactly where it is."""
+    table = _ranking_table()
+    times = [dict(t) for t in table.times]
+    for row in times[::3]:
+        row[ALG1] = 0.5 * min(row.values())
+    table = RankingTable(table.fingerprints, table.names, table.families, table.X, times, table.prepare, DEVICE,
+                         DTYPE)
+    make = lambda: KernelSelector(n_estimators=20)  # noqa: E731
+    scores = {r.strategy: r for r in evaluate_selector(table, cv="kfold", ks=(2,), make=make).rows}
+    firsts = [r.keys[0] for r in out_of_fold(table, cv="kfold", make=make)]
+    slower = sum(t[k] > min(t[ALG1], t[ALG2]) / 0.97 for k, t in zip(firsts, times, strict=True))
+    assert slower > 0 and scores["first"].below_cusparse == slower
+    assert scores["cusparse"].below_cusparse == 0
 
 
 def test_evaluation_scores_what_predict_runs() -> None:

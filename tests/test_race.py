@@ -333,6 +333,39 @@ def test_predict_takes_the_first_config_cheap_to_prepare() -> None:
     assert ranked_choice([ranking[0], unknown], "b", nnz=1e6, prepare_budget=5.0).source == "default"
 
 
+def test_predict_takes_cusparse_where_ranked_before_any_cheap_config() -> None:
+    """cuSPARSE is predict's fallback whatever its preparation costs: a config ranked after it never runs for
+    being cheap (its preparation expected at 6 SpMVs here, over the budget of 5)."""
+    from tuner.execute.choice import ranked_choice
+
+    ranking = [ranked("nut", {}, 1.0e-4, 150.0), ranked("cusparse", {"algorithm": "csr_alg1"}, 1.1e-4, 6.0),
+               ranked("csr_vector", {"threads_per_row": 4}, 1.2e-4, 0.8)]
+    pick = ranked_choice(ranking, "b", nnz=1e6, prepare_budget=5.0)
+    assert (pick.kernel, pick.params, pick.source) == ("cusparse", {"algorithm": "csr_alg1"}, "predicted")
+
+
+@pytest.mark.parametrize(("wins", "kernel"), [(48, "csr_vector"), (44, "cusparse"), (20, "cusparse")])
+def test_predict_holds_its_pick_to_cusparse_on_the_nearest_training_matrices(wins: int, kernel: str) -> None:
+    """The cheap config runs where it beat cuSPARSE's csr_alg1 on at least 70 % of the 64 training matrices drawn
+    nearest (48 of 64: 75 %), else csr_alg1 does (44: 69 %); without outcomes the pick stands."""
+    from tuner.execute.choice import ranked_choice
+    from tuner.select.model import DEPART_SHARE
+
+    assert 44 / 64 < DEPART_SHARE <= 48 / 64
+    base = np.full(64, 0.2)
+    mine = np.where(np.arange(64) < wins, 0.1, 0.3)  # faster than cuSPARSE on the first `wins` draws
+    ranking = [ranked("nut", {}, 1.0e-4, 150.0), ranked("csr_vector", {"threads_per_row": 4}, 1.2e-4, 0.8),
+               ranked("cusparse", {"algorithm": "csr_alg2"}, 1.3e-4, 4.0),
+               ranked("cusparse", {"algorithm": "csr_alg1"}, 1.4e-4, 4.0)]
+    ranking[1].outcomes, ranking[3].outcomes = mine, base
+    pick = ranked_choice(ranking, "b", nnz=1e6, prepare_budget=CHEAP_SPMVS)
+    assert (pick.kernel, pick.source) == (kernel, "predicted")
+    if kernel == "cusparse":
+        assert pick.params == {"algorithm": "csr_alg1"}
+    ranking[1].outcomes = ()
+    assert ranked_choice(ranking, "b", nnz=1e6, prepare_budget=CHEAP_SPMVS).kernel == "csr_vector"
+
+
 def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
     """NuT's slabs: one slab of x in a third of the L2 (x of 64 MB in float64 against 50 MB: 4 slabs). (A first
     entrant costly to prepare is raced fitted only: the next test.)"""

@@ -107,7 +107,7 @@ def test_the_gpu_ranks_feature_vectors_as_numpy(device: str, dtype: str) -> None
 @pytest.mark.gpu
 def test_plan_ranks_a_new_matrix_on_the_gpu(monkeypatch, tmp_path) -> None:
     """plan() of a matrix new to the store takes the GPU's ranking (rank_configs is not asked) and predicts what
-    NumPy's whole ranking predicts (plan builds it only up to its first config cheap to prepare)."""
+    NumPy's whole ranking predicts (plan builds only what ranked_choice reads of it)."""
     import cupyx.scipy.sparse as cusp
 
     from db.store import Store
@@ -127,5 +127,6 @@ def test_plan_ranks_a_new_matrix_on_the_gpu(monkeypatch, tmp_path) -> None:
         ex = plan_module.plan(cusp.csr_matrix(A), effort="predict", db=Store(tmp_path / f"{kind}.db"))
         assert calls == [] and ex.source in ("predicted", "default")
         features = extract_features(cusp.csr_matrix(A))
-        want = ranked_choice(model.rank(features, device=spec), basis, nnz=A.nnz, prepare_budget=CHEAP_SPMVS)
+        want = ranked_choice(model.rank(features, device=spec, outcomes=True), basis, nnz=A.nnz,
+                             prepare_budget=CHEAP_SPMVS)
         assert (ex.kernel, ex.params) == (want.kernel, want.params), kind

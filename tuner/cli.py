@@ -414,10 +414,10 @@ def train(
             _print_evaluation(result)
             metrics["evaluation"][kind] = result.as_metrics()
         if metrics["evaluation"]:
-            console.print("first: the selector's first config; predict: its first config expected to prepare "
-                          f"within {CHEAP_SPMVS:g} SpMVs (what plan(effort='predict') runs); race<k>: the best of its "
-                          "first k configs and cuSPARSE's two algorithms; cusparse: its best algorithm "
-                          "(tuner.select.evaluation)")
+            console.print("first: the selector's first config; predict: what plan(effort='predict') runs, its "
+                          f"first config that is cuSPARSE or expected to prepare within {CHEAP_SPMVS:g} SpMVs, held "
+                          "to cuSPARSE on the nearest training matrices; race<k>: the best of its first k configs "
+                          "and cuSPARSE's two algorithms; cusparse: its best algorithm (tuner.select.evaluation)")
         model = KernelSelector(random_state=seed).fit(table.X, table.times, dtype=dtype, device=table.device,
                                                       prepare_times=table.prepare)
         model_id = save_model(store, model, device=device, dtype=dtype, metrics=metrics)
@@ -460,11 +460,12 @@ def _print_evaluation(result: Any) -> None:
     console.print(f"[bold]out of fold, {how}[/], on {result.matrices} matrices ({result.device}, {result.dtype}): "
                   "t_best / t, 1 = the tuned best")
     table = Table()
-    for col in ("strategy", "geomean", "worst 5%", "matrices", "prepare (SpMVs)"):
+    for col in ("strategy", "geomean", "worst 5%", "matrices", "prepare (SpMVs)", "< 0.97x cuSPARSE"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in result.rows:
         prepare = "" if r.prepare_spmvs is None else f"{r.prepare_spmvs:.0f}"
-        table.add_row(escape(r.strategy), f"{r.geomean:.3f}", f"{r.worst5:.3f}", str(r.matrices), prepare)
+        table.add_row(escape(r.strategy), f"{r.geomean:.3f}", f"{r.worst5:.3f}", str(r.matrices), prepare,
+                      str(r.below_cusparse))
     console.print(table)
     if unmeasured := sum(r.unmeasured for r in result.rows):
         console.print(f"the first config was never measured on {unmeasured} matrices: counted as their slowest "

@@ -125,9 +125,9 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
     features' kernels (:mod:`tuner.select.rank_gpu`), or None where it cannot be (no selector, features not
     computed on the GPU, a selector the kernel does not take). The returned function takes the features read
     back and gives :func:`rank_configs`' answer, or None where the kernel's features differ from them (then
-    :func:`rank_configs` ranks). With ``prepare_budget`` (``plan(effort="predict")``), the ranking ends at its
-    first config expected to prepare within that many SpMVs: all :func:`ranked_choice` reads of it, without the
-    some seventy configs after it built (0.1 ms of a plan on the GPU machines' hosts)."""
+    :func:`rank_configs` ranks). With ``prepare_budget`` (``plan(effort="predict")``), the ranking holds what
+    :func:`ranked_choice` reads of it (:func:`_predict_cut`), without the some seventy configs after it built
+    (0.1 ms of a plan on the GPU machines' hosts)."""
     model, spec, basis = selector
     if model is None or queued.on_device is None:
         return None
@@ -143,12 +143,24 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
             return None
         order = parts.order
         if prepare_budget is not None and _ranks_valid_configs_only(model):  # else the cut could fall short
-            cheap = np.flatnonzero(model.prepare_spmvs_[order] <= prepare_budget)
-            order = order[:cheap[0] + 1] if cheap.size else order[:0]
+            order = _predict_cut(model, order, prepare_budget)
         ranking = model.ranked(order, parts.expected, parts.votes, model.outcomes_of(parts.drawn) if outcomes else None)
         return _registered(model, ranking), basis
 
     return ranked
+
+
+def _predict_cut(model: KernelSelector, order: np.ndarray, prepare_budget: float) -> np.ndarray:
+    """The configs of ``order`` that :func:`~tuner.select.model.predicted` reads: up to the first it may run,
+    and cuSPARSE's csr_alg1 (which it holds that one to) where ranked after it; in the selector's order."""
+    from tuner.select.model import predict_columns
+
+    may, alg1 = predict_columns(model, prepare_budget)
+    first = np.flatnonzero(may[order])
+    if not first.size:
+        return order[:0]
+    cut = order[:first[0] + 1]
+    return cut if alg1 is None or alg1 in cut else np.append(cut, alg1)
 
 
 def _registered(model: Any, ranking: list[RankedConfig]) -> list[RankedConfig] | None:
@@ -188,13 +200,16 @@ def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float,
                   prepare_budget: float | None = None) -> Choice:
     """The selector's first config, as a prediction (for a matrix of ``nnz`` nonzeros), with the family's
     defaults filled in where the selector learned it before a parameter was added (what runs); with
-    ``prepare_budget``, the first whose preparation is expected to cost at most that many SpMVs
-    (cuSPARSE's default when none is known to)."""
-    if prepare_budget is not None:
-        ranking = [r for r in ranking if r.prepare_spmvs is not None and r.prepare_spmvs <= prepare_budget]
-        if not ranking:
-            return default_choice()
+    ``prepare_budget`` (``plan(effort="predict")``), :func:`~tuner.select.model.predicted`'s: the first that is
+    cuSPARSE or expected to prepare within that many SpMVs, held to cuSPARSE on the nearest training matrices
+    where the ranking carries their outcomes (cuSPARSE's default when no config qualifies)."""
     first = ranking[0]
+    if prepare_budget is not None:
+        from tuner.select.model import predicted
+
+        first = predicted(ranking, prepare_budget)
+        if first is None:
+            return default_choice()
     gflops = 2 * nnz / first.expected_s / 1e9 if first.expected_s else None
     return Choice(first.kernel, canonical(first.kernel, first.params), "predicted", expected_gflops=gflops,
                   confidence=first.votes, basis=basis)

@@ -4,8 +4,9 @@
 measured for the matrix on this GPU and dtype:
 
 - ``"predict"``: the selector's first config (:mod:`tuner.select.model`) among
-  those cheap to prepare (:data:`~tuner.execute.race.CHEAP_SPMVS`), or cuSPARSE without
-  a selector for this GPU; the matrix's features are the only other cost (the ranking is
+  cuSPARSE and those cheap to prepare (:data:`~tuner.execute.race.CHEAP_SPMVS`), where the
+  training matrices nearest this one show it beating cuSPARSE (:func:`~tuner.select.model.predicted`),
+  else cuSPARSE, as without a selector for this GPU; the matrix's features are the only other cost (the ranking is
   queued on the GPU behind them, :mod:`tuner.select.rank_gpu`, where the matrix is new to the store);
 - ``"race"`` (the default): the selector's shortlist and cuSPARSE's two
   algorithms prepared, checked and timed here (:mod:`tuner.execute.race`; the
@@ -121,7 +122,7 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             selectors[values] = selector_for(store, device=device, dtype=values, backend=backend,
                                              newest=newest.get(values, ASK_STORE))
         if effort != "tune":
-            rankings[values] = queue_ranking(selectors[values], queued, outcomes=effort == "race",
+            rankings[values] = queue_ranking(selectors[values], queued, outcomes=effort != "tune",
                                              prepare_budget=CHEAP_SPMVS if effort == "predict" else None)
 
     with steps("matrix"):  # on the GPU, canonical, named and, where new to the store, described: one round trip
@@ -149,7 +150,7 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             if effort == "race" else None
         with steps("rank"):
             ranking, basis = ranked or rank_configs(store, device=device, dtype=dtype, features=features,
-                                                    backend=backend, outcomes=effort == "race",
+                                                    backend=backend, outcomes=effort != "tune",
                                                     selector=selectors.get(dtype))
         if effort == "tune":
             with steps("tune"):

@@ -13,9 +13,10 @@ Strategies:
 - ``first``: the selector's first config. When the store holds no time for it on the matrix
   (it failed there), it counts as the matrix's slowest measured time times 2,
   as in training; ``unmeasured`` counts those;
-- ``predict`` (where a bound ``cheap`` is given): what ``plan(effort="predict")`` runs, the first config
-  expected to prepare within ``cheap`` SpMVs (counted as ``first`` is where unmeasured), else cuSPARSE
-  (its best algorithm);
+- ``predict`` (where a bound ``cheap`` is given): what ``plan(effort="predict")`` runs
+  (:func:`~tuner.select.model.predicted`): the first config that is cuSPARSE or expected to prepare within
+  ``cheap`` SpMVs, held to cuSPARSE's csr_alg1 on the nearest training matrices (counted as ``first`` is where
+  unmeasured), else cuSPARSE (its best algorithm);
 - ``race<k>``: the race of its first k configs beside cuSPARSE csr_alg1 and csr_alg2 (always
   raced): the best time measured among them. ``prepare_spmvs`` is the race's
   expected preparation cost, the sum of the raced configs' ``prepare_spmvs``
@@ -40,12 +41,13 @@ from common.errors import InvalidConfigError, StoreError
 from kernels import config_key
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.corpus import read_corpus
-from tuner.select.model import DeviceSpec, KernelSelector
+from tuner.select.model import DeviceSpec, KernelSelector, predicted
 
 if TYPE_CHECKING:
     from db.store import Store
 
 __all__ = [
+    "BELOW_CUSPARSE",
     "CV_KINDS",
     "RACED_ALWAYS",
     "Evaluation",
@@ -59,6 +61,10 @@ __all__ = [
     "ranking_table",
     "structure_family",
 ]
+
+BELOW_CUSPARSE = 0.97
+"""A strategy is counted below cuSPARSE on a matrix where it runs at less than this times cuSPARSE's speed: the
+bound issue #18 sets ``plan()``."""
 
 RACED_ALWAYS: tuple[str, ...] = (config_key("cusparse", {"algorithm": "csr_alg1"}),
                                  config_key("cusparse", {"algorithm": "csr_alg2"}))
@@ -173,11 +179,13 @@ def corpus_table(path: str | os.PathLike[str], *, dtype: str, device: str | None
 
 @dataclass(frozen=True)
 class Ranking:
-    """A matrix's out-of-fold ranking: config keys in the selector's order (first the one to run), and each
-    one's prepare_spmvs."""
+    """A matrix's out-of-fold ranking: config keys in the selector's order (first the one to run), each one's
+    prepare_spmvs and, where asked for with a preparation budget, the key ``plan(effort="predict")`` runs
+    (:func:`~tuner.select.model.predicted`; None: cuSPARSE's default)."""
 
     keys: list[str]
     prepare_spmvs: dict[str, float]
+    predicted: str | None = None
 
 
 def cv_folds(table: RankingTable, cv: str, n_splits: int = 5) -> list[np.ndarray]:
@@ -201,15 +209,18 @@ def fitted_on(table: RankingTable, rows: np.ndarray, make: Callable[[], KernelSe
 
 
 def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelector] = KernelSelector,
-                folds: int = 5) -> list[Ranking]:
-    """Each row's ranking by a selector (``make()``) fitted on the other folds of ``cv`` (:data:`CV_KINDS`)."""
+                folds: int = 5, cheap: float | None = None) -> list[Ranking]:
+    """Each row's ranking by a selector (``make()``) fitted on the other folds of ``cv`` (:data:`CV_KINDS`);
+    with ``cheap``, also what ``plan(effort="predict")`` runs with that preparation budget."""
     out: list[Ranking | None] = [None] * len(table)
     for test in cv_folds(table, cv, folds):
         selector = fitted_on(table, np.setdiff1d(np.arange(len(table)), test), make)
         keys = selector.config_keys()
         spmvs = dict(zip(keys, selector.prepare_spmvs_.tolist(), strict=True))
         for i, order in zip(test, selector.rank_order(table.X[test]).tolist(), strict=True):
-            out[i] = Ranking([keys[j] for j in order], spmvs)
+            pick = predicted(selector.rank(table.X[i], outcomes=True), cheap) if cheap is not None else None
+            out[i] = Ranking([keys[j] for j in order], spmvs,
+                             None if pick is None else config_key(pick.kernel, pick.params))
     return out  # type: ignore[return-value]
 
 
@@ -223,6 +234,7 @@ class StrategyScore:
     matrices: int
     unmeasured: int = 0  # first configs with no time on the matrix (counted as its slowest times 2)
     prepare_spmvs: float | None = None  # a race's expected preparation cost, mean over the matrices
+    below_cusparse: int = 0  # matrices where it runs below 0.97x cuSPARSE's best (BELOW_CUSPARSE)
 
 
 @dataclass(frozen=True)
@@ -262,11 +274,12 @@ class Evaluation:
     def format_table(self) -> str:
         """The scores as two text tables: the strategies, then the geometric means per family."""
         head = f"{self.device}, {self.dtype}, {self.cv} ({self.folds} folds, {self.matrices} matrices)"
-        lines = [head, f"{'strategy':<28}{'geomean':>9}{'worst5%':>9}{'n':>6}{'unmeas.':>9}{'prep.spmvs':>12}"]
+        lines = [head, f"{'strategy':<28}{'geomean':>9}{'worst5%':>9}{'n':>6}{'unmeas.':>9}{'prep.spmvs':>12}"
+                       f"{'<0.97x cus.':>13}"]
         for r in self.rows:
             prep = "" if r.prepare_spmvs is None else f"{r.prepare_spmvs:.0f}"
             lines.append(f"{r.strategy:<28}{r.geomean:>9.3f}{r.worst5:>9.3f}{r.matrices:>6}{r.unmeasured:>9}"
-                         f"{prep:>12}")
+                         f"{prep:>12}{r.below_cusparse:>13}")
         names = [r.strategy for r in self.rows]
         lines += ["", f"{'family':<12}{'n':>5}" + "".join(f"{n:>10}" for n in names)]
         for f in self.families:
@@ -292,7 +305,7 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
     ``table`` under ``cv`` (:data:`CV_KINDS`; ``folds`` for kfold); see the module's doc."""
     if len(table) < 2:
         raise InvalidConfigError(f"evaluation needs at least 2 matrices, got {len(table)}")
-    rankings = out_of_fold(table, cv=cv, make=make, folds=folds)
+    rankings = out_of_fold(table, cv=cv, make=make, folds=folds, cheap=cheap)
     nan = float("nan")
     best = np.array([min(t.values()) for t in table.times])
     first_t = np.array([times.get(r.keys[0], nan) for times, r in zip(table.times, rankings, strict=True)])
@@ -302,10 +315,9 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
     cusparse = np.array([min((s for c, s in times.items() if c.startswith("cusparse{")), default=nan)
                          for times in table.times])
     if cheap is not None:
-        picked = [next((k for k in r.keys if r.prepare_spmvs.get(k, nan) <= cheap), None) for r in rankings]
         fractions["predict"] = _fraction(best, np.array([
-            base if key is None else times.get(key, 2 * max(times.values()))
-            for key, times, base in zip(picked, table.times, cusparse, strict=True)]))
+            base if r.predicted is None else times.get(r.predicted, 2 * max(times.values()))
+            for r, times, base in zip(rankings, table.times, cusparse, strict=True)]))
     prepare: dict[str, float] = {}
     for k in ks:
         raced = [[*r.keys[:k], *(c for c in RACED_ALWAYS if c not in r.keys[:k])] for r in rankings]
@@ -319,8 +331,10 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
 
     def score(name: str, f: np.ndarray) -> StrategyScore:
         ok = f[np.isfinite(f)]
+        with np.errstate(invalid="ignore"):
+            below = int(np.sum(f / fractions["cusparse"] < BELOW_CUSPARSE))
         return StrategyScore(name, _geomean(ok), float(np.percentile(ok, 5)) if ok.size else nan, int(ok.size),
-                             int(unmeasured.sum()) if name == "first" else 0, prepare.get(name))
+                             int(unmeasured.sum()) if name == "first" else 0, prepare.get(name), below)
 
     families = np.asarray(table.families, dtype=object)
     per_family = [FamilyScore(fam, int((families == fam).sum()),

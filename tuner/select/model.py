@@ -62,7 +62,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from common.errors import InvalidConfigError, StoreError
-from kernels import config_key, config_of
+from kernels import BASELINE, config_key, config_of
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.measure.metrics import effective_bytes
 from tuner.select.forest import CompactForest
@@ -73,7 +73,9 @@ if TYPE_CHECKING:
     from tuner.measure.backend import Backend
 
 __all__ = [
+    "BASELINE_PARAMS",
     "COUNT_FEATURES",
+    "DEPART_SHARE",
     "DERIVED_FEATURES",
     "LARGE_NNZ",
     "MISSING_PENALTY",
@@ -92,6 +94,8 @@ __all__ = [
     "load_shipped",
     "model_row",
     "pick_device",
+    "predict_columns",
+    "predicted",
     "save_model",
     "ship_model",
     "unpickle_blob",
@@ -241,6 +245,47 @@ class RankedConfig:
     outcomes: Sequence[float] | np.ndarray = field(default=(), repr=False, compare=False)
     """log(t / t_best) of this config on the training matrices most like this one (KernelSelector.outcomes;
     empty where not asked for)"""
+
+
+BASELINE_PARAMS: dict[str, Any] = {"algorithm": "csr_alg1"}
+"""cuSPARSE's algorithm a prediction is held to (:func:`predicted`); csr_alg2 is slower on all but one or two
+matrices of each corpus."""
+
+DEPART_SHARE = 0.7
+"""``plan(effort="predict")`` runs a config other than cuSPARSE only where it beat cuSPARSE's csr_alg1 on at least
+this share of the training matrices drawn nearest the matrix (:meth:`KernelSelector.outcomes`). Leaving each
+structure family out (four corpora, two seeds; ``bench/results/2026-11-28_predict-baseline-57.txt``), the
+matrices where the pick is below 0.97x cuSPARSE fall from 5-10 to 3-6 of 352-381, the first percentile rises
+from 0.73-0.96x to 0.96-0.99x, and the geomean of the picks over the tuned best moves by 0.003 or less."""
+
+
+def predicted(ranking: Sequence[RankedConfig], prepare_budget: float, share: float = DEPART_SHARE
+              ) -> RankedConfig | None:
+    """What ``plan(effort="predict")`` runs of ``ranking`` (one matrix's, in the selector's order): its first
+    config that is cuSPARSE (the fallback, whatever its preparation costs) or expected to prepare within
+    ``prepare_budget`` SpMVs. Where that is another family's and the ranking carries outcomes, cuSPARSE's
+    csr_alg1 instead, unless the config beat it on at least ``share`` of the drawn training matrices (the
+    outcomes of both are over the same draws). None where no config qualifies."""
+    first = next((r for r in ranking if r.kernel == BASELINE
+                  or (r.prepare_spmvs is not None and r.prepare_spmvs <= prepare_budget)), None)
+    if first is None or first.kernel == BASELINE or not len(first.outcomes):
+        return first
+    base = next((r for r in ranking if r.kernel == BASELINE and r.params == BASELINE_PARAMS), None)
+    if base is None or not len(base.outcomes):
+        return first
+    beaten = float(np.mean(np.asarray(first.outcomes) < np.asarray(base.outcomes)))
+    return first if beaten >= share else base
+
+
+@functools.lru_cache(maxsize=8)
+def predict_columns(selector: KernelSelector, prepare_budget: float) -> tuple[np.ndarray, int | None]:
+    """Which of ``selector``'s configs (columns of ``configs_``) :func:`predicted` may pick first with this
+    budget (a mask), and csr_alg1's column (None where the selector has none): what a ranking must hold up to
+    for :func:`predicted` (once a selector and budget)."""
+    baseline = np.array([kernel == BASELINE for kernel, _ in selector.configs_], dtype=bool)
+    alg1 = next((j for j, (kernel, params) in enumerate(selector.configs_)
+                 if kernel == BASELINE and dict(params) == BASELINE_PARAMS), None)
+    return baseline | (selector.prepare_spmvs_ <= prepare_budget), alg1
 
 
 @dataclass(frozen=True)
