@@ -344,14 +344,15 @@ def test_predict_takes_cusparse_where_ranked_before_any_cheap_config() -> None:
     assert (pick.kernel, pick.params, pick.source) == ("cusparse", {"algorithm": "csr_alg1"}, "predicted")
 
 
-@pytest.mark.parametrize(("wins", "kernel"), [(48, "csr_vector"), (44, "cusparse"), (20, "cusparse")])
+@pytest.mark.parametrize(("wins", "kernel"), [(48, "csr_vector"), (32, "csr_vector"), (31, "cusparse"),
+                                           (10, "cusparse")])
 def test_predict_holds_its_pick_to_cusparse_on_the_nearest_training_matrices(wins: int, kernel: str) -> None:
-    """The cheap config runs where it beat cuSPARSE's csr_alg1 on at least 70 % of the 64 training matrices drawn
-    nearest (48 of 64: 75 %), else csr_alg1 does (44: 69 %); without outcomes the pick stands."""
+    """The cheap config runs where it beat cuSPARSE's csr_alg1 on at least half the 64 training matrices drawn
+    nearest (32 of 64), else csr_alg1 does (31); without outcomes the pick stands."""
     from tuner.execute.choice import ranked_choice
     from tuner.select.model import DEPART_SHARE
 
-    assert 44 / 64 < DEPART_SHARE <= 48 / 64
+    assert 31 / 64 < DEPART_SHARE <= 32 / 64
     base = np.full(64, 0.2)
     mine = np.where(np.arange(64) < wins, 0.1, 0.3)  # faster than cuSPARSE on the first `wins` draws
     ranking = [ranked("nut", {}, 1.0e-4, 150.0), ranked("csr_vector", {"threads_per_row": 4}, 1.2e-4, 0.8),
