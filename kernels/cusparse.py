@@ -43,8 +43,9 @@ class CuSparse(RowSumReference, Family):
         from cupyx import cusparse
 
         A = prepared.A
-        x = cupy.zeros(prepared.shape[1], dtype=prepared.dtype)
-        y = cupy.zeros(prepared.shape[0], dtype=prepared.dtype)
+        # placeholders the vector descriptors are made on: each product points them at its own x and y first
+        x = cupy.empty(prepared.shape[1], dtype=prepared.dtype)
+        y = cupy.empty(prepared.shape[0], dtype=prepared.dtype)
         desc_x, desc_y = cusparse.DnVecDescriptor.create(x), cusparse.DnVecDescriptor.create(y)
         alpha, beta = np.array(1, prepared.dtype), np.array(0, prepared.dtype)
         ex = prepared.extra
