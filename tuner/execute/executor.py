@@ -106,7 +106,9 @@ class Executor:
             "raced": "no config was measured for this matrix on this device and dtype before: the race at plan "
                      "time measured these and kept the fastest (the store now holds them)",
             "predicted": "nothing is measured for this matrix on this device and dtype: the selector's first "
-                         "config, unmeasured (plan(effort='race') measures a shortlist; `tuner tune` tunes)",
+                         "config (plan(effort='predict'): the first cheap to prepare, or cuSPARSE where the training "
+                         "matrices nearest this one mostly ran it faster), unmeasured (plan(effort='race') measures a "
+                         "shortlist; `tuner tune` tunes)",
             "default": "nothing is stored for this matrix on this device and dtype, and no selector ranks configs "
                        "for this GPU: cuSPARSE, the safe default (plan(effort='race') or `tuner tune` measure)",
             "cpu": "no CUDA GPU (or CuPy) here: SciPy computes y on the CPU",
