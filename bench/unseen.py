@@ -92,7 +92,8 @@ steps; then that run's planned kernel and both cuSPARSE algorithms timed interle
 before every product (cold). The ratio is cuSPARSE's best / plan's kernel, and
 the cost in SpMV-equivalents is plan's wall time / cuSPARSE's best time. The
 features are also timed alone (``features_s``: :func:`~tuner.matrix.features.extract_features`
-on a new CuPy matrix of the same arrays flagged canonical, the median of three), and ``beyond_features_spmvs``
+on a new CuPy matrix of the same arrays flagged canonical, the fastest of three: a slow run, such as the first
+allocations for a matrix's columns, would understate what is beyond them), and ``beyond_features_spmvs``
 is the plan's wall time less that, in SpMVs: what issue #18 bounds for ``predict`` (``plan()``
 reads the features back with the matrix's checks where the store holds no matrix of its
 shape, so its own steps do not time them apart). Kernel
@@ -626,7 +627,7 @@ def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype:
 
 
 def features_alone(backend: GpuBackend, A_dev: Any, runs: int = 3) -> float:
-    """Median wall seconds of :func:`extract_features` on a new CuPy matrix of ``A_dev``'s arrays, flagged
+    """Fewest wall seconds of :func:`extract_features` on a new CuPy matrix of ``A_dev``'s arrays, flagged
     canonical (synchronized): the features alone, without CuPy's own canonical check (a kernel and a wait,
     0.2-1.5 ms), which ``plan()`` does not run."""
     import cupyx.scipy.sparse as cusp
@@ -640,7 +641,7 @@ def features_alone(backend: GpuBackend, A_dev: Any, runs: int = 3) -> float:
         extract_features(A)
         backend.synchronize()
         seconds.append(time.perf_counter() - start)
-    return float(np.median(seconds))
+    return float(np.min(seconds))
 
 
 def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], y_ref: Any, effort: str,
