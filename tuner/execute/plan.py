@@ -122,7 +122,7 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             selectors[values] = selector_for(store, device=device, dtype=values, backend=backend,
                                              newest=newest.get(values, ASK_STORE))
         if effort != "tune":
-            rankings[values] = queue_ranking(selectors[values], queued, outcomes=effort != "tune",
+            rankings[values] = queue_ranking(selectors[values], queued, outcomes=True,
                                              prepare_budget=CHEAP_SPMVS if effort == "predict" else None)
 
     with steps("matrix"):  # on the GPU, canonical, named and, where new to the store, described: one round trip
