@@ -16,6 +16,7 @@ and the same offsets in narrow segments (a wide segment's are 0 here, unwritten 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,12 @@ OFFSET_LIMIT = 1 << 16
 """A segment's columns are stored as offsets where its highest and lowest are fewer than this apart."""
 _MAX_BLOCKS = 4096
 """Blocks of narrow_offsets at most (its warps stride over the segments): a few waves on a Hopper GPU."""
+_LANE_ENTRIES = 4
+"""Entries of the mean segment a thread of narrow_offsets takes, about (:func:`group_lanes`): their loads are in
+flight together. On the rows of nine unseen matrices of 12-32 M entries (an H200) that pick was the fastest of
+the six or within 1.3 % of it, and took 0.27-0.88 of the time that a thread an entry of the mean row took (a
+row's loads, shuffles and stores one after another; 66-164 us against 79-294; the same on rows of 3,000);
+``bench/results/2026-11-28_narrow-lanes-58.txt``."""
 _BASE_BYTES, _SAVED_BYTES = 4, 2
 """Bytes of a segment's base word; bytes an offset saves against an int32 column."""
 _ROW_ENTRIES = "_spmv_narrow_row_entries"
@@ -139,9 +146,12 @@ def queue_encode(ptr: Any, indices: Any, lanes: int | None = None, narrow_entrie
 
 
 def group_lanes(entries: int, segments: int) -> int:
-    """Threads ``narrow_offsets`` gives a segment: the power of 2 (1 to 32) that covers the mean segment."""
+    """Threads ``narrow_offsets`` gives a segment: the power of 2 nearest (on a log scale) the mean segment's
+    entries over :data:`_LANE_ENTRIES`, 2 at least where it holds more than one entry, 32 at most."""
     mean = entries / max(segments, 1)
-    return next((lanes for lanes in (1, 2, 4, 8, 16) if lanes >= mean), 32)
+    if mean <= 1:
+        return 1
+    return min(max(2 ** round(math.log2(mean / _LANE_ENTRIES)), 2), 32)
 
 
 def columns(ptr: np.ndarray, base: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:

@@ -133,9 +133,11 @@ def test_gpu_encodes_the_columns_as_the_reference_does(family, params, dtype):
         np.testing.assert_allclose(y, expected, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
 
 
-def test_a_segment_gets_the_fewest_threads_that_cover_the_mean_one():
-    assert [group_lanes(n, 100) for n in (0, 100, 150, 200, 400, 401, 1600, 3200, 10**6)] == \
-        [1, 1, 2, 2, 4, 8, 16, 32, 32]
+def test_a_segment_gets_a_thread_for_about_four_of_the_mean_ones_entries():
+    """The power of 2 nearest a quarter of the mean (on a log scale: 4 from 11.3 to 22.6 entries), 2 at least
+    above one entry, 32 at most."""
+    means = (0, 1, 1.01, 3.8, 11.3, 11.4, 22.6, 22.7, 45.2, 45.3, 90.5, 90.6, 3000)
+    assert [group_lanes(round(100 * mean), 100) for mean in means] == [1, 1, 2, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32]
     assert group_lanes(0, 0) == 1
 
 
@@ -155,7 +157,7 @@ def _short(mean: int, seed: int) -> sp.csr_matrix:
 @pytest.mark.gpu
 @pytest.mark.parametrize("mean", [1, 2, 3, 6, 12, 40])
 def test_gpu_groups_of_any_size_encode_segments_as_the_reference_does(mean):
-    """narrow_offsets with 1 to 32 threads a segment (group_lanes picks by the mean: 1 to 32 here), long rows
+    """narrow_offsets with 1 to 32 threads a segment (group_lanes' pick among them), long rows
     among short ones taking the group's loop: the same base, offsets and count of narrow entries as the
     reference."""
     import cupy
