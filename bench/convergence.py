@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from unseen import MATRICES  # noqa: E402
 
 from db.store import Store  # noqa: E402
-from kernels import BASELINE, get_family  # noqa: E402
+from kernels import BASELINE, BASELINE_CONFIGS, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.plan import plan  # noqa: E402
 from tuner.matrix.suites import suite  # noqa: E402
@@ -109,7 +109,7 @@ def cold(backend: GpuBackend, A: Any, best: dict[str, Any]) -> dict[str, float]:
     """The search's best and cuSPARSE's two algorithms timed cold (L2 flushed before every product) and
     interleaved, as the benchmarks time: a search times warm (its products back to back), where a matrix of
     tens of MB keeps part of itself in the L2 from one product to the next."""
-    configs = [(best["kernel"], best["params"]), *((BASELINE, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2"))]
+    configs = [(best["kernel"], best["params"]), *BASELINE_CONFIGS]
     x = Reference.build(A, str(A.dtype)).x
     timed = time_interleaved(backend, [(get_family(k), p) for k, p in configs], A, x, flush_l2=True)
     best_s, cusparse = timed[0][0].median_s, min(t.median_s for t, _ in timed[1:])

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from kernels import BASELINE, canonical  # noqa: E402
+from kernels import BASELINE_CONFIGS, canonical  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
 
 METRICS = (
@@ -46,7 +46,6 @@ METRICS = (
 SUMMED = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
           "lts__t_sectors_srcunit_tex_op_read.sum")
 """Counts added over the kernels of one product; the other metrics are averaged, weighted by each kernel's time."""
-CUSPARSE = tuple((BASELINE, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2"))
 
 
 def labels(paths: Iterable[Path], only: Iterable[str] = ()) -> list[dict[str, Any]]:
@@ -60,7 +59,7 @@ def labels(paths: Iterable[Path], only: Iterable[str] = ()) -> list[dict[str, An
     rows.sort(key=lambda r: (r[0], r[1], r[2]["matrix"]))
     out: list[dict[str, Any]] = []
     for suite_name, scale, row in rows:
-        for kernel, params in ((row["best_kernel"], row["best_params"]), *CUSPARSE):
+        for kernel, params in ((row["best_kernel"], row["best_params"]), *BASELINE_CONFIGS):
             out.append({"range": f"spmv-{len(out)}", "suite": suite_name, "scale": scale,
                         "matrix": row["matrix"], "dtype": row["dtype"], "kernel": kernel,
                         "params": canonical(kernel, params),  # as it runs (a parameter added since: its default)

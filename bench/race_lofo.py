@@ -35,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kernels import BASELINE, canonical, config_key  # noqa: E402
+from kernels import BASELINE, BASELINE_CONFIGS, canonical, config_key  # noqa: E402
 from tuner.execute.race import (  # noqa: E402
     MARGIN,
     ROOF,
@@ -50,7 +50,7 @@ from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
 from tuner.select.evaluation import corpus_table, cv_folds, fitted_on  # noqa: E402
 
-ALGORITHMS = [config_key("cusparse", {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
+ALGORITHMS = [config_key(kernel, params) for kernel, params in BASELINE_CONFIGS]
 
 
 def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,

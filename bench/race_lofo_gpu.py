@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from db.store import Store  # noqa: E402
-from kernels import BASELINE, canonical, config_key, config_of, get_family  # noqa: E402
+from kernels import BASELINE, BASELINE_CONFIGS, canonical, config_key, config_of, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.choice import choose  # noqa: E402
 from tuner.execute.plan import plan  # noqa: E402
@@ -54,8 +54,6 @@ from tuner.search.survey import load_ahead  # noqa: E402
 from tuner.select.evaluation import RankingTable, corpus_table, fitted_on  # noqa: E402
 from tuner.select.model import KernelSelector, save_model  # noqa: E402
 from tuner.select.shipped import slug  # noqa: E402
-
-CUSPARSE = [(BASELINE, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
 
 
 def cold_checked(backend: GpuBackend, A: Any, configs: Sequence[tuple[str, dict[str, Any]]], reference: Reference,
@@ -102,7 +100,7 @@ def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, se
                     ex.race.recorded.result()
             del ex
     corpus_best = sorted(table.times[i], key=table.times[i].get)[:best]
-    configs = [*picks.values(), *CUSPARSE, *map(config_of, corpus_best)]
+    configs = [*picks.values(), *BASELINE_CONFIGS, *map(config_of, corpus_best)]
     keys = list(dict.fromkeys(config_key(k, canonical(k, p)) for k, p in configs))
     reference = Reference.build(A, dtype)
     timed = dict(zip(keys, cold_checked(backend, A, [config_of(k) for k in keys], reference), strict=True))

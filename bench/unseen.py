@@ -148,7 +148,7 @@ sys.path.insert(0, str(REPO))
 from common.errors import InvalidConfigError  # noqa: E402
 from db.shared import shared_store  # noqa: E402
 from db.store import Store  # noqa: E402
-from kernels import BASELINE, get_family  # noqa: E402
+from kernels import BASELINE, BASELINE_CONFIGS, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
 from tuner.execute.plan import EFFORTS, plan  # noqa: E402
 from tuner.execute.race import unranked_entrants  # noqa: E402
@@ -617,7 +617,7 @@ def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype:
     upload_s = time.perf_counter() - start
     x = backend.cp.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
     cus = get_family(BASELINE)
-    base = [cus.prepare(A_dev, {"algorithm": a}) for a in ("csr_alg1", "csr_alg2")]
+    base = [cus.prepare(A_dev, params) for _, params in BASELINE_CONFIGS]
     outs = [backend.cp.empty(A.shape[0], dtype=dtype) for _ in base]
     fns = [lambda p=p, o=o: cus.run(p, x, o) for p, o in zip(base, outs, strict=True)]
     y_ref = cus.run(base[0], x).copy()

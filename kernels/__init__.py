@@ -35,6 +35,12 @@ REGISTRY: dict[str, Family] = {
 
 BASELINE = "cusparse"
 """The family every result is compared against, and the safe default of plan()."""
+BASELINE_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (BASELINE, {"algorithm": "csr_alg1"}),
+    (BASELINE, {"algorithm": "csr_alg2"}),
+)
+"""cuSPARSE's two CSR algorithms: every race times both beside its entrants, and a benchmark's reference is the
+faster of them (cuSPARSE's best); the first is the one ``plan(effort="predict")`` holds a config to."""
 
 
 def get_family(name: str) -> Family:

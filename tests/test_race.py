@@ -10,10 +10,9 @@ import pytest
 import scipy.sparse as sp
 
 from db.store import Store
-from kernels import REGISTRY, canonical, get_family
+from kernels import BASELINE_CONFIGS, REGISTRY, canonical, get_family
 from tuner.execute.choice import stored_choice
 from tuner.execute.race import (
-    BASELINE_ENTRANTS,
     CHEAP_SPMVS,
     DEFAULT_ENTRANTS,
     EARLY_SPMVS,
@@ -61,7 +60,7 @@ def test_the_shortlist_keeps_the_first_then_cheap_and_diverse_configs_and_always
     # over it; two csr_vector at most; cuSPARSE's ranked default left for its two algorithms; specsum
     # expected over 1.5x the first
     assert names[:4] == [("nut", None, 1), ("csr_vector", 4, None), ("csr_vector", 8, None), ("csr_scalar", None, None)]
-    assert [(e.kernel, e.params) for e in entrants[4:]] == [(k, p) for k, p in BASELINE_ENTRANTS]
+    assert [(e.kernel, e.params) for e in entrants[4:]] == [(k, p) for k, p in BASELINE_CONFIGS]
     assert entrants[0].expected_s == 1.0 and entrants[0].prepare_spmvs == 250.0
     assert len(shortlist(RANKING, size=1)) == 3
     # past 1.15x the first only what predict runs (the first cheap to prepare) races beside it
@@ -462,7 +461,7 @@ def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_
     nut = [e for e in raced if e.kernel == "nut"]
     fitted = get_family("nut").space.validate({**slab4, "rows_per_panel": 4096}, family="nut")
     assert len(nut) == 1 and nut[0].params == fitted
-    assert nut[0].expected_s == 1.3 and raced[raced.index(nut[0]) + 1:] == entrants[-len(BASELINE_ENTRANTS):]
+    assert nut[0].expected_s == 1.3 and raced[raced.index(nut[0]) + 1:] == entrants[-len(BASELINE_CONFIGS):]
     # x fits (or the L2 is unknown): the best-ranked NuT config as ranked, expected within JOIN_SLACK of the first
     for cols, size in ((2_000_000, l2), (8_000_000, 0)):
         joined = adapted(entrants, ranking, cols=cols, itemsize=8, l2_bytes=size)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernels import BASELINE, REGISTRY, Family, Prepared, get_family, with_adapted
+from kernels import BASELINE, BASELINE_CONFIGS, REGISTRY, Family, Prepared, get_family, with_adapted
 from tuner.measure.backend import Backend, Timing
 from tuner.measure.evaluate import TrialResult, checked_prepares
 
@@ -42,18 +42,12 @@ if TYPE_CHECKING:
     from tuner.measure.verify import Reference
     from tuner.select.model import RankedConfig
 
-__all__ = ["BASELINE_ENTRANTS", "CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "JOIN_SLACK", "ROOF", "SEED_CONFIGS",
+__all__ = ["CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "JOIN_SLACK", "ROOF", "SEED_CONFIGS",
            "STUDY", "Entrant", "Lap", "RaceResult", "adapted", "race", "record_race", "search_seeds", "shortlist",
            "unranked_entrants", "waits"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
-
-BASELINE_ENTRANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    (BASELINE, {"algorithm": "csr_alg1"}),
-    (BASELINE, {"algorithm": "csr_alg2"}),
-)
-"""In every race: cuSPARSE's two CSR algorithms, the reference every result is a ratio to."""
 
 MARGIN = 0.03
 """How much faster than cuSPARSE an entrant must be to win: a race is a few products each. (When it timed
@@ -235,7 +229,7 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         picked += unranked_entrants(ranking, features, itemsize)
     expected = {(r.kernel, _key(r.params)): r for r in ranking or () if r.kernel == BASELINE}
-    for kernel, params in BASELINE_ENTRANTS:
+    for kernel, params in BASELINE_CONFIGS:
         r = expected.get((kernel, _key(params)))
         picked.append(Entrant(kernel, dict(params), r.expected_s if r else None, r.prepare_spmvs if r else None))
     return picked

@@ -38,7 +38,7 @@ import numpy as np
 from sklearn.model_selection import GroupKFold
 
 from common.errors import InvalidConfigError, StoreError
-from kernels import config_key
+from kernels import BASELINE_CONFIGS, config_key
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.corpus import read_corpus
 from tuner.select.model import DeviceSpec, KernelSelector, predicted
@@ -66,9 +66,8 @@ BELOW_CUSPARSE = 0.97
 """A strategy is counted below cuSPARSE on a matrix where it runs at less than this times cuSPARSE's speed: the
 bound issue #18 sets ``plan()``."""
 
-RACED_ALWAYS: tuple[str, ...] = (config_key("cusparse", {"algorithm": "csr_alg1"}),
-                                 config_key("cusparse", {"algorithm": "csr_alg2"}))
-"""The configs every race runs beside the selector's shortlist."""
+RACED_ALWAYS: tuple[str, ...] = tuple(config_key(kernel, params) for kernel, params in BASELINE_CONFIGS)
+"""The configs every race runs beside the selector's shortlist (their keys)."""
 
 CV_KINDS = ("kfold", "lofo")
 """GroupKFold by matrix (5 folds unless told), and leave-one-structure-family-out."""
