@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import sys
 from typing import Any
 
@@ -187,6 +188,37 @@ def test_git_commit_prefers_the_variable_over_a_stale_checkout(monkeypatch):
     assert _git_commit() == "f" * 40
     monkeypatch.delenv("SPMV_GIT_COMMIT")
     assert _git_commit() != "f" * 40
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
+def test_git_commit_says_where_the_tree_is_not_the_commit(monkeypatch, tmp_path):
+    """A checkout's commit, "+modified" once a tracked file changes (a stale .git under newer files), and
+    "unknown" for a folder inside a checkout (a tree copied there) or outside any."""
+    import subprocess
+
+    from tuner.benchmark.bench import _git_commit
+
+    monkeypatch.delenv("SPMV_GIT_COMMIT", raising=False)
+    repo = tmp_path / "repo"
+    (repo / "code").mkdir(parents=True)
+    (repo / "code" / "a.py").write_text("x = 1\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", "code/a.py")
+    git("commit", "-qm", "a")
+    head = git("rev-parse", "HEAD")
+    assert _git_commit(repo) == head
+    (repo / "untracked.txt").write_text("new")
+    assert _git_commit(repo) == head
+    (repo / "code" / "a.py").write_text("x = 2\n")
+    assert _git_commit(repo) == head + "+modified"
+    assert _git_commit(repo / "code") == "unknown"
+    (tmp_path / "plain").mkdir()
+    assert _git_commit(tmp_path / "plain") == "unknown"
 
 
 def _bench_module(script: str):

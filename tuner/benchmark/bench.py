@@ -41,6 +41,8 @@ from tuner.measure.verify import Reference
 from tuner.search.loop import check_tunable, tune
 from tuner.select.shipped import slug
 
+_ROOT = Path(__file__).resolve().parents[2]
+"""The top of the tree this code runs from (a checkout's, where it is one)."""
 COLUMNS = (
     "suite", "matrix", "fingerprint", "rows", "cols", "nnz", "dtype", "npr_cv", "npr_max", "empty_row_frac",
     "kernel", "family", "params", "time_s", "time_p10_s", "time_p90_s", "warm_time_s", "gflops", "gbps",
@@ -69,20 +71,28 @@ def environment(backend: Backend) -> dict[str, Any]:
     return env
 
 
-def _git_commit() -> str:
-    """``$SPMV_GIT_COMMIT`` when set, else the checkout's commit.
+def _git_commit(root: Path = _ROOT) -> str:
+    """``$SPMV_GIT_COMMIT`` when set, else the commit of the checkout whose top is ``root`` (this code's), with
+    ``+modified`` where its tracked files differ from that commit; ``unknown`` where ``root`` is no checkout's top
+    (a tree copied into another checkout's folder, or no checkout at all).
 
-    The variable wins: a tree copied to another machine may carry a stale ``.git``
-    whose HEAD is not the code that ran.
+    A tree copied to another machine may carry a stale ``.git`` whose HEAD is not the code that ran (the GPU
+    machines' copies do): the variable names the code; without it, ``+modified`` says the commit alone does not.
     """
     if commit := os.environ.get("SPMV_GIT_COMMIT"):
         return commit
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=root).stdout.strip()
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent).stdout.strip()
+        top, head = git("rev-parse", "--show-toplevel"), git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        out = ""
-    return out if re.fullmatch(r"[0-9a-f]{40}", out) else "unknown"
+        return "unknown"
+    if not re.fullmatch(r"[0-9a-f]{40}", head) or not top or Path(top).resolve() != root.resolve():
+        return "unknown"
+    return head + ("+modified" if changed else "")
 
 
 def families_of(kernels: Sequence[str] | None) -> list[str]:
