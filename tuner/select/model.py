@@ -266,11 +266,10 @@ def predicted(ranking: Sequence[RankedConfig], prepare_budget: float, share: flo
     ``prepare_budget`` SpMVs. Where that is another family's and the ranking carries outcomes, cuSPARSE's
     csr_alg1 instead, unless the config beat it on at least ``share`` of the drawn training matrices (the
     outcomes of both are over the same draws). None where no config qualifies."""
-    first = next((r for r in ranking if r.kernel == BASELINE
-                  or (r.prepare_spmvs is not None and r.prepare_spmvs <= prepare_budget)), None)
+    first = next((r for r in ranking if _may_predict(r.kernel, r.prepare_spmvs, prepare_budget)), None)
     if first is None or first.kernel == BASELINE or not len(first.outcomes):
         return first
-    base = next((r for r in ranking if r.kernel == BASELINE and r.params == BASELINE_PARAMS), None)
+    base = next((r for r in ranking if _held_to(r.kernel, r.params)), None)
     if base is None or not len(base.outcomes):
         return first
     beaten = float(np.mean(np.asarray(first.outcomes) < np.asarray(base.outcomes)))
@@ -282,10 +281,20 @@ def predict_columns(selector: KernelSelector, prepare_budget: float) -> tuple[np
     """Which of ``selector``'s configs (columns of ``configs_``) :func:`predicted` may pick first with this
     budget (a mask), and csr_alg1's column (None where the selector has none): what a ranking must hold up to
     for :func:`predicted` (once a selector and budget)."""
-    baseline = np.array([kernel == BASELINE for kernel, _ in selector.configs_], dtype=bool)
-    alg1 = next((j for j, (kernel, params) in enumerate(selector.configs_)
-                 if kernel == BASELINE and dict(params) == BASELINE_PARAMS), None)
-    return baseline | (selector.prepare_spmvs_ <= prepare_budget), alg1
+    may = np.array([_may_predict(kernel, spmvs, prepare_budget)
+                    for (kernel, _), spmvs in zip(selector.configs_, selector.prepare_spmvs_, strict=True)], dtype=bool)
+    return may, next((j for j, (kernel, params) in enumerate(selector.configs_) if _held_to(kernel, params)), None)
+
+
+def _may_predict(kernel: str, prepare_spmvs: float | None, prepare_budget: float) -> bool:
+    """Whether :func:`predicted` may pick a config: cuSPARSE (the fallback, whatever its preparation costs), or one
+    expected to prepare within ``prepare_budget`` SpMVs (not one never measured: None or NaN)."""
+    return kernel == BASELINE or (prepare_spmvs is not None and bool(prepare_spmvs <= prepare_budget))
+
+
+def _held_to(kernel: str, params: Mapping[str, Any]) -> bool:
+    """Whether a config is the one :func:`predicted` holds another family's to (:data:`BASELINE_PARAMS`)."""
+    return kernel == BASELINE and dict(params) == BASELINE_PARAMS
 
 
 @dataclass(frozen=True)
