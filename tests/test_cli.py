@@ -140,3 +140,6 @@ def test_recommend_race_on_the_cpu_references_then_from_the_store(tmp_path):
     assert len(starred) == 1 and starred[0].startswith(f"* {first['kernel']} ")  # within 3 % of it (a tie)
     again = json.loads(CliRunner().invoke(app, args).output)
     assert again["source"] == "raced" and again["race"] is None and again["kernel"] == first["kernel"]
+    # without --race, cpu-reference names the same device as the race (and `tuner tune --device`) stored
+    asked = json.loads(CliRunner().invoke(app, [a for a in args if a != "--race"]).output)
+    assert asked["source"] == "raced" and asked["kernel"] == first["kernel"] and asked["device"] == first["device"]

@@ -257,7 +257,8 @@ def recommend(
     db: DbOption = None,
     dtype: Annotated[str, typer.Option(help="value type: float64 or float32")] = "float64",
     device: Annotated[str | None, typer.Option(
-        help="device id, e.g. 'NVIDIA H200 (sm_90)' (default: this machine's GPU)")] = None,
+        help="device id, e.g. 'NVIDIA H200 (sm_90)', or cpu-reference: this CPU's references, as `tuner tune "
+        "--device cpu-reference` stores them (default: this machine's GPU)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
     race: Annotated[bool, typer.Option(
         "--race", help="race the selector's shortlist and cuSPARSE on this GPU (or, with --device "
@@ -269,15 +270,16 @@ def recommend(
     from tuner.execute.choice import choose, stored_choice
     from tuner.matrix.features import extract_features
     from tuner.matrix.fingerprint import fingerprint
+    from tuner.measure.backend import get_backend
 
     check_dtype(dtype)
     A = _read_matrix(matrix, dtype=dtype)
     laps = None
+    cpu = device == "cpu-reference"  # the device kind, as `tuner tune --device` takes it
     if race:
         from tuner.execute.plan import race_matrix
-        from tuner.measure.backend import get_backend
 
-        backend = get_backend("cpu-reference" if device == "cpu-reference" else "gpu")
+        backend = get_backend("cpu-reference" if cpu else "gpu")
         device = backend.info.id
         A_dev, fp = backend.matrix(A), fingerprint(A)
         with Store(db) as store:
@@ -286,10 +288,8 @@ def recommend(
                 choice, result = race_matrix(A_dev, backend=backend, store=store, fp=fp)
                 laps = result.table()
     else:
-        if device is None:
-            from tuner.measure.backend import GpuBackend
-
-            device = GpuBackend().info.id  # NoDeviceError (a clear message) on a machine without a GPU
+        if cpu or device is None:  # this CPU's references' id, or this machine's GPU's (NoDeviceError without one)
+            device = get_backend("cpu-reference" if cpu else "gpu").info.id
         with Store(db) as store:
             choice = choose(fingerprint(A), store=store, device=device, dtype=dtype, features=extract_features(A))
     rate = choice.expected_gflops
