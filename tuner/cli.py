@@ -27,6 +27,7 @@ app = typer.Typer(
     help="Auto-tuned SpMV on NVIDIA GPUs: generate or read a matrix, tune kernels on it, look up results.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # a docstring's wrapped lines are one paragraph in --help (as "rich" keeps them)
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -491,7 +492,7 @@ def _print_import(report: Any) -> None:
 
 
 corpus_app = typer.Typer(help="The training corpus as one compact file: export a store's trials, import them.",
-                         no_args_is_help=True)
+                         no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(corpus_app, name="corpus")
 
 
