@@ -685,6 +685,30 @@ def test_evaluation_counts_the_matrices_below_cusparse() -> None:
     assert scores["cusparse"].below_cusparse == 0
 
 
+def test_evaluation_scores_the_large_matrices_apart() -> None:
+    """Each strategy's geomean over the matrices of 1 M nonzeros or more (here every other one) is that of its
+    fractions of the tuned best there, as an independent count from the out-of-fold rankings gives it; none large:
+    NaN and 0."""
+    def with_nnz(large: slice) -> RankingTable:
+        table = _ranking_table()
+        X = table.X.copy()
+        X[:, FEATURE_NAMES.index("nnz")] = 1e5
+        X[large, FEATURE_NAMES.index("nnz")] = 2e6
+        return RankingTable(table.fingerprints, table.names, table.families, X, table.times, table.prepare, DEVICE,
+                            DTYPE)
+
+    table = with_nnz(slice(None, None, 2))
+    make = lambda: KernelSelector(n_estimators=20)  # noqa: E731
+    scores = {r.strategy: r for r in evaluate_selector(table, cv="kfold", ks=(2,), make=make).rows}
+    firsts = [r.keys[0] for r in out_of_fold(table, cv="kfold", make=make)]
+    fractions = [min(t.values()) / t[k] for k, t in zip(firsts, table.times, strict=True)][::2]
+    assert scores["first"].large_matrices == 30
+    assert scores["first"].large_geomean == pytest.approx(float(np.exp(np.mean(np.log(fractions)))))
+    small = evaluate_selector(with_nnz(slice(0)), cv="kfold", ks=(2,), make=make)
+    assert all(r.large_matrices == 0 and np.isnan(r.large_geomean) for r in small.rows)
+    assert json.loads(json.dumps(small.as_metrics(), allow_nan=False))["strategies"][0]["large_geomean"] is None
+
+
 def test_evaluation_scores_what_predict_runs() -> None:
     """``predict``: the first config expected to prepare within ``cheap`` SpMVs (here every one takes 3), else
     cuSPARSE."""

@@ -461,12 +461,14 @@ def _print_evaluation(result: Any) -> None:
     console.print(f"[bold]out of fold, {how}[/], on {result.matrices} matrices ({result.device}, {result.dtype}): "
                   "t_best / t, 1 = the tuned best")
     table = Table()
-    for col in ("strategy", "geomean", "worst 5%", "matrices", "prepare (SpMVs)", "< 0.97x cuSPARSE"):
+    for col in ("strategy", "geomean", "worst 5%", "matrices", "prepare (SpMVs)", "< 0.97x cuSPARSE",
+                "geomean, >= 1 M nonzeros (matrices)"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in result.rows:
         prepare = "" if r.prepare_spmvs is None else f"{r.prepare_spmvs:.0f}"
+        large = f"{r.large_geomean:.3f} ({r.large_matrices})" if r.large_matrices else "-"
         table.add_row(escape(r.strategy), f"{r.geomean:.3f}", f"{r.worst5:.3f}", str(r.matrices), prepare,
-                      str(r.below_cusparse))
+                      str(r.below_cusparse), large)
     console.print(table)
     if unmeasured := sum(r.unmeasured for r in result.rows):
         console.print(f"the first config was never measured on {unmeasured} matrices: counted as their slowest "

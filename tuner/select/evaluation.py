@@ -66,6 +66,11 @@ BELOW_CUSPARSE = 0.97
 """A strategy is counted below cuSPARSE on a matrix where it runs at less than this times cuSPARSE's speed: the
 bound issue #18 sets ``plan()``."""
 
+LARGE_NNZ = 1_000_000
+"""A matrix of this many nonzeros or more is large: users' matrices are, and the held-out first config misses most
+there (0.857 of the tuned best on the H100's corpus in float64 against 0.967 on the smaller ones,
+``bench/results/2026-11-28_lofo-large-57.txt``): each strategy is also scored over the large ones alone."""
+
 RACED_ALWAYS: tuple[str, ...] = tuple(config_key(kernel, params) for kernel, params in BASELINE_CONFIGS)
 """The configs every race runs beside the selector's shortlist (their keys)."""
 
@@ -234,6 +239,8 @@ class StrategyScore:
     unmeasured: int = 0  # first configs with no time on the matrix (counted as its slowest times 2)
     prepare_spmvs: float | None = None  # a race's expected preparation cost, mean over the matrices
     below_cusparse: int = 0  # matrices where it runs below 0.97x cuSPARSE's best (BELOW_CUSPARSE)
+    large_geomean: float = float("nan")  # geomean over the matrices of LARGE_NNZ nonzeros or more (NaN: none)
+    large_matrices: int = 0
 
 
 @dataclass(frozen=True)
@@ -274,11 +281,11 @@ class Evaluation:
         """The scores as two text tables: the strategies, then the geometric means per family."""
         head = f"{self.device}, {self.dtype}, {self.cv} ({self.folds} folds, {self.matrices} matrices)"
         lines = [head, f"{'strategy':<28}{'geomean':>9}{'worst5%':>9}{'n':>6}{'unmeas.':>9}{'prep.spmvs':>12}"
-                       f"{'<0.97x cus.':>13}"]
+                       f"{'<0.97x cus.':>13}{'large':>9}{'n':>6}"]
         for r in self.rows:
             prep = "" if r.prepare_spmvs is None else f"{r.prepare_spmvs:.0f}"
             lines.append(f"{r.strategy:<28}{r.geomean:>9.3f}{r.worst5:>9.3f}{r.matrices:>6}{r.unmeasured:>9}"
-                         f"{prep:>12}{r.below_cusparse:>13}")
+                         f"{prep:>12}{r.below_cusparse:>13}{r.large_geomean:>9.3f}{r.large_matrices:>6}")
         names = [r.strategy for r in self.rows]
         lines += ["", f"{'family':<12}{'n':>5}" + "".join(f"{n:>10}" for n in names)]
         for f in self.families:
@@ -327,13 +334,15 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
                                                                                          strict=True)]
         prepare[f"race{k}"] = float(np.mean(cost))
     fractions["cusparse"] = _fraction(best, cusparse)
+    large = table.X[:, FEATURE_NAMES.index("nnz")] >= LARGE_NNZ
 
     def score(name: str, f: np.ndarray) -> StrategyScore:
         ok = f[np.isfinite(f)]
         with np.errstate(invalid="ignore"):
             below = int(np.sum(f / fractions["cusparse"] < BELOW_CUSPARSE))
         return StrategyScore(name, _geomean(ok), float(np.percentile(ok, 5)) if ok.size else nan, int(ok.size),
-                             int(unmeasured.sum()) if name == "first" else 0, prepare.get(name), below)
+                             int(unmeasured.sum()) if name == "first" else 0, prepare.get(name), below,
+                             _geomean(f[large]), int(np.isfinite(f[large]).sum()))
 
     families = np.asarray(table.families, dtype=object)
     per_family = [FamilyScore(fam, int((families == fam).sum()),
