@@ -27,7 +27,7 @@ app = typer.Typer(
     help="Auto-tuned SpMV on NVIDIA GPUs: generate or read a matrix, tune kernels on it, look up results.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",  # a docstring's wrapped lines are one paragraph in --help (as "rich" keeps them)
+    rich_markup_mode="markdown",  # --help joins a docstring's wrapped lines ("rich" broke them where the source did)
 )
 console = Console()
 err_console = Console(stderr=True)
