@@ -41,7 +41,7 @@ from common.errors import InvalidConfigError, StoreError
 from kernels import BASELINE_CONFIGS, config_key
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.corpus import read_corpus
-from tuner.select.model import DeviceSpec, KernelSelector, predicted
+from tuner.select.model import LARGE_NNZ, DeviceSpec, KernelSelector, predicted
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -65,11 +65,6 @@ __all__ = [
 BELOW_CUSPARSE = 0.97
 """A strategy is counted below cuSPARSE on a matrix where it runs at less than this times cuSPARSE's speed: the
 bound issue #18 sets ``plan()``."""
-
-LARGE_NNZ = 1_000_000
-"""A matrix of this many nonzeros or more is large: users' matrices are, and the held-out first config misses most
-there (0.857 of the tuned best on the H100's corpus in float64 against 0.967 on the smaller ones,
-``bench/results/2026-11-28_lofo-large-57.txt``): each strategy is also scored over the large ones alone."""
 
 RACED_ALWAYS: tuple[str, ...] = tuple(config_key(kernel, params) for kernel, params in BASELINE_CONFIGS)
 """The configs every race runs beside the selector's shortlist (their keys)."""
@@ -239,7 +234,10 @@ class StrategyScore:
     unmeasured: int = 0  # first configs with no time on the matrix (counted as its slowest times 2)
     prepare_spmvs: float | None = None  # a race's expected preparation cost, mean over the matrices
     below_cusparse: int = 0  # matrices where it runs below 0.97x cuSPARSE's best (BELOW_CUSPARSE)
-    large_geomean: float = float("nan")  # geomean over the matrices of LARGE_NNZ nonzeros or more (NaN: none)
+    # over the matrices of LARGE_NNZ nonzeros or more alone (NaN: none), where users' matrices are and the held-out
+    # first config misses most (0.857 of the tuned best on the H100's corpus in float64 against 0.967 on the
+    # smaller ones, bench/results/2026-11-28_lofo-large-57.txt)
+    large_geomean: float = float("nan")
     large_matrices: int = 0
 
 

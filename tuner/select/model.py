@@ -109,7 +109,8 @@ OUTCOME_SAMPLES = 64
 """How many training matrices :meth:`KernelSelector.outcomes` draws for a matrix."""
 
 LARGE_NNZ = 1_000_000
-"""Preparation costs are estimated on matrices at least this large, where launch overheads do not dominate."""
+"""Preparation costs are estimated on matrices at least this large, where launch overheads do not dominate; the
+evaluation also scores each strategy over them alone (:class:`~tuner.select.evaluation.StrategyScore`)."""
 
 _L2_BY_NAME = (("H200", 60 * 2**20), ("H100", 50 * 2**20))
 """L2 bytes by device name, for device records that do not carry ``l2_bytes``."""
