@@ -661,8 +661,8 @@ def test_predict_picks_the_same_from_the_cut_ranking_the_gpu_path_builds() -> No
         _, expected, votes, weights = selector._expected(row, None)
         order = selector._order(expected, weights)[0]
         drawn = selector._draws(weights)  # the rows the GPU's ranking reads back
-        cut = _predict_cut(selector, order[0], 5.0)
-        got = predicted(selector.ranked(cut, expected[0], votes[0], selector.outcomes_of(drawn)[0]), 5.0)
+        cut = _predict_cut(selector, order[0].tolist(), 5.0)
+        got = predicted(selector.ranked(cut, expected[0], votes[0], selector.outcomes_of(drawn[0], cut)), 5.0)
         assert (got.kernel, got.params) == (want.kernel, want.params)
         picks.append(config_key(want.kernel, want.params))
     assert B not in picks and {A, ALG1} <= set(picks)

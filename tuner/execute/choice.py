@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import BASELINE, canonical, get_family
@@ -143,24 +141,26 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
             return None
         order = parts.order
         if prepare_budget is not None and _ranks_valid_configs_only(model):  # else the cut could fall short
-            order = _predict_cut(model, order, prepare_budget)
-        ranking = model.ranked(order, parts.expected, parts.votes, model.outcomes_of(parts.drawn) if outcomes else None)
+            order = _predict_cut(model, order.tolist(), prepare_budget)
+        ranking = model.ranked(order, parts.expected, parts.votes,
+                               model.outcomes_of(parts.drawn, order) if outcomes else None)
         return _registered(model, ranking), basis
 
     return ranked
 
 
-def _predict_cut(model: KernelSelector, order: np.ndarray, prepare_budget: float) -> np.ndarray:
+def _predict_cut(model: KernelSelector, order: list[int], prepare_budget: float) -> list[int]:
     """The configs of ``order`` that :func:`~tuner.select.model.predicted` reads: up to the first it may run,
-    and cuSPARSE's csr_alg1 (which it holds that one to) where ranked after it; in the selector's order."""
+    and cuSPARSE's csr_alg1 (which it holds that one to) where ranked after it; in the selector's order. In
+    Python over a list: each NumPy call costs 10-20 us on a host whose caches the GPU's work emptied."""
     from tuner.select.model import predict_columns
 
     may, alg1 = predict_columns(model, prepare_budget)
-    first = np.flatnonzero(may[order])
-    if not first.size:
-        return order[:0]
-    cut = order[:first[0] + 1]
-    return cut if alg1 is None or alg1 in cut else np.append(cut, alg1)
+    first = next((i for i, j in enumerate(order) if may[j]), None)
+    if first is None:
+        return []
+    cut = order[:first + 1]
+    return cut if alg1 is None or alg1 in cut else [*cut, alg1]
 
 
 def _registered(model: Any, ranking: list[RankedConfig]) -> list[RankedConfig] | None:

@@ -273,17 +273,17 @@ def predicted(ranking: Sequence[RankedConfig], prepare_budget: float, share: flo
     base = next((r for r in ranking if _held_to(r.kernel, r.params)), None)
     if base is None or not len(base.outcomes):
         return first
-    beaten = float(np.mean(np.asarray(first.outcomes) < np.asarray(base.outcomes)))
+    beaten = np.count_nonzero(np.less(first.outcomes, base.outcomes)) / len(first.outcomes)
     return first if beaten >= share else base
 
 
 @functools.lru_cache(maxsize=8)
-def predict_columns(selector: KernelSelector, prepare_budget: float) -> tuple[np.ndarray, int | None]:
+def predict_columns(selector: KernelSelector, prepare_budget: float) -> tuple[tuple[bool, ...], int | None]:
     """Which of ``selector``'s configs (columns of ``configs_``) :func:`predicted` may pick first with this
     budget (a mask), and csr_alg1's column (None where the selector has none): what a ranking must hold up to
     for :func:`predicted` (once a selector and budget)."""
-    may = np.array([_may_predict(kernel, spmvs, prepare_budget)
-                    for (kernel, _), spmvs in zip(selector.configs_, selector.prepare_spmvs_, strict=True)], dtype=bool)
+    may = tuple(_may_predict(kernel, spmvs, prepare_budget)
+                for (kernel, _), spmvs in zip(selector.configs_, selector.prepare_spmvs_.tolist(), strict=True))
     return may, next((j for j, (kernel, params) in enumerate(selector.configs_) if _held_to(kernel, params)), None)
 
 
@@ -474,18 +474,19 @@ class KernelSelector(BaseEstimator):
         order, drawn = self._order(expected, weights)
         if outcomes and drawn is None:
             drawn = self._outcomes(weights)
-        return self.ranked(order[0], expected[0], votes[0], drawn[0] if outcomes else None)
+        return self.ranked(order[0], expected[0], votes[0], drawn[0][:, order[0]] if outcomes else None)
 
-    def ranked(self, order: np.ndarray, expected: np.ndarray, votes: np.ndarray, outcomes: np.ndarray | None = None
-               ) -> list[RankedConfig]:
+    def ranked(self, order: Sequence[int] | np.ndarray, expected: np.ndarray, votes: np.ndarray,
+               outcomes: np.ndarray | None = None) -> list[RankedConfig]:
         """One matrix's :meth:`rank` from its parts: the configs' order (columns of :attr:`configs_`), expected
-        seconds, votes and, where asked, outcomes (samples x configs, :meth:`outcomes_of`). :mod:`tuner.select.
-        rank_gpu` computes the parts on the GPU."""
+        seconds, votes and, where asked, the outcomes of the configs of ``order`` (samples x len(order),
+        :meth:`outcomes_of` with ``columns=order``). :mod:`tuner.select.rank_gpu` computes the parts on the GPU."""
+        order = order.tolist() if isinstance(order, np.ndarray) else list(order)
         seconds, prepare, shares = expected.tolist(), self.prepare_spmvs_.tolist(), votes.tolist()
-        columns = np.ascontiguousarray(outcomes.T) if outcomes is not None else [()] * len(seconds)
+        columns = np.ascontiguousarray(outcomes.T) if outcomes is not None else [()] * len(order)
         return [RankedConfig(self.configs_[j][0], dict(self.configs_[j][1]), seconds[j], prepare[j], shares[j],
-                             columns[j])
-                for j in np.asarray(order).tolist()]
+                             column)
+                for j, column in zip(order, columns, strict=True)]
 
     def rank_order(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
         """Each row's configs (columns of :attr:`configs_`) first to last: by expected time, or with
@@ -521,10 +522,13 @@ class KernelSelector(BaseEstimator):
         at = (np.arange(OUTCOME_SAMPLES) + 0.5) / OUTCOME_SAMPLES
         return np.minimum([np.searchsorted(w, at * w[-1]) for w in weights], len(self.forest_.targets) - 1)
 
-    def outcomes_of(self, drawn: np.ndarray) -> np.ndarray:
+    def outcomes_of(self, drawn: np.ndarray, columns: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """Each config's ``log(t / t_best)`` on the training rows ``drawn`` (any shape of row indices): that
-        shape plus one axis of configs."""
-        return self.forest_.targets[drawn, 1:].astype(np.float64)
+        shape plus one axis of configs, every config or, where given, those of ``columns`` in their order
+        (``plan(effort="predict")`` reads two or three)."""
+        on_rows = self.forest_.targets[drawn]
+        chosen = on_rows[..., 1:] if columns is None else on_rows[..., np.asarray(columns, dtype=np.intp) + 1]
+        return chosen.astype(np.float64)
 
     def predict_details(self, X: Any, *, device: DeviceSpec | None = None) -> list[Prediction]:
         """The first config of each row's ranking as a :class:`Prediction` (confidence: its votes)."""
