@@ -213,6 +213,81 @@ def test_a_count_known_before_decides_whether_offsets_pay():
     np.testing.assert_allclose(f.run_reference(prepared, x), wide @ x, rtol=1e-12, atol=1e-12)
 
 
+def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(monkeypatch):
+    """plan() writes a new matrix's 16-bit row columns once, before it knows what it runs (rows_written_once):
+    only where the structure pass counted rows that pay, only for preparations of the same arrays, only within;
+    where the GPU has no room for them, each preparation writes its own."""
+    from types import SimpleNamespace
+
+    import kernels._narrow as narrow
+
+    class OutOfMemory(Exception):
+        pass
+
+    queued = []
+    written = (np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint16))  # stand-ins, told apart by identity
+
+    def queue_encode(ptr, indices):
+        queued.append(ptr)
+        return written
+
+    monkeypatch.setattr(narrow, "queue_encode", queue_encode)
+    monkeypatch.setattr(narrow, "require_cupy", lambda: SimpleNamespace(
+        cuda=SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=OutOfMemory))))
+    A = _local()
+    counted = encode(A.indptr, A.indices)[2]
+    narrow.note_narrow_rows(A, counted)
+    params = {"indices": "narrow"}
+    with narrow.rows_written_once(A):
+        extra: dict = {}
+        assert narrow.attach(extra, params, A.indptr, A.indices, narrow.narrow_rows(A))
+        assert (extra["base"], extra["offsets"]) == written and queued == [A.indptr]
+        other: dict = {}  # the same columns in other arrays: written apart
+        assert narrow.attach(other, params, A.indptr.copy(), A.indices.copy(), counted)
+        np.testing.assert_array_equal(other["base"], narrow_columns(A.indptr, A.indices)[0])
+    after: dict = {}
+    assert narrow.attach(after, params, A.indptr, A.indices, counted) and after["base"] is not written[0]
+    for noted in (0, None):  # offsets that do not pay, or rows nobody counted: nothing written ahead
+        B = _local(seed=2)
+        if noted is not None:
+            narrow.note_narrow_rows(B, noted)
+        with narrow.rows_written_once(B):
+            pass
+    assert queued == [A.indptr]
+
+    def no_room(ptr, indices):
+        raise OutOfMemory
+
+    monkeypatch.setattr(narrow, "queue_encode", no_room)
+    with narrow.rows_written_once(A):
+        extra = {}
+        assert narrow.attach(extra, params, A.indptr, A.indices, counted)
+        np.testing.assert_array_equal(extra["base"], narrow_columns(A.indptr, A.indices)[0])
+
+
+@pytest.mark.gpu
+def test_gpu_row_families_prepared_within_share_the_rows_written_once():
+    """Within rows_written_once, csr_vector and csr_scalar prepared on plan()'s matrix take the same base and
+    offsets (one copy), the very ones each writes for itself, and multiply as the reference does."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    from kernels._narrow import rows_written_once
+    from tuner.matrix.fingerprint import device_csr_and_fingerprint
+
+    A = _local()
+    B = device_csr_and_fingerprint(cusp.csr_matrix(A))[0]
+    x = np.random.default_rng(4).uniform(-1, 1, COLS)
+    alone = get_family("csr_vector").prepare(B, {"indices": "narrow"})
+    with rows_written_once(B):
+        prepared = [get_family(name).prepare(B, {"indices": "narrow"}) for name in ("csr_vector", "csr_scalar")]
+    assert prepared[0].extra["base"] is prepared[1].extra["base"] is not alone.extra["base"]
+    np.testing.assert_array_equal(prepared[0].extra["base"].get(), alone.extra["base"].get())
+    for p in prepared:
+        y = get_family(p.family).run(p, cupy.asarray(x)).get()
+        np.testing.assert_allclose(y, A @ x, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["csr_vector", "csr_scalar"])
 def test_plan_counts_narrow_rows_in_its_structure_pass_and_the_row_families_take_it(family):

@@ -43,6 +43,7 @@ from db import write_behind
 from db.shared import shared_store
 from db.store import Store
 from kernels._cuda import gpu_available
+from kernels._narrow import rows_written_once
 from tuner.execute.choice import (
     Choice,
     default_choice,
@@ -137,40 +138,42 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             choice = stored_choice(store, fp, device=device, dtype=dtype)
             if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1], nnz=A_dev.nnz):
                 choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
-    raced = None
-    if choice is None:
-        if features is None:
-            with steps("features"):
-                features = extract_features(A_dev)
-        queued = rankings.get(dtype)
-        with steps("rank"):  # the GPU's ranking, read back before the reference is queued behind it
-            ranked = queued(features) if queued else None
-        # a race's reference: on the GPU while the host ranks the configs (where the GPU did not)
-        reference = Reference.build(A_dev, dtype, npr_max=int(features["npr_max"]), behind=True) \
-            if effort == "race" else None
-        with steps("rank"):
-            ranking, basis = ranked or rank_configs(store, device=device, dtype=dtype, features=features,
-                                                    backend=backend, outcomes=effort != "tune",
-                                                    selector=selectors.get(dtype))
-        if effort == "tune":
-            with steps("tune"):
-                seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A_dev.shape[1],
-                                     itemsize=A_dev.dtype.itemsize, l2_bytes=backend.info.l2_bytes,
-                                     features=features)
-                choice = _tuned(A_dev, store=store, backend=backend, dtype=dtype, fp=fp,
-                                trials=DEFAULT_TRIALS if trials is None else trials, seeds=seeds)
-        elif effort == "predict":
-            choice = (ranked_choice(ranking, basis, nnz=A_dev.nnz, prepare_budget=CHEAP_SPMVS) if ranking
-                      else default_choice())
-        else:
-            with steps("race"):
-                raced = race_matrix(A_dev, backend=backend, store=store, fp=fp, features=features,
-                                    race_size=race_size, ranking=ranking, basis=basis, reference=reference,
-                                    record_behind=True)
-            choice = raced[0]
-    with steps("prepare"):
-        ex = Executor(A=A_dev, choice=choice, backend=backend, fingerprint=fp,
-                      prepared=raced[1].prepared if raced else None)
+    # 16-bit columns of a matrix new to the store: written on the GPU while the host ranks (rows_written_once)
+    with rows_written_once(A_dev) if choice is None and effort != "tune" else contextlib.nullcontext():
+        raced = None
+        if choice is None:
+            if features is None:
+                with steps("features"):
+                    features = extract_features(A_dev)
+            queued = rankings.get(dtype)
+            with steps("rank"):  # the GPU's ranking, read back before the reference is queued behind it
+                ranked = queued(features) if queued else None
+            # a race's reference: on the GPU while the host ranks the configs (where the GPU did not)
+            reference = Reference.build(A_dev, dtype, npr_max=int(features["npr_max"]), behind=True) \
+                if effort == "race" else None
+            with steps("rank"):
+                ranking, basis = ranked or rank_configs(store, device=device, dtype=dtype, features=features,
+                                                        backend=backend, outcomes=effort != "tune",
+                                                        selector=selectors.get(dtype))
+            if effort == "tune":
+                with steps("tune"):
+                    seeds = search_seeds(ranking, size=SEED_CONFIGS, cols=A_dev.shape[1],
+                                         itemsize=A_dev.dtype.itemsize, l2_bytes=backend.info.l2_bytes,
+                                         features=features)
+                    choice = _tuned(A_dev, store=store, backend=backend, dtype=dtype, fp=fp,
+                                    trials=DEFAULT_TRIALS if trials is None else trials, seeds=seeds)
+            elif effort == "predict":
+                choice = (ranked_choice(ranking, basis, nnz=A_dev.nnz, prepare_budget=CHEAP_SPMVS) if ranking
+                          else default_choice())
+            else:
+                with steps("race"):
+                    raced = race_matrix(A_dev, backend=backend, store=store, fp=fp, features=features,
+                                        race_size=race_size, ranking=ranking, basis=basis, reference=reference,
+                                        record_behind=True)
+                choice = raced[0]
+        with steps("prepare"):
+            ex = Executor(A=A_dev, choice=choice, backend=backend, fingerprint=fp,
+                          prepared=raced[1].prepared if raced else None)
     ex.race = raced[1] if raced else None
     ex.cost = {**steps.seconds, "total": time.perf_counter() - start}
     return ex
