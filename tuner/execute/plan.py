@@ -27,7 +27,9 @@ without a copy. ``ex.cost`` holds the seconds of each step, ``ex.race`` the
 race. A matrix of a shape the store holds none of cannot be in it: ``plan()`` then queues its features on
 the GPU behind the canonical check and the fingerprint, reads both back at once and finds the selector
 while the GPU works (``ex.cost["matrix+features"]``); otherwise it looks the matrix up first (``"matrix"``,
-``"lookup"``, then ``"features"`` where it is not found). ``op="spmspv"`` (a sparse x) gives a
+``"lookup"``, then ``"features"`` where it is not found). Where a matrix is not found and its rows pay for 16-bit
+columns, the GPU writes them while the host ranks (:func:`kernels._narrow.rows_written_once`), for whichever row family
+``plan()`` then prepares on it. ``op="spmspv"`` (a sparse x) gives a
 :class:`~tuner.execute.spmspv.SpMSpVExecutor` instead. ``from tuner import plan`` is this.
 """
 
