@@ -43,10 +43,15 @@ class CuSparse(RowSumReference, Family):
         from cupyx import cusparse
 
         A = prepared.A
-        # placeholders the vector descriptors are made on: each product points them at its own x and y first
-        x = cupy.empty(prepared.shape[1], dtype=prepared.dtype)
-        y = cupy.empty(prepared.shape[0], dtype=prepared.dtype)
-        desc_x, desc_y = cusparse.DnVecDescriptor.create(x), cusparse.DnVecDescriptor.create(y)
+        cuda_dtype = _dtype.to_cuda_dtype(prepared.dtype)
+
+        def vector(size: int) -> Any:
+            """A dense-vector descriptor of ``size`` values made on A's values' address, a placeholder never read:
+            each product points it at its own x or y first (no vectors of m and n values kept for it)."""
+            desc = _cusparse.createDnVec(size, A.data.data.ptr, cuda_dtype)
+            return cusparse.DnVecDescriptor(desc, _cusparse.dnVecGet, _cusparse.destroyDnVec)
+
+        desc_x, desc_y = vector(prepared.shape[1]), vector(prepared.shape[0])
         alpha, beta = np.array(1, prepared.dtype), np.array(0, prepared.dtype)
         ex = prepared.extra
         ex.update(
@@ -54,11 +59,9 @@ class CuSparse(RowSumReference, Family):
             desc_A=cusparse.SpMatDescriptor.create(A),
             desc_x=desc_x,
             desc_y=desc_y,
-            x0=x,
-            y0=y,
             alpha=alpha,
             beta=beta,
-            cuda_dtype=_dtype.to_cuda_dtype(prepared.dtype),
+            cuda_dtype=cuda_dtype,
             alg=ALGORITHMS[prepared.params["algorithm"]],
             lib=_cusparse,
         )

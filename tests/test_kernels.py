@@ -171,3 +171,23 @@ def test_gpu_rejects_bad_vectors(family):
         f.run(prepared, cupy.ones(700, dtype=cupy.float32))
     with pytest.raises(TypeError, match="cupy"):
         f.run(prepared, np.ones(700))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ["csr_alg1", "csr_alg2"])
+def test_gpu_cusparse_keeps_only_its_work_buffer(algorithm):
+    """cuSPARSE's preparation holds its descriptors and work buffer, no vectors of m or n values (its vector
+    descriptors are placeholders each product re-points): products into other x and y, one after another, are
+    each A·x."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    A = case("rectangular_wide", "float64")
+    f = REGISTRY[BASELINE]
+    prepared = f.prepare(cusp.csr_matrix(A), {"algorithm": algorithm})
+    assert prepared.extra_bytes == prepared.extra["buffer"].nbytes
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x = rng.uniform(-1, 1, A.shape[1])
+        y = f.run(prepared, cupy.asarray(x)).get()
+        np.testing.assert_allclose(y, A @ x, rtol=1e-12, atol=1e-12)
