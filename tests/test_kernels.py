@@ -185,7 +185,8 @@ def test_gpu_cusparse_keeps_only_its_work_buffer(algorithm):
     A = case("rectangular_wide", "float64")
     f = REGISTRY[BASELINE]
     prepared = f.prepare(cusp.csr_matrix(A), {"algorithm": algorithm})
-    assert prepared.extra_bytes == prepared.extra["buffer"].nbytes
+    ex = prepared.extra
+    assert prepared.extra_bytes == ex["buffer"].nbytes + ex["alpha"].nbytes + ex["beta"].nbytes  # alpha, beta: 1 value
     rng = np.random.default_rng(5)
     for _ in range(3):
         x = rng.uniform(-1, 1, A.shape[1])
