@@ -140,8 +140,10 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             choice = stored_choice(store, fp, device=device, dtype=dtype)
             if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1], nnz=A_dev.nnz):
                 choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
-    # 16-bit columns of a matrix new to the store: written on the GPU while the host ranks (rows_written_once)
-    with rows_written_once(A_dev) if choice is None and effort != "tune" else contextlib.nullcontext():
+    # 16-bit columns of a matrix new to the store, written on the GPU while the host ranks (rows_written_once): for a
+    # race, and for a prediction where a selector ranks (without one, predict runs cuSPARSE, which would wait for them)
+    ahead = choice is None and (effort == "race" or (effort == "predict" and rankings.get(dtype) is not None))
+    with rows_written_once(A_dev) if ahead else contextlib.nullcontext():
         raced = None
         if choice is None:
             if features is None:
