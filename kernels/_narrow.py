@@ -53,7 +53,8 @@ def indices_param(segment: str) -> Param:
 def attach(extra: dict[str, Any], params: Mapping[str, Any], ptr: Any, indices: Any,
            narrow_entries: int | None = None) -> bool:
     """Where ``params`` ask for narrow columns and they pay, their ``base`` and ``offsets`` put in ``extra``
-    (written on the GPU for CuPy arrays, by the reference for NumPy ones); whether they were. ``narrow_entries``:
+    (written on the GPU for CuPy arrays, by the reference for NumPy ones; where counted, those
+    :func:`rows_written_once` wrote for these very arrays); whether they were. ``narrow_entries``:
     the entries of the narrow segments where a pass over the matrix counted them already (a row family's:
     :func:`narrow_rows`), which then decides whether they pay: where they do not, no kernel runs (on ten unseen
     matrices of 12-33 M entries, an H100, a preparation took 0.17-0.45 ms before, 0.05 after), and where they do,
