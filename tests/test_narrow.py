@@ -289,6 +289,43 @@ def test_gpu_row_families_prepared_within_share_the_rows_written_once():
 
 
 @pytest.mark.gpu
+def test_plan_writes_row_columns_ahead_for_a_race_and_a_ranked_prediction_only(monkeypatch, tmp_path):
+    """plan() of a matrix new to the store writes its 16-bit row columns ahead (rows_written_once) for a race and for
+    a prediction a selector ranks; a prediction without a selector (cuSPARSE runs) writes none; products right."""
+    import inspect
+
+    import cupy
+    import cupyx.scipy.sparse as cusp
+
+    import kernels._narrow as narrow
+    from db.store import Store
+    from tuner.execute.plan import plan
+    from tuner.select.shipped import DATA_DIR
+
+    callers = []
+    real = narrow.queue_encode
+
+    def queue_encode(*args, **kwargs):
+        callers.append(inspect.stack()[1].function)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(narrow, "queue_encode", queue_encode)
+    A = _local()
+    x = np.random.default_rng(6).uniform(-1, 1, COLS)
+    for models, effort, ahead in ((tmp_path / "none", "predict", False), (DATA_DIR, "predict", True),
+                                  (DATA_DIR, "race", True)):
+        monkeypatch.setenv("SPMV_TUNER_MODELS", str(models))
+        callers.clear()
+        ex = plan(cusp.csr_matrix(A), effort=effort, db=Store(tmp_path / f"{effort}-{ahead}.db"))
+        assert (callers[:1] == ["rows_written_once"]) == ahead, (effort, models, callers)
+        if not ahead:
+            assert ex.source == "default" and callers == []
+        np.testing.assert_allclose(ex(cupy.asarray(x)).get(), A @ x, rtol=1e-12, atol=1e-12)
+        if ex.race is not None:
+            assert ex.race.recorded.result() > 0  # the race's laps written before the store's folder goes
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", ["csr_vector", "csr_scalar"])
 def test_plan_counts_narrow_rows_in_its_structure_pass_and_the_row_families_take_it(family):
     """The structure pass counts the entries of rows spanning fewer than 65,536 columns as the reference
