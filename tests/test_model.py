@@ -638,36 +638,6 @@ def test_evaluation_on_two_families(cv: str) -> None:
     assert "powerlaw" in ev.format_table() and "race4" in ev.format_table()
 
 
-def test_predict_picks_the_same_from_the_cut_ranking_the_gpu_path_builds() -> None:
-    """``plan()``'s GPU path builds only the configs :func:`_predict_cut` keeps of a ranking; :func:`predicted`
-    picks from them what it picks from the whole ranking: the cheap config, a costly one never, cuSPARSE where
-    ranked first or where the cheap one lost to it on most of the nearest training matrices."""
-    from tuner.execute.choice import _predict_cut
-    from tuner.select.model import predicted
-
-    rng = np.random.default_rng(21)
-    feats = [_features(rng) for _ in range(80)]
-    times, prepare = [], []
-    for f in feats:
-        t = compulsory_bytes(f["rows"], f["cols"], f["nnz"], DTYPE) / (DEVICE.bandwidth_gbs * 1e9)
-        row = {A: t * rng.uniform(0.8, 2.4), B: t * rng.uniform(0.7, 2.0), ALG1: t * 1.5, ALG2: t * 1.7}
-        times.append(row)
-        prepare.append({A: row[A], B: 100 * row[B], ALG1: 6 * row[ALG1], ALG2: 3 * row[ALG2]})
-    selector = KernelSelector(n_estimators=20).fit(_array(feats), times, dtype=DTYPE, device=DEVICE,
-                                                   prepare_times=prepare)
-    picks = []
-    for row in _array([_features(rng) for _ in range(60)]):
-        want = predicted(selector.rank(row, outcomes=True), 5.0)
-        _, expected, votes, weights = selector._expected(row, None)
-        order = selector._order(expected, weights)[0]
-        drawn = selector._draws(weights)  # the rows the GPU's ranking reads back
-        cut = _predict_cut(selector, order[0].tolist(), 5.0)
-        got = predicted(selector.ranked(cut, expected[0], votes[0], selector.outcomes_of(drawn[0], cut)), 5.0)
-        assert (got.kernel, got.params) == (want.kernel, want.params)
-        picks.append(config_key(want.kernel, want.params))
-    assert B not in picks and {A, ALG1} <= set(picks)
-
-
 def test_evaluation_counts_the_matrices_below_cusparse() -> None:
     """On every third matrix cuSPARSE is made the fastest, which no feature tells: the first config is slower
     there, and counted below 0.97x cuSPARSE exactly where it is."""

@@ -9,11 +9,13 @@ import pickle
 import numpy as np
 import pytest
 
+from kernels import config_key
 from tuner.execute.choice import queue_ranking, selector_for
+from tuner.execute.race import CHEAP_SPMVS
 from tuner.matrix.features import FEATURE_NAMES, QueuedFeatures, extract_features, queue_features
 from tuner.matrix.generate import KINDS, generate
 from tuner.select import rank_gpu
-from tuner.select.model import load_shipped
+from tuner.select.model import DeviceSpec, KernelSelector, compulsory_bytes, load_shipped, predicted
 from tuner.select.shipped import DATA_DIR, read_header
 
 FILES = {(h["device"], h["dtype"]): path for path in sorted(DATA_DIR.glob("spmv-selector_*.pkl.gz"))
@@ -94,7 +96,8 @@ def test_the_gpu_ranks_feature_vectors_as_numpy(device: str, dtype: str) -> None
     vectors = np.vstack([base, *(base * np.exp(rng.normal(0, s, base.shape)) for s in (0.05, 0.3, 1.0))])
     unknown_l2 = dataclasses.replace(selector.device_, l2_bytes=0)
     for spec in (None, unknown_l2):
-        pending = [rank_gpu.queue_rank_of_features(selector, dict(zip(FEATURE_NAMES, v, strict=True)), device=spec)
+        pending = [rank_gpu.queue_rank_of_features(selector, dict(zip(FEATURE_NAMES, v, strict=True)), device=spec,
+                                                   prepare_budget=CHEAP_SPMVS)
                    for v in vectors]
         for v, read in zip(vectors, pending, strict=True):
             parts = read()
@@ -102,6 +105,60 @@ def test_the_gpu_ranks_feature_vectors_as_numpy(device: str, dtype: str) -> None
             np.testing.assert_array_equal(parts.order, order)
             np.testing.assert_array_equal(parts.drawn, drawn)
             np.testing.assert_allclose(parts.expected, expected, rtol=1e-12)
+            assert _picked(selector, parts) == _predicted(selector, order, expected, votes, drawn)
+
+
+def _predicted(selector, order, expected, votes, drawn, budget=CHEAP_SPMVS):
+    """What :func:`predicted` picks of the whole ranking NumPy's parts give, with its outcomes: (kernel, params)."""
+    want = predicted(selector.ranked(order, expected, votes, selector.outcomes_of(drawn, order)), budget)
+    return None if want is None else (want.kernel, want.params)
+
+
+def _picked(selector, parts):
+    """The config the kernel picked (RankParts.pick) as (kernel, params)."""
+    return None if parts.pick is None else (selector.configs_[parts.pick][0], dict(selector.configs_[parts.pick][1]))
+
+
+@pytest.mark.gpu
+def test_the_gpu_picks_what_predict_picks_cheap_cusparse_or_held_back() -> None:
+    """A selector of two configs and cuSPARSE (csr_scalar fast where rows vary, cheap to prepare; csr_vector fast
+    elsewhere, costly to prepare): the kernel's pick for predict's budget is :func:`predicted`'s of the whole
+    ranking, every branch of it taken: the cheap config, cuSPARSE ranked first or held to where the cheap one
+    lost to it on most of the drawn matrices, the costly one never."""
+    rng = np.random.default_rng(21)
+    cheap, costly = ("csr_scalar", {"block_size": 128}), ("csr_vector", {"block_size": 256, "threads_per_row": 8})
+    alg1, alg2 = (("cusparse", {"algorithm": a}) for a in ("csr_alg1", "csr_alg2"))
+    keys = {name: config_key(*config) for name, config in
+            {"cheap": cheap, "costly": costly, "alg1": alg1, "alg2": alg2}.items()}
+    device = DeviceSpec("gpu-A", bandwidth_gbs=4000.0, l2_bytes=60 * 2**20, sms=132)
+
+    def features() -> dict[str, float]:
+        f = {name: float(rng.random()) for name in FEATURE_NAMES}
+        rows, mean = float(rng.integers(10**3, 10**6)), float(rng.uniform(2, 64))
+        f.update(rows=rows, cols=rows, nnz=rows * mean, npr_mean=mean, npr_max=mean * rng.uniform(1, 10),
+                 npr_cv=float(rng.uniform(0, 2)), bandwidth=rows * rng.random(), cf_1024=rng.uniform(1, mean),
+                 cf_65536=mean)
+        return f
+
+    train = [features() for _ in range(80)]
+    times, prepare = [], []
+    for f in train:
+        t = compulsory_bytes(f["rows"], f["cols"], f["nnz"], "float64") / (device.bandwidth_gbs * 1e9)
+        row = {keys["cheap"]: t * rng.uniform(0.8, 2.4), keys["costly"]: t * rng.uniform(0.7, 2.0),
+               keys["alg1"]: t * 1.5, keys["alg2"]: t * 1.7}
+        times.append(row)
+        prepare.append({keys["cheap"]: row[keys["cheap"]], keys["costly"]: 100 * row[keys["costly"]],
+                        keys["alg1"]: 6 * row[keys["alg1"]], keys["alg2"]: 3 * row[keys["alg2"]]})
+    X = np.array([[f[n] for n in FEATURE_NAMES] for f in train])
+    selector = KernelSelector(n_estimators=20).fit(X, times, dtype="float64", device=device, prepare_times=prepare)
+    assert rank_gpu.takes(selector)
+    picks = []
+    for f in (features() for _ in range(60)):
+        parts = rank_gpu.queue_rank_of_features(selector, f, prepare_budget=CHEAP_SPMVS)()
+        want = _predicted(selector, *_numpy_parts(selector, f))
+        assert _picked(selector, parts) == want
+        picks.append(want)
+    assert costly not in picks and cheap in picks and alg1 in picks
 
 
 @pytest.mark.gpu
@@ -113,7 +170,6 @@ def test_plan_ranks_a_new_matrix_on_the_gpu(monkeypatch, tmp_path) -> None:
     from db.store import Store
     from tuner.execute import plan as plan_module
     from tuner.execute.choice import ranked_choice
-    from tuner.execute.race import CHEAP_SPMVS
     from tuner.measure.backend import GpuBackend
 
     monkeypatch.setenv("SPMV_TUNER_MODELS", str(DATA_DIR))

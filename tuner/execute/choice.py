@@ -123,9 +123,10 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
     features' kernels (:mod:`tuner.select.rank_gpu`), or None where it cannot be (no selector, features not
     computed on the GPU, a selector the kernel does not take). The returned function takes the features read
     back and gives :func:`rank_configs`' answer, or None where the kernel's features differ from them (then
-    :func:`rank_configs` ranks). With ``prepare_budget`` (``plan(effort="predict")``), the ranking holds what
-    :func:`ranked_choice` reads of it (:func:`_predict_cut`), without the some seventy configs after it built
-    (0.1 ms of a plan on the GPU machines' hosts)."""
+    :func:`rank_configs` ranks). With ``prepare_budget`` (``plan(effort="predict")``), the kernel also picks what
+    :func:`ranked_choice` picks with that budget, and the ranking is that config alone (none where none
+    qualifies): the some seventy configs, and the outcomes predict holds its pick to, are neither read back
+    nor built (0.1-0.2 ms of a plan on the GPU machines' hosts)."""
     model, spec, basis = selector
     if model is None or queued.on_device is None:
         return None
@@ -133,34 +134,20 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
 
     if not takes(model):
         return None
-    pending = queue_rank(model, queued.on_device, device=spec)
+    pick = prepare_budget is not None and _ranks_valid_configs_only(model)  # else the pick could be unregistered
+    pending = queue_rank(model, queued.on_device, device=spec, prepare_budget=prepare_budget if pick else None)
 
     def ranked(features: Mapping[str, float]) -> tuple[list[RankedConfig] | None, str] | None:
         parts = pending()
         if parts.features.tolist() != [features[name] for name in FEATURE_NAMES]:
             return None
-        order = parts.order
-        if prepare_budget is not None and _ranks_valid_configs_only(model):  # else the cut could fall short
-            order = _predict_cut(model, order.tolist(), prepare_budget)
-        ranking = model.ranked(order, parts.expected, parts.votes,
-                               model.outcomes_of(parts.drawn, order) if outcomes else None)
+        if pick:
+            return (model.ranked([parts.pick], parts.expected, parts.votes) if parts.pick is not None else None), basis
+        ranking = model.ranked(parts.order, parts.expected, parts.votes,
+                               model.outcomes_of(parts.drawn, parts.order) if outcomes else None)
         return _registered(model, ranking), basis
 
     return ranked
-
-
-def _predict_cut(model: KernelSelector, order: list[int], prepare_budget: float) -> list[int]:
-    """The configs of ``order`` that :func:`~tuner.select.model.predicted` reads: up to the first it may run,
-    and cuSPARSE's csr_alg1 (which it holds that one to) where ranked after it; in the selector's order. In
-    Python over a list: each NumPy call costs 10-20 us on a host whose caches the GPU's work emptied."""
-    from tuner.select.model import predict_columns
-
-    may, alg1 = predict_columns(model, prepare_budget)
-    first = next((i for i, j in enumerate(order) if may[j]), None)
-    if first is None:
-        return []
-    cut = order[:first + 1]
-    return cut if alg1 is None or alg1 in cut else [*cut, alg1]
 
 
 def _registered(model: Any, ranking: list[RankedConfig]) -> list[RankedConfig] | None:

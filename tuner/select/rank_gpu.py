@@ -11,7 +11,8 @@ feature vector (as :func:`tuner.matrix.features._from_raw`), the design row
 (:func:`~tuner.select.model.design_matrix`), walks the forest (a thread a tree),
 weighs the training rows by proximity, draws the outcomes, takes each config's
 quantile of them (a warp a config) and orders the configs, and writes the order,
-expected times, votes, draws and features into the features' read-back
+expected times, votes, draws, features and, for ``plan(effort="predict")``, the config
+:func:`~tuner.select.model.predicted` picks (so the host reads one config, not a ranking) into the features' read-back
 (:class:`~tuner.matrix.readback.ReadBack`), behind their kernels on the same stream: the structure
 pass, the features and the ranking come back to the host in one copy. Against
 stop 52's NumPy ranking, ``plan(effort="predict")`` took 0.4-1.0 ms less on the
@@ -48,16 +49,19 @@ from typing import Any
 
 import numpy as np
 
+from kernels import BASELINE
 from tuner.matrix.features import CF_WIDTHS, FEATURE_NAMES
 from tuner.matrix.features_gpu import DeviceCounters
 from tuner.matrix.readback import ReadBack, part_of
 from tuner.select.model import (
     COUNT_FEATURES,
+    DEPART_SHARE,
     DERIVED_FEATURES,
     OUTCOME_SAMPLES,
     DeviceSpec,
     KernelSelector,
     compulsory_bytes,
+    predict_columns,
 )
 
 __all__ = ["SHARED_BYTES", "RankParts", "queue_rank", "queue_rank_of_features", "takes"]
@@ -123,14 +127,16 @@ __device__ void design_of(const double* f, const double* d, unsigned long long c
 }
 
 // The ranking (KernelSelector.rank) from the design row in shared memory. out: order (C), expected seconds (C),
-// votes (C: trees), draws (64), the features (31), as doubles. Shared memory (smem): see _shared_bytes.
+// votes (C: trees), draws (64), the features (31) and, given pick_flags, predicted's pick (1: a config or -1), as
+// doubles. Shared memory (smem): see _shared_bytes.
 __device__ void rank_design(const float* x, const double* f, const short* __restrict__ feature,
                             const float* __restrict__ threshold, const unsigned char* __restrict__ nan_left,
                             const int* __restrict__ left, const int* __restrict__ right, const int* __restrict__ roots,
                             int trees, const int* __restrict__ leaf_start, const int* __restrict__ members, int rows,
                             const float* __restrict__ targets, int outputs, const int* __restrict__ firsts,
-                            const int* __restrict__ room, double quantile, double t_bytes, double* __restrict__ out,
-                            unsigned char* smem) {
+                            const int* __restrict__ room, double quantile, double t_bytes,
+                            const unsigned char* __restrict__ pick_flags, int base, double depart_share,
+                            double* __restrict__ out, unsigned char* smem) {
     const int configs = outputs - 1;
     double* w = (double*)smem;                 // proximity weight of each training row, then their running sum
     double* mean = w + rows;                   // the targets' mean under the weights (outputs)
@@ -145,6 +151,9 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
     int* staged = votes + configs;             // each tree's leaf's rows, at room[t] (room[trees] in all)
     int* kept = staged + room[trees];          // the training rows of nonzero weight, in order (rows at most)
     __shared__ int n_kept;
+    __shared__ int first_pick;  // (place << 16) | config of the first config predicted may run (pick_flags' bit 1;
+                                // configs < 32768)
+    if (threadIdx.x == 0) first_pick = 0x7fffffff;
     for (int t = threadIdx.x; t < trees; t += blockDim.x) {  // the walk: CompactForest.apply
         int node = roots[t];
         while (node >= 0) {
@@ -195,14 +204,15 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
         mean[o] = acc;
     }
     __syncthreads();
-    if (threadIdx.x == 0)
-        for (int r = 1; r < rows; ++r) w[r] += w[r - 1];  // np.cumsum
+    if (threadIdx.x == 0)  // np.cumsum, where it rises: the rows of no weight between add +0 (every tree's leaf
+        for (int i = 1; i < n_kept; ++i) w[kept[i]] += w[kept[i - 1]];  // holds a row, so n_kept >= 1)
     __syncthreads();
-    for (int s = threadIdx.x; s < SAMPLES; s += blockDim.x) {  // the systematic draw: np.searchsorted, side left
-        const double at = ((double)s + 0.5) / SAMPLES * w[rows - 1];
-        int lo = 0, hi = rows;
-        while (lo < hi) { const int mid = (lo + hi) >> 1; if (w[mid] < at) lo = mid + 1; else hi = mid; }
-        drawn[s] = lo < rows - 1 ? lo : rows - 1;
+    const double total = w[kept[n_kept - 1]];
+    for (int s = threadIdx.x; s < SAMPLES; s += blockDim.x) {  // the systematic draw: np.searchsorted, side left,
+        const double at = ((double)s + 0.5) / SAMPLES * total;  // whose first sum >= at is at a row of weight
+        int lo = 0, hi = n_kept;
+        while (lo < hi) { const int mid = (lo + hi) >> 1; if (w[kept[mid]] < at) lo = mid + 1; else hi = mid; }
+        drawn[s] = lo < n_kept ? kept[lo] : rows - 1;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < configs * SAMPLES; i += blockDim.x) {  // a drawn row's targets side by side
@@ -244,9 +254,25 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
         out[place] = j;
         out[configs + j] = expected[j];
         out[2 * configs + j] = votes[j];
+        if (pick_flags != nullptr && (pick_flags[j] & 1)) atomicMin(&first_pick, (place << 16) | j);
     }
     for (int s = threadIdx.x; s < SAMPLES; s += blockDim.x) out[3 * configs + s] = drawn[s];
     for (int i = threadIdx.x; i < N_FEATURES; i += blockDim.x) out[3 * configs + SAMPLES + i] = f[i];
+    if (pick_flags == nullptr) return;
+    __syncthreads();
+    if (threadIdx.x < 32) {  // tuner.select.model.predicted: the first config it may run (bit 1), cuSPARSE's (bit 2)
+        int pick = first_pick == 0x7fffffff ? -1 : (first_pick & 0xffff);  // or, for another family's, csr_alg1
+        if (pick >= 0 && !(pick_flags[pick] & 2) && base >= 0) {   // (base) unless it beat that on at least
+            int beaten = 0;                                         // ``depart_share`` of the drawn training matrices
+            for (int at = 0; at < SAMPLES; at += 32) {
+                const int s = at + threadIdx.x;
+                const bool won = s < SAMPLES && drawn_t[pick * SAMPLES + s] < drawn_t[base * SAMPLES + s];
+                beaten += __popc(__ballot_sync(0xffffffffu, won));
+            }
+            if (!((double)beaten / SAMPLES >= depart_share)) pick = base;
+        }
+        if (threadIdx.x == 0) out[3 * configs + SAMPLES + N_FEATURES] = pick;
+    }
 }
 
 #define FOREST const short* feature, const float* threshold, const unsigned char* nan_left, const int* left, \
@@ -254,12 +280,13 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
     const float* targets, int outputs, const int* firsts, const int* room
 #define FOREST_ARGS feature, threshold, nan_left, left, right, roots, trees, leaf_start, members, rows, targets, \
     outputs, firsts, room
+#define PICK const unsigned char* pick_flags, int base, double depart_share
 
 extern "C" __global__ void rank_from_counters(const unsigned long long* __restrict__ raw, double m, double n,
                                               double nnz, double density, double mean, double col_mean,
                                               double m_nnz, double diag_len, double t25, double t75, double cbrt_m,
                                               double itemsize, double l2, double sms, unsigned long long counts,
-                                              double quantile, double t_bytes, FOREST, double* __restrict__ out) {
+                                              double quantile, double t_bytes, FOREST, PICK, double* __restrict__ out) {
     extern __shared__ __align__(8) unsigned char smem[];
     __shared__ double f[N_FEATURES];
     __shared__ float x[N_DESIGN];
@@ -270,12 +297,12 @@ extern "C" __global__ void rank_from_counters(const unsigned long long* __restri
         design_of(f, d, counts, x);
     }
     __syncthreads();
-    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, out, smem);
+    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, pick_flags, base, depart_share, out, smem);
 }
 
 extern "C" __global__ void rank_from_features(const double* __restrict__ given, double itemsize, double l2,
                                               double sms, unsigned long long counts, double quantile, double t_bytes,
-                                              FOREST, double* __restrict__ out) {
+                                              FOREST, PICK, double* __restrict__ out) {
     extern __shared__ __align__(8) unsigned char smem[];
     __shared__ double f[N_FEATURES];
     __shared__ float x[N_DESIGN];
@@ -285,7 +312,7 @@ extern "C" __global__ void rank_from_features(const double* __restrict__ given, 
         design_of(f, d, counts, x);
     }
     __syncthreads();
-    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, out, smem);
+    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, pick_flags, base, depart_share, out, smem);
 }
 """
 
@@ -307,16 +334,44 @@ _DERIVED = ("x_l2", "matrix_l2", "log_bytes", "log_aspect", "bandwidth_rel", "cf
             "rows_per_sm")
 
 
-@dataclass(frozen=True)
 class RankParts:
     """What the kernel wrote, read back: the configs' order, expected seconds, votes (shares of the trees), the
-    training rows drawn (:meth:`KernelSelector.outcomes_of`) and the feature vector it ranked."""
+    training rows drawn (:meth:`KernelSelector.outcomes_of`), the feature vector it ranked and, where it was
+    asked to, :func:`~tuner.select.model.predicted`'s pick. Each part is taken from the copy where asked for: a
+    prediction reads the pick and the features only (each NumPy call costs 10-20 us on a host whose caches the
+    GPU's work emptied)."""
 
-    order: np.ndarray
-    expected: np.ndarray
-    votes: np.ndarray
-    drawn: np.ndarray
-    features: np.ndarray
+    def __init__(self, values: np.ndarray, configs: int, trees: int) -> None:
+        self._values, self._configs, self._trees = values, configs, trees
+
+    @property
+    def order(self) -> np.ndarray:
+        return self._values[:self._configs].astype(np.intp)
+
+    @property
+    def expected(self) -> np.ndarray:
+        return self._values[self._configs:2 * self._configs]
+
+    @property
+    def votes(self) -> np.ndarray:
+        return self._values[2 * self._configs:3 * self._configs] / self._trees
+
+    @property
+    def drawn(self) -> np.ndarray:
+        start = 3 * self._configs
+        return self._values[start:start + OUTCOME_SAMPLES].astype(np.intp)
+
+    @property
+    def features(self) -> np.ndarray:
+        start = 3 * self._configs + OUTCOME_SAMPLES
+        return self._values[start:start + len(FEATURE_NAMES)]
+
+    @property
+    def pick(self) -> int | None:
+        """The column of :attr:`KernelSelector.configs_` that :func:`~tuner.select.model.predicted` picks of this
+        ranking, with its outcomes, for the ``prepare_budget`` the kernel was given; None where none qualifies."""
+        pick = int(self._values[3 * self._configs + OUTCOME_SAMPLES + len(FEATURE_NAMES)])
+        return pick if pick >= 0 else None
 
 
 def takes(selector: KernelSelector) -> bool:
@@ -333,34 +388,37 @@ def takes(selector: KernelSelector) -> bool:
 _TAKES: weakref.WeakKeyDictionary[KernelSelector, bool] = weakref.WeakKeyDictionary()
 
 
-def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: DeviceSpec | None = None
-               ) -> Callable[[], RankParts]:
+def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: DeviceSpec | None = None,
+               prepare_budget: float | None = None) -> Callable[[], RankParts]:
     """Queue ``selector``'s ranking of the matrix whose feature counters are ``counters`` on ``device`` (default:
-    the training one) behind them; the returned function reads it back (waiting for the GPU). Check
-    :func:`takes` first."""
+    the training one) behind them; the returned function reads it back (waiting for the GPU). With
+    ``prepare_budget``, the kernel also picks what :func:`~tuner.select.model.predicted` picks with that budget
+    (:attr:`RankParts.pick`). Check :func:`takes` first."""
     m, n, nnz = counters.m, counters.n, counters.nnz
     shape = (float(m), float(n), float(nnz), nnz / (m * n), nnz / m, nnz / n, float(m * nnz),
              float(min(m, n)), counters.q25_weight, counters.q75_weight, float(np.cbrt(m)))
     return _launch(selector, device, (m, n, nnz), "rank_from_counters", (counters.buffer, *map(np.float64, shape)),
-                   counters.read_back)
+                   prepare_budget, counters.read_back)
 
 
 def queue_rank_of_features(selector: KernelSelector, features: Mapping[str, float], *,
-                           device: DeviceSpec | None = None) -> Callable[[], RankParts]:
+                           device: DeviceSpec | None = None, prepare_budget: float | None = None
+                           ) -> Callable[[], RankParts]:
     """:func:`queue_rank` from a feature vector (copied to the GPU) rather than a matrix's counters: what the
     tests hold to :meth:`KernelSelector.rank` over many vectors."""
     import cupy
 
     given = cupy.asarray(np.array([float(features[name]) for name in FEATURE_NAMES]))
     shape = (features["rows"], features["cols"], features["nnz"])
-    return _launch(selector, device, shape, "rank_from_features", (given,))
+    return _launch(selector, device, shape, "rank_from_features", (given,), prepare_budget)
 
 
 def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[float, float, float], entry: str,
-            head: tuple[Any, ...], into: ReadBack | None = None) -> Callable[[], RankParts]:
+            head: tuple[Any, ...], prepare_budget: float | None, into: ReadBack | None = None
+            ) -> Callable[[], RankParts]:
     """Launch ``entry`` (its first arguments ``head``) for ``selector`` on ``device``, for a matrix of ``shape``
-    (rows, columns, nonzeros), its output in ``into`` where given and it has room (read back with the counters,
-    behind which it is queued). Returns the read-back."""
+    (rows, columns, nonzeros), with :func:`_pick_args` of ``prepare_budget`` where given, its output in ``into``
+    where given and it has room (read back with the counters, behind which it is queued). Returns the read-back."""
     import cupy
 
     gpu = cupy.cuda.Device().id
@@ -369,18 +427,31 @@ def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[fl
     rows, cols, nnz = map(float, shape)  # bytes_time's seconds, its float64 arithmetic
     t_bytes = compulsory_bytes(rows, cols, nnz, selector.dtype_) / (spec.bandwidth_gbs * 1e9)
     configs = len(selector.configs_)
-    part = part_of(into, 3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES))
+    part = part_of(into, 3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES) + 1)
     kernel, threads = _kernels(cupy, gpu)[entry]
-    kernel((1,), (threads,), (*head, *_spec_args(selector, spec), np.float64(t_bytes), *forest.args, part.device),
-           shared_mem=forest.shared_bytes)
+    pick = _NO_PICK if prepare_budget is None else _pick_args(selector, prepare_budget, gpu)
+    kernel((1,), (threads,), (*head, *_spec_args(selector, spec), np.float64(t_bytes), *forest.args, *pick,
+                              part.device), shared_mem=forest.shared_bytes)
+    return lambda: RankParts(part.read().view(np.float64), configs, forest.trees)
 
-    def read() -> RankParts:
-        values = part.read().view(np.float64)
-        c, samples = configs, OUTCOME_SAMPLES
-        return RankParts(values[:c].astype(np.intp), values[c:2 * c], values[2 * c:3 * c] / forest.trees,
-                         values[3 * c:3 * c + samples].astype(np.intp), values[3 * c + samples:])
 
-    return read
+_NO_PICK = (None, np.int32(-1), np.float64(0.0))
+"""The kernel's pick arguments where it picks nothing."""
+
+
+@functools.lru_cache(maxsize=8)
+def _pick_args(selector: KernelSelector, prepare_budget: float, gpu: int) -> tuple[Any, ...]:
+    """The kernel's arguments for :func:`~tuner.select.model.predicted`'s pick with ``prepare_budget``: a byte a
+    config (1: predicted may run it first, :func:`~tuner.select.model.predict_columns`; 2: cuSPARSE's, run
+    whatever another family's outcomes say) on GPU ``gpu``, csr_alg1's column (-1: none), the share a config must
+    beat it on (:data:`~tuner.select.model.DEPART_SHARE`). Once a selector, budget and GPU."""
+    import cupy
+
+    may, alg1 = predict_columns(selector, prepare_budget)
+    flags = [int(ok) | (2 if kernel == BASELINE else 0) for ok, (kernel, _) in zip(may, selector.configs_, strict=True)]
+    with cupy.cuda.Device(gpu):
+        return (cupy.asarray(np.array(flags, dtype=np.uint8)), np.int32(-1 if alg1 is None else alg1),
+                np.float64(DEPART_SHARE))
 
 
 @functools.lru_cache(maxsize=8)
