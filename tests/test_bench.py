@@ -313,8 +313,9 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
     assert 0 < found["bandwidth_fraction"] < float("inf")
 
 
-@pytest.mark.parametrize("script", ["convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll", "probe_reference",
-                                    "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv", "unseen"])
+@pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
+                                    "probe_reference", "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv",
+                                    "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
     import subprocess
@@ -506,3 +507,71 @@ def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> No
     B = kkt[-constraints:]
     assert (B.indices < kkt.shape[0] - constraints).all()  # the zero block: B's rows read K's columns only
     assert np.diff(B.indptr).max() == 24 and np.diff(B.indptr).mean() > 20  # 24 drawn, a repeat counted once
+
+
+def test_an_ab_archives_both_trees_alike_without_the_shipped_selectors(tmp_path) -> None:
+    """A commit's tree and the working tree (the same here: a clean checkout, or changes outside the tree's folders)
+    hold the packages and bench/unseen.py, not tuner/data; an existing folder is refused."""
+    module = _bench_module("ab_unseen")
+    module.archive("HEAD", tmp_path / "base")
+    module.archive(module.WORKTREE, tmp_path / "new")
+    trees = [{p.relative_to(tmp_path / t).as_posix() for p in (tmp_path / t).rglob("*") if p.is_file()}
+             for t in ("base", "new")]
+    assert {"bench/unseen.py", "tuner/execute/plan.py", "kernels/csr_vector.cu", "db/store.py"} <= trees[0]
+    assert not any(f.startswith(("tuner/data/", "tests/")) for f in trees[0] | trees[1])
+    changed = {f for f in trees[0] ^ trees[1]}  # files a session has added or removed, none in a clean clone
+    assert len(changed) < 10
+    with pytest.raises(SystemExit, match="exists"):
+        module.archive("HEAD", tmp_path / "base")
+
+
+def test_an_ab_runs_each_tree_from_its_own_folder_in_turn_with_the_same_environment(tmp_path, monkeypatch) -> None:
+    """Each tree's bench/unseen.py runs from that tree, first on the path, labelled by tree and run, in the order
+    new, base, base, new; the arguments after -- are passed on."""
+    module = _bench_module("ab_unseen")
+    log = tmp_path / "log.jsonl"
+    fake = ("import json, os, sys\n"
+            f"with open({str(log)!r}, 'a') as f: f.write(json.dumps({{'cwd': os.getcwd(), 'argv': sys.argv[1:], "
+            "'commit': os.environ['SPMV_GIT_COMMIT'], 'path': os.environ['PYTHONPATH'].split(os.pathsep)[0], "
+            "'models': os.environ['SPMV_TUNER_MODELS']}) + '\\n')\n")
+    for name in ("new", "base"):
+        (tmp_path / name / "bench").mkdir(parents=True)
+        (tmp_path / name / "bench" / "unseen.py").write_text(fake)
+    monkeypatch.delenv("SPMV_TUNER_MODELS", raising=False)
+    module.run([tmp_path / "new", tmp_path / "base"], tmp_path / "out", ["--only", "rgg", "--effort", "predict"])
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["commit"] for r in runs] == ["new", "base", "base", "new"]
+    assert all(r["cwd"] == r["path"] == str(tmp_path / r["commit"]) for r in runs)
+    assert [r["argv"][-3] for r in runs] == ["ab-new-1", "ab-base-1", "ab-base-2", "ab-new-2"]
+    assert all(r["argv"][:4] == ["--only", "rgg", "--effort", "predict"] for r in runs)
+    assert {r["models"] for r in runs} == {str(module.REPO / "tuner" / "data")}
+
+
+def test_an_ab_compares_each_matrix_over_its_runs_and_names_what_it_cannot_read(tmp_path) -> None:
+    """Per matrix, each tree's median over its runs of the plan's seconds beyond its features; the geomean of
+    their ratios; runs of other files or of one tree only are refused."""
+    module = _bench_module("ab_unseen")
+
+    def row(matrix: str, plan_s: float) -> dict[str, Any]:
+        return {"matrix": matrix, "effort": "predict", "dtype": "float32", "plan_s": plan_s, "features_s": 0.5e-3,
+                "plan_steps_s": {"rank": 1e-4, "total": plan_s}}
+
+    beyond = {"new": {"a": [1.0, 1.2, 1.1], "b": [2.0, 2.0, 2.4]}, "base": {"a": [2.0, 2.2, 2.1], "b": [2.0, 2.0, 2.0]}}
+    files = []
+    for tree, matrices in beyond.items():
+        for n in range(3):
+            path = tmp_path / f"2026-11-28_gpu_unseen-ab-{tree}-{n + 1}.json"
+            path.write_text(json.dumps({"rows": [row(m, 0.5e-3 + ms[n] * 1e-3) for m, ms in matrices.items()]}))
+            files.append(path)
+    for base, want in (("base", np.sqrt((1.1 / 2.1) * (2.0 / 2.0))), ("new", np.sqrt((2.1 / 1.1) * (2.0 / 2.0)))):
+        lines = module.compare(files, base=base)
+        assert any(line.startswith("predict float32 base run 1: rank 100, total") for line in lines)
+        assert float(lines[-1].split()[-1]) == pytest.approx(want, rel=1e-3)
+        assert lines[-1].startswith(f"predict float32: {'new / base' if base == 'base' else 'base / new'}")
+        assert "geomean over 2 matrices" in lines[-1]
+    with pytest.raises(SystemExit, match="no runs of 'old'"):
+        module.compare(files, base="old")
+    with pytest.raises(SystemExit, match="two trees"):
+        module.compare(files[:3])
+    with pytest.raises(SystemExit, match="not a run"):
+        module.compare([tmp_path / "2026-11-28_gpu_unseen-x.json"])
