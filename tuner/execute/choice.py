@@ -143,8 +143,9 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
             return None
         if pick:
             return (model.ranked([parts.pick], parts.expected, parts.votes) if parts.pick is not None else None), basis
-        ranking = model.ranked(parts.order, parts.expected, parts.votes,
-                               model.outcomes_of(parts.drawn, parts.order) if outcomes else None)
+        order = parts.order
+        ranking = model.ranked(order, parts.expected, parts.votes,
+                               model.outcomes_of(parts.drawn, order) if outcomes else None)
         return _registered(model, ranking), basis
 
     return ranked
