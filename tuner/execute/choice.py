@@ -142,7 +142,8 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
         if parts.features.tolist() != [features[name] for name in FEATURE_NAMES]:
             return None
         if pick:
-            return (model.ranked([parts.pick], parts.expected, parts.votes) if parts.pick is not None else None), basis
+            chosen = parts.pick
+            return (model.ranked([chosen], parts.expected, parts.votes) if chosen is not None else None), basis
         order = parts.order
         ranking = model.ranked(order, parts.expected, parts.votes,
                                model.outcomes_of(parts.drawn, order) if outcomes else None)

@@ -280,8 +280,8 @@ def predicted(ranking: Sequence[RankedConfig], prepare_budget: float, share: flo
 @functools.lru_cache(maxsize=8)
 def predict_columns(selector: KernelSelector, prepare_budget: float) -> tuple[tuple[bool, ...], int | None]:
     """Which of ``selector``'s configs (columns of ``configs_``) :func:`predicted` may pick first with this
-    budget (a mask), and csr_alg1's column (None where the selector has none): what a ranking must hold up to
-    for :func:`predicted` (once a selector and budget)."""
+    budget (a mask), and csr_alg1's column (None where the selector has none): what the ranking kernel is given to
+    make :func:`predicted`'s pick (:mod:`tuner.select.rank_gpu`; once a selector and budget)."""
     may = tuple(_may_predict(kernel, spmvs, prepare_budget)
                 for (kernel, _), spmvs in zip(selector.configs_, selector.prepare_spmvs_.tolist(), strict=True))
     return may, next((j for j, (kernel, params) in enumerate(selector.configs_) if _held_to(kernel, params)), None)
@@ -524,8 +524,8 @@ class KernelSelector(BaseEstimator):
 
     def outcomes_of(self, drawn: np.ndarray, columns: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """Each config's ``log(t / t_best)`` on the training rows ``drawn`` (any shape of row indices): that
-        shape plus one axis of configs, every config or, where given, those of ``columns`` in their order
-        (``plan(effort="predict")`` reads two or three)."""
+        shape plus one axis of configs, every config or, where given, those of ``columns`` in their order (a
+        ranking's, as :meth:`ranked` takes them)."""
         on_rows = self.forest_.targets[drawn]
         chosen = on_rows[..., 1:] if columns is None else on_rows[..., np.asarray(columns, dtype=np.intp) + 1]
         return chosen.astype(np.float64)
