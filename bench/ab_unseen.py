@@ -54,8 +54,11 @@ def archive(rev: str, dest: Path) -> None:
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, dest / f)
     else:
-        tar = subprocess.run(["git", "archive", rev, *TREE], cwd=REPO, check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(dest), "--exclude=tuner/data"], input=tar, check=True)
+        got = subprocess.run(["git", "archive", rev, *TREE], cwd=REPO, capture_output=True)
+        if got.returncode:
+            dest.rmdir()
+            raise SystemExit(f"git archive {rev}: {got.stderr.decode().strip()}")
+        subprocess.run(["tar", "-x", "-C", str(dest), "--exclude=tuner/data"], input=got.stdout, check=True)
         files = [p for p in dest.rglob("*") if p.is_file()]
     print(f"{dest}: {len(files)} files of {rev}")
 
@@ -78,7 +81,8 @@ def run(trees: list[Path], out: Path, args: list[str], cpu: int | None = None) -
         if cpu is not None:
             command = ["taskset", "-c", str(cpu), *command]
         print(f"== {tree.name} run {count[which]}", flush=True)
-        subprocess.run(command, cwd=tree, env=env, check=True)
+        if subprocess.run(command, cwd=tree, env=env).returncode:
+            raise SystemExit(f"bench/unseen.py failed in {tree} (run {count[which]}): the runs after it were not made")
 
 
 def compare(files: list[Path], base: str | None = None) -> list[str]:

@@ -522,6 +522,9 @@ def test_an_ab_archives_both_trees_alike_without_the_shipped_selectors(tmp_path)
     assert {f for f in trees[0] if (module.REPO / f).is_file()} <= trees[1]  # the commit's files still there
     with pytest.raises(SystemExit, match="exists"):
         module.archive("HEAD", tmp_path / "base")
+    with pytest.raises(SystemExit, match="git archive no-such-rev"):
+        module.archive("no-such-rev", tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()  # nothing half-written left behind
 
 
 def test_an_ab_runs_each_tree_from_its_own_folder_in_turn_with_the_same_environment(tmp_path, monkeypatch) -> None:
@@ -544,6 +547,11 @@ def test_an_ab_runs_each_tree_from_its_own_folder_in_turn_with_the_same_environm
     assert [r["argv"][-3] for r in runs] == ["ab-new-1", "ab-base-1", "ab-base-2", "ab-new-2"]
     assert all(r["argv"][:4] == ["--only", "rgg", "--effort", "predict"] for r in runs)
     assert {r["models"] for r in runs} == {str(module.REPO / "tuner" / "data")}
+    (tmp_path / "base" / "bench" / "unseen.py").write_text(fake + "sys.exit(3)\n")
+    log.unlink()
+    with pytest.raises(SystemExit, match=r"failed in .*base \(run 1\)"):
+        module.run([tmp_path / "new", tmp_path / "base"], tmp_path / "out", [])
+    assert [json.loads(line)["commit"] for line in log.read_text().splitlines()] == ["new", "base"]
 
 
 def test_an_ab_compares_each_matrix_over_its_runs_and_names_what_it_cannot_read(tmp_path) -> None:
