@@ -127,25 +127,30 @@ def compare(files: list[Path], base: str | None = None) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    # bench/unseen.py's arguments follow "--": split off before parsing (a remainder argument after the trees would
+    # take --out and --cpu too)
+    unseen = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     a = sub.add_parser("archive", help="a tree of a commit (or WORKTREE) into a new folder")
     a.add_argument("rev")
     a.add_argument("dest", type=Path)
-    r = sub.add_parser("run", help="bench/unseen.py from two archived trees, alternately (on the GPU machine)")
+    r = sub.add_parser("run", help="bench/unseen.py from two archived trees, alternately (on the GPU machine)",
+                       epilog="-- then bench/unseen.py's arguments")
     r.add_argument("trees", nargs=2, type=Path)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--cpu", type=int, default=None, help="pin every run to this core")
-    r.add_argument("unseen", nargs=argparse.REMAINDER, help="-- then bench/unseen.py's arguments")
     c = sub.add_parser("compare", help="the runs' result files, side by side")
     c.add_argument("files", nargs="+", type=Path)
     c.add_argument("--base", default=None, help="the tree the other is divided by (its folder's name)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.command == "archive":
         archive(args.rev, args.dest)
     elif args.command == "run":
-        run(args.trees, args.out, args.unseen[1:] if args.unseen[:1] == ["--"] else args.unseen, args.cpu)
+        run(args.trees, args.out, unseen, args.cpu)
     else:
         print("\n".join(compare(args.files, args.base)))
 

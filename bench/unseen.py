@@ -94,7 +94,13 @@ the cost in SpMV-equivalents is plan's wall time / cuSPARSE's best time. The
 features are also timed alone (``features_s``: :func:`~tuner.matrix.features.extract_features`
 on a new CuPy matrix of the same arrays flagged canonical, the fastest of three: a slow run, such as the first
 allocations for a matrix's columns, would understate what is beyond them), and ``beyond_features_spmvs``
-is the plan's wall time less that, in SpMVs: what issue #18 bounds for ``predict`` (``plan()``
+is the plan's wall time less that, in SpMVs: what issue #18 bounds for ``predict``. Those features run back to back;
+a plan starts after its store was made, and there the same features take longer (0.95-1.0 ms against 0.48-0.62 on
+three unseen matrices in float32, an H200, stop 61: a CuPy call on a host whose caches other work emptied costs
+30-130 us, not 5-15). So they are also timed alike (``features_alike_s``, the fastest of three, each
+after the same preamble as a plan: a new store made and opened, the warm-up matrix added), and
+``beyond_alike_spmvs`` is the plan's wall time less those: what the plan spends beyond features costing what they
+cost there. Both are reported (``plan()``
 reads the features back with the matrix's checks where the store holds no matrix of its
 shape, so its own steps do not time them apart). Kernel
 compilation (of every config the shipped selector ranks, on each matrix before
@@ -124,13 +130,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import functools
 import json
 import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -622,26 +629,39 @@ def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype:
     fns = [lambda p=p, o=o: cus.run(p, x, o) for p, o in zip(base, outs, strict=True)]
     y_ref = cus.run(base[0], x).copy()
     info = {"matrix": matrix.name, "set": matrix.group, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
-            "dtype": dtype, "compile_s": compile_s, "upload_s": upload_s, "features_s": features_alone(backend, A_dev)}
+            "dtype": dtype, "compile_s": compile_s, "upload_s": upload_s, "features_s": features_alone(backend, A_dev),
+            "features_alike_s": features_alone(backend, A_dev, warm_up=warm_up)}
     return [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up, renumber) for effort in efforts]
 
 
-def features_alone(backend: GpuBackend, A_dev: Any, runs: int = 3) -> float:
+def features_alone(backend: GpuBackend, A_dev: Any, runs: int = 3, warm_up: dict[str, Any] | None = None) -> float:
     """Fewest wall seconds of :func:`extract_features` on a new CuPy matrix of ``A_dev``'s arrays, flagged
     canonical (synchronized): the features alone, without CuPy's own canonical check (a kernel and a wait,
-    0.2-1.5 ms), which ``plan()`` does not run."""
+    0.2-1.5 ms), which ``plan()`` does not run. Back to back, or with ``warm_up`` each after the preamble of
+    :func:`one_plan` (a fresh store holding ``warm_up``): in the state a plan starts in."""
     import cupyx.scipy.sparse as cusp
 
     seconds = []
     for _ in range(runs):
         A = cusp.csr_matrix((A_dev.data, A_dev.indices, A_dev.indptr), shape=A_dev.shape)
         A.has_canonical_format = True
-        backend.synchronize()
-        start = time.perf_counter()
-        extract_features(A)
-        backend.synchronize()
-        seconds.append(time.perf_counter() - start)
+        with fresh_store(warm_up) if warm_up is not None else contextlib.nullcontext():
+            backend.synchronize()
+            start = time.perf_counter()
+            extract_features(A)
+            backend.synchronize()
+            seconds.append(time.perf_counter() - start)
     return float(np.min(seconds))
+
+
+@contextlib.contextmanager
+def fresh_store(warm_up: dict[str, Any]) -> Iterator[Store]:
+    """A new store, made and opened as a user's is after the process's first plan(), holding the warm-up
+    matrix (its tables shaped): where each benchmarked plan() starts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = shared_store(Path(tmp) / "store.db")
+        store.add_matrix("warm-up", name="warm-up", **warm_up)
+        yield store
 
 
 def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], y_ref: Any, effort: str,
@@ -675,6 +695,7 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
            "params": json.dumps(inner.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
            "cusparse_alg2_s": t2, "cusparse_best_s": best, "ratio_to_cusparse": best / t_plan, "plan_s": plan_s,
            "plan_spmvs": plan_s / best, "beyond_features_spmvs": (plan_s - info["features_s"]) / best,
+           "beyond_alike_spmvs": (plan_s - info["features_alike_s"]) / best,
            "plan_steps_s": steps, "record_behind_s": record_s, "rel_error": rel_error,
            "bandwidth_fraction": rate(t_plan) / bandwidth, "cusparse_bandwidth_fraction": rate(best) / bandwidth,
            "race": inner.race.table() if inner.race is not None else None,
@@ -697,10 +718,7 @@ def one_plan(backend: GpuBackend, A_dev: Any, effort: str, trials: int, warm_up:
     import cupyx.scipy.sparse as cusp
 
     A = cusp.csr_matrix((A_dev.data, A_dev.indices, A_dev.indptr), shape=A_dev.shape)
-    with tempfile.TemporaryDirectory() as tmp:
-        # made and opened before the clock starts, as a user's store is after the process's first plan()
-        store = shared_store(Path(tmp) / "store.db")
-        store.add_matrix("warm-up", name="warm-up", **warm_up)  # and it has seen another matrix (tables shaped)
+    with fresh_store(warm_up) as store:  # made before the clock starts
         backend.synchronize()
         start = time.perf_counter()
         ex = (plan_renumbered if renumber else plan)(A, effort=effort, db=store.path,
@@ -732,10 +750,11 @@ def _line(dtype: str, effort: str, mine: list[dict[str, Any]]) -> str:
     ratios = np.array([r["ratio_to_cusparse"] for r in mine])
     spmvs = np.array([r["plan_spmvs"] for r in mine])
     beyond = np.array([r.get("beyond_features_spmvs", np.nan) for r in mine])
+    alike = np.array([r.get("beyond_alike_spmvs", np.nan) for r in mine])
     return (f"{dtype} {effort:8s}: geomean {np.exp(np.log(ratios).mean()):.3f}x, lowest {ratios.min():.3f}x "
             f"({len(mine)} matrices); cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}"
-            + (f"; beyond the features median {np.median(beyond):.1f}, highest {beyond.max():.1f}"
-               if effort == "predict" else ""))
+            + (f"; beyond the features median {np.median(beyond):.1f}, highest {beyond.max():.1f} (features timed "
+               f"alike: {np.median(alike):.1f}, {alike.max():.1f})" if effort == "predict" else ""))
 
 
 def main() -> None:

@@ -91,7 +91,7 @@ def narrow_rows(A: Any) -> int | None:
 def rows_written_once(A: Any) -> Iterator[None]:
     """Within: the 16-bit columns of the rows of ``A`` (a CuPy CSR matrix whose narrow rows
     :func:`note_narrow_rows` counted) queued on the GPU now, where they pay, and taken by every row family's
-    preparation of ``A`` in this thread (:func:`attach`) instead of each writing its own. ``plan()`` queues them
+    preparation of ``A`` in this thread (:func:`attach`) instead of each writing its own. ``plan()``'s race queues them
     as soon as its structure pass is read back, before it knows what it will run: the GPU writes them while the
     host ranks the configs (0.07-0.16 ms of an H200 on unseen matrices of 12-32 M entries, which a row family's
     preparation waited for), and a race's row entrants and its winner share one copy. Where no row family is

@@ -6,6 +6,7 @@ import csv
 import json
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import matplotlib.image as mpimg
@@ -554,6 +555,18 @@ def test_an_ab_runs_each_tree_from_its_own_folder_in_turn_with_the_same_environm
     assert [json.loads(line)["commit"] for line in log.read_text().splitlines()] == ["new", "base"]
 
 
+def test_an_abs_command_line_passes_what_follows_two_dashes_to_the_benchmark(monkeypatch, tmp_path) -> None:
+    """``run NEW BASE --out O --cpu N -- ARGS``, as the module's doc writes it: the trees, the folder and the core
+    to run, and bench/unseen.py's arguments (those after --, options included) apart."""
+    module = _bench_module("ab_unseen")
+    calls = []
+    monkeypatch.setattr(module, "run", lambda *args: calls.append(args))
+    module.main(["run", "n", "b", "--out", str(tmp_path), "--cpu", "3", "--", "--only", "rgg", "--effort", "predict"])
+    module.main(["run", "--out", str(tmp_path), "n", "b"])
+    assert calls == [([Path("n"), Path("b")], tmp_path, ["--only", "rgg", "--effort", "predict"], 3),
+                     ([Path("n"), Path("b")], tmp_path, [], None)]
+
+
 def test_an_ab_compares_each_matrix_over_its_runs_and_names_what_it_cannot_read(tmp_path) -> None:
     """Per matrix, each tree's median over its runs of the plan's seconds beyond its features; the geomean of
     their ratios; runs of other files or of one tree only are refused."""
@@ -582,3 +595,23 @@ def test_an_ab_compares_each_matrix_over_its_runs_and_names_what_it_cannot_read(
         module.compare(files[:3])
     with pytest.raises(SystemExit, match="not a run"):
         module.compare([tmp_path / "2026-11-28_gpu_unseen-x.json"])
+
+
+def test_the_unseen_benchmark_reports_predicts_cost_beyond_both_timings_of_the_features(tmp_path) -> None:
+    """A predict row's cost beyond its features, both ways (features back to back, and each after a fresh store
+    as a plan starts), in the summary; the fresh store holds the warm-up matrix only, and is gone after."""
+    module = _bench_module("unseen")
+
+    def row(matrix: str, beyond: float, alike: float) -> dict[str, Any]:
+        return {"matrix": matrix, "dtype": "float32", "effort": "predict", "ratio_to_cusparse": 1.0, "plan_spmvs": 9.0,
+                "beyond_features_spmvs": beyond, "beyond_alike_spmvs": alike}
+
+    line = module.summary([row("a", 6.0, 3.0), row("b", 8.0, 5.0), row("c", 7.0, 4.0)])[0]
+    assert "beyond the features median 7.0, highest 8.0 (features timed alike: 4.0, 5.0)" in line
+    warm = module.rgg(2_000, np.random.default_rng(0))
+    warm_up = {"rows": warm.shape[0], "cols": warm.shape[1], "nnz": warm.nnz,
+               "features": module.extract_features(warm)}
+    with module.fresh_store(warm_up) as store:
+        folder = store.path.parent
+        assert [m["name"] for m in store.db["matrices"].rows] == ["warm-up"]
+    assert not folder.exists()

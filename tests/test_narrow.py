@@ -214,7 +214,7 @@ def test_a_count_known_before_decides_whether_offsets_pay():
 
 
 def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(monkeypatch):
-    """plan() writes a new matrix's 16-bit row columns once, before it knows what it runs (rows_written_once):
+    """A race writes a new matrix's 16-bit row columns once, before it knows what it runs (rows_written_once):
     only where the structure pass counted rows that pay, only for preparations of the same arrays, only within;
     where the GPU has no room for them, each preparation writes its own."""
     from types import SimpleNamespace
@@ -289,9 +289,10 @@ def test_gpu_row_families_prepared_within_share_the_rows_written_once():
 
 
 @pytest.mark.gpu
-def test_plan_writes_row_columns_ahead_for_a_race_and_a_ranked_prediction_only(monkeypatch, tmp_path):
-    """plan() of a matrix new to the store writes its 16-bit row columns ahead (rows_written_once) for a race and for
-    a prediction a selector ranks; a prediction without a selector (cuSPARSE runs) writes none; products right."""
+def test_plan_writes_row_columns_ahead_for_a_race_only(monkeypatch, tmp_path):
+    """plan() of a matrix new to the store writes its 16-bit row columns ahead (rows_written_once) for a race; a
+    prediction (whose pick the GPU made before they could be queued) writes them in its preparation, where its pick
+    takes them, and none without a selector (cuSPARSE runs); products right."""
     import inspect
 
     import cupy
@@ -312,14 +313,18 @@ def test_plan_writes_row_columns_ahead_for_a_race_and_a_ranked_prediction_only(m
     monkeypatch.setattr(narrow, "queue_encode", queue_encode)
     A = _local()
     x = np.random.default_rng(6).uniform(-1, 1, COLS)
-    for models, effort, ahead in ((tmp_path / "none", "predict", False), (DATA_DIR, "predict", True),
-                                  (DATA_DIR, "race", True)):
+    for case, (models, effort, ahead) in enumerate(((tmp_path / "none", "predict", False),
+                                                    (DATA_DIR, "predict", False), (DATA_DIR, "race", True))):
         monkeypatch.setenv("SPMV_TUNER_MODELS", str(models))
         callers.clear()
-        ex = plan(cusp.csr_matrix(A), effort=effort, db=Store(tmp_path / f"{effort}-{ahead}.db"))
+        ex = plan(cusp.csr_matrix(A), effort=effort, db=Store(tmp_path / f"{case}.db"))
         assert (callers[:1] == ["rows_written_once"]) == ahead, (effort, models, callers)
         if not ahead:
-            assert ex.source == "default" and callers == []
+            assert "rows_written_once" not in callers
+            if models == DATA_DIR:
+                assert ex.source == "predicted"
+            else:
+                assert ex.source == "default" and callers == []
         np.testing.assert_allclose(ex(cupy.asarray(x)).get(), A @ x, rtol=1e-12, atol=1e-12)
         if ex.race is not None:
             assert ex.race.recorded.result() > 0  # the race's laps written before the store's folder goes

@@ -24,6 +24,7 @@ indices, sorted columns within each row, no duplicates.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -243,9 +244,9 @@ def _from_raw(raw: dict[str, float], m: int, n: int, nnz: int) -> dict[str, floa
     """The feature vector from :func:`~tuner.matrix.features_gpu.queue_device_features`' numbers (its twin on the
     GPU, :mod:`tuner.select.rank_gpu`, follows it step by step)."""
     mean = nnz / m
-    npr_std = float(np.sqrt(max(raw["npr_sum_sq"] / m - mean * mean, 0.0)))
+    npr_std = math.sqrt(max(raw["npr_sum_sq"] / m - mean * mean, 0.0))
     col_mean = nnz / n
-    col_std = float(np.sqrt(max(raw["col_sum_sq"] / n - col_mean * col_mean, 0.0)))
+    col_std = math.sqrt(max(raw["col_sum_sq"] / n - col_mean * col_mean, 0.0))
     seg_size, seg_count = segments_of_quartiles(m, int(raw["npr_min"]), int(raw["npr_max"]), raw["q25"], raw["q75"])
     diag_len = min(m, n)
     features = {
