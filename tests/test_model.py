@@ -37,6 +37,7 @@ from tuner.select.forest import CompactForest
 from tuner.select.model import (
     DERIVED_FEATURES,
     MISSING_PENALTY,
+    NEAR_POWER,
     OUTCOME_SAMPLES,
     DeviceSpec,
     KernelSelector,
@@ -194,7 +195,8 @@ def test_the_cap_bounds_each_configs_learned_slowdown() -> None:
     for key, t in times[0].items():  # A and B are 1.2 and 3.0 (2.5x apart), cuSPARSE 2.0 and 2.2 (under 2x)
         assert expected[key] == pytest.approx(min(t, 2.0 * best))
     assert max(times[0].values()) > 2.0 * best
-    for bad in ({"cap": 1.0}, {"cap": 0.5}, {"risk_quantile": 1.5}, {"risk_quantile": -0.1}):
+    for bad in ({"cap": 1.0}, {"cap": 0.5}, {"risk_quantile": 1.5}, {"risk_quantile": -0.1}, {"near_share": 1.5},
+                {"near_share": -0.2}):
         with pytest.raises(InvalidConfigError, match=next(iter(bad))):
             KernelSelector(**bad).fit(feats, times, dtype=DTYPE, device=DEVICE)
 
@@ -220,25 +222,52 @@ def test_the_risk_quantile_puts_first_the_config_never_far_off() -> None:
     assert np.mean([k == B for k in firsts(risk_quantile=0.9)]) >= 0.8
 
 
-def test_the_rank_order_is_the_quantile_of_the_outcomes_then_the_expected_time(fitted) -> None:
-    selector, feats, _ = fitted
-    assert selector.risk_quantile == 0.75
-    quantile = np.quantile(selector.outcomes(feats[:6]), 0.75, axis=1)
+@pytest.mark.parametrize("near_share", [None, 0.7])
+def test_the_rank_order_is_the_quantile_of_the_outcomes_then_the_expected_time(fitted, near_share) -> None:
+    """The key is the quantile of each config's outcomes (drawn by proximity); with ``near_share``, blended with
+    the quantile over a second draw by proximity squared (NEAR_POWER), the nearest training rows weighing more.
+    Ties by expected time."""
+    fitted_selector, feats, _ = fitted
+    assert (fitted_selector.risk_quantile, fitted_selector.near_share) == (0.8, 0.7)  # the defaults
+    selector = pickle.loads(pickle.dumps(fitted_selector)).set_params(near_share=near_share)
+    key = np.quantile(selector.outcomes(feats[:6]), 0.8, axis=1)
+    if near_share:
+        weights = selector._expected(feats[:6], None)[3]
+        near = np.quantile(selector.outcomes_of(selector._draws(weights ** NEAR_POWER)), 0.8, axis=1)
+        key = (1 - near_share) * key + near_share * near
     expected = selector.expected_times(feats[:6])
     order = selector.rank_order(feats[:6])
-    for q, e, o in zip(quantile, expected, order, strict=True):
+    for q, e, o in zip(key, expected, order, strict=True):
         assert sorted(range(len(e)), key=lambda j: (q[j], e[j])) == o.tolist()
     assert [config_key(r.kernel, r.params) for r in selector.rank(feats[0])] == \
         [selector.config_keys()[j] for j in order[0]]
     assert [config_key(*p) for p in selector.predict(feats[:6])] == [selector.config_keys()[j] for j in order[:, 0]]
 
 
+def test_the_second_draw_weighs_the_nearest_training_rows_more(fitted) -> None:
+    """Drawn by proximity squared, a training row of more than the mean weight is drawn more often than by
+    proximity, and the draws come from the rows of nonzero weight only."""
+    selector, feats, _ = fitted
+    weights = selector._expected(feats[:1], None)[3]
+    first, second = selector._draws(weights)[0], selector._draws(weights ** NEAR_POWER)[0]
+    heaviest = int(np.argmax(weights[0]))
+    assert np.count_nonzero(second == heaviest) >= np.count_nonzero(first == heaviest) >= 1
+    assert (weights[0][second] > 0).all() and len(set(second.tolist())) <= len(set(first.tolist()))
+
+
 def test_a_selector_pickled_before_cap_and_risk_quantile_ranks_by_expected_time(fitted) -> None:
     selector, feats, _ = fitted
     old = pickle.loads(pickle.dumps(selector))
-    del old.__dict__["cap"], old.__dict__["risk_quantile"]
+    del old.__dict__["cap"], old.__dict__["risk_quantile"], old.__dict__["near_share"]
     again = pickle.loads(pickle.dumps(old))
-    assert (again.cap, again.risk_quantile) == (None, None) and again.get_params()["cap"] is None
+    assert (again.cap, again.risk_quantile, again.near_share) == (None, None, None)
+    assert again.get_params()["cap"] is None
+    one_draw = pickle.loads(pickle.dumps(selector))  # pickled before near_share only: its quantile of one draw
+    del one_draw.__dict__["near_share"]
+    one_draw = pickle.loads(pickle.dumps(one_draw))
+    assert one_draw.near_share is None and one_draw.risk_quantile == 0.8
+    np.testing.assert_array_equal(one_draw.rank_order(feats[:6]),
+                                  pickle.loads(pickle.dumps(selector)).set_params(near_share=0).rank_order(feats[:6]))
     ranking = again.rank(feats[0])
     assert [r.expected_s for r in ranking] == sorted(r.expected_s for r in ranking)
 

@@ -68,20 +68,24 @@ def test_a_ranking_is_queued_only_behind_features_on_the_gpu() -> None:
 @pytest.mark.parametrize("device, dtype", SHIPPED)
 def test_the_gpu_ranks_each_matrix_as_numpy(device: str, dtype: str) -> None:
     """Behind each matrix's feature kernels: the features NumPy's way to the bit, the order, the votes, the draws
-    equal, the expected seconds to 1e-12."""
+    equal, the expected seconds to 1e-12; as shipped (the quantiles of two draws blended, ``near_share``) and with
+    the first draw's alone (a selector pickled before stop 61)."""
     import cupyx.scipy.sparse as cusp
 
-    selector = _selector(device, dtype)
+    shipped = _selector(device, dtype)
+    assert shipped.near_share
+    one_draw = pickle.loads(pickle.dumps(shipped)).set_params(near_share=None)
     for A in _matrices():
-        queued = queue_features(cusp.csr_matrix(A.astype(dtype)))
-        parts = rank_gpu.queue_rank(selector, queued.on_device)()
-        features = queued()
-        assert parts.features.tolist() == [features[n] for n in FEATURE_NAMES]
-        order, expected, votes, drawn = _numpy_parts(selector, features)
-        np.testing.assert_array_equal(parts.order, order)
-        np.testing.assert_array_equal(parts.drawn, drawn)
-        np.testing.assert_array_equal(parts.votes, votes)
-        np.testing.assert_allclose(parts.expected, expected, rtol=1e-12)
+        for selector in (shipped, one_draw):
+            queued = queue_features(cusp.csr_matrix(A.astype(dtype)))
+            parts = rank_gpu.queue_rank(selector, queued.on_device)()
+            features = queued()
+            assert parts.features.tolist() == [features[n] for n in FEATURE_NAMES]
+            order, expected, votes, drawn = _numpy_parts(selector, features)
+            np.testing.assert_array_equal(parts.order, order)
+            np.testing.assert_array_equal(parts.drawn, drawn)
+            np.testing.assert_array_equal(parts.votes, votes)
+            np.testing.assert_allclose(parts.expected, expected, rtol=1e-12)
 
 
 @pytest.mark.gpu

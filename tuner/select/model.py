@@ -13,7 +13,8 @@ architecture, in that GPU's seconds. Learning the configs relative to the
 matrix's best, rather than each ``log(t / t_bytes)``, keeps the matrix's overall
 speed (most of the variance) from steering the trees' splits; capping the latter (``cap``) keeps configs
 far off the best from steering them. The ranking puts first the configs whose slowdown on the training
-matrices nearest this one is lowest at a quantile (``risk_quantile``), rather than lowest on average.
+matrices nearest this one is lowest at a quantile (``risk_quantile``), rather than lowest on average; with
+``near_share``, a blend of that quantile over two draws of neighbours, the second weighted to the nearest.
 
 After fitting, the forest is kept as a :class:`tuner.select.forest.CompactForest`
 (flat arrays, the leaves as the training rows they hold): a shipped selector is
@@ -79,6 +80,7 @@ __all__ = [
     "DERIVED_FEATURES",
     "LARGE_NNZ",
     "MISSING_PENALTY",
+    "NEAR_POWER",
     "OUTCOME_SAMPLES",
     "DeviceSpec",
     "KernelSelector",
@@ -107,6 +109,10 @@ MISSING_PENALTY = math.log(2.0)
 
 OUTCOME_SAMPLES = 64
 """How many training matrices :meth:`KernelSelector.outcomes` draws for a matrix."""
+
+NEAR_POWER = 2.0
+"""With ``near_share``, the ranking's second draw weighs the training matrices by their proximity to this power:
+the very nearest (those sharing a leaf with the matrix in most trees) count for more than in the first."""
 
 LARGE_NNZ = 1_000_000
 """Preparation costs are estimated on matrices at least this large, where launch overheads do not dominate; the
@@ -330,6 +336,20 @@ class KernelSelector(BaseEstimator):
         nearest (:meth:`outcomes`), ties by expected time: on a structure unlike the training ones, a config
         good on most neighbours and far off on a few ranks below one that is never far off. None: by
         expected time alone.
+    near_share : float or None
+        With ``risk_quantile``, the rank key is ``(1 - near_share)`` x that quantile of the outcomes drawn by
+        proximity (:meth:`outcomes`) plus ``near_share`` x the same quantile of outcomes drawn by proximity to the
+        power :data:`NEAR_POWER` (the nearest training matrices weigh more). The first draw alone spreads a
+        matrix of a structure never seen over neighbours of many kinds; the second keeps the few that share most
+        leaves with it from being outvoted. :meth:`outcomes` (races, ``predicted``) stay the first draw's. None
+        or 0: the first draw alone (the selectors shipped before stop 61).
+
+        Leaving each structure family out (four corpora, forest seeds 0-9, then 10-19 to check a choice made
+        among some sixty rules on the first ten; ``bench/results/2026-11-28_lofo-near-61.txt``), ``risk_quantile``
+        0.8 with ``near_share`` 0.7 lifts the first config's worst 5 % on every corpus: H100 float64 0.739 ->
+        0.766 (seeds 10-19: 0.721 -> 0.758), H100 float32 0.793 -> 0.809 (0.788 -> 0.803), H200 float64 0.761 ->
+        0.771 (0.751 -> 0.761), H200 float32 0.761 -> 0.785 (0.753 -> 0.774), the geomeans within -0.001 and
+        +0.010.
 
         Leaving each structure family out of the four corpora (5 seeds each, on the CPU,
         ``bench/results/2026-11-27_lofo-shipped-52.txt``), cap 4 with the 75th percentile lifts the first
@@ -339,18 +359,21 @@ class KernelSelector(BaseEstimator):
     """
 
     def __init__(self, *, n_estimators: int = 100, min_samples_leaf: int = 2, coverage: float = 0.8,
-                 cap: float | None = 4.0, risk_quantile: float | None = 0.75, random_state: int | None = 0) -> None:
+                 cap: float | None = 4.0, risk_quantile: float | None = 0.8, near_share: float | None = 0.7,
+                 random_state: int | None = 0) -> None:
         self.n_estimators = n_estimators
         self.min_samples_leaf = min_samples_leaf
         self.coverage = coverage
         self.cap = cap
         self.risk_quantile = risk_quantile
+        self.near_share = near_share
         self.random_state = random_state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A selector pickled before ``cap`` and ``risk_quantile`` were parameters was trained uncapped and
-        ranks by expected time: it loads with both None, and ranks as it did."""
-        super().__setstate__({"cap": None, "risk_quantile": None, **state})
+        ranks by expected time: it loads with both None, and ranks as it did; one pickled before ``near_share``
+        loads with it None (its one draw)."""
+        super().__setstate__({"cap": None, "risk_quantile": None, "near_share": None, **state})
 
     def fit(
         self,
@@ -375,6 +398,8 @@ class KernelSelector(BaseEstimator):
             raise InvalidConfigError(f"cap must be a slowdown above 1 (or None), got {self.cap!r}")
         if self.risk_quantile is not None and not 0 <= self.risk_quantile <= 1:
             raise InvalidConfigError(f"risk_quantile must be within [0, 1] (or None), got {self.risk_quantile!r}")
+        if self.near_share is not None and not 0 <= self.near_share <= 1:
+            raise InvalidConfigError(f"near_share must be within [0, 1] (or None), got {self.near_share!r}")
         names = [str(n) for n in feature_names]
         X = validate_data(self, _as_rows(X, names), reset=True, dtype=np.float64)
         if X.shape[1] != len(names):
@@ -490,7 +515,8 @@ class KernelSelector(BaseEstimator):
 
     def rank_order(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
         """Each row's configs (columns of :attr:`configs_`) first to last: by expected time, or with
-        ``risk_quantile`` by that quantile of their :meth:`outcomes`, ties by expected time."""
+        ``risk_quantile`` by that quantile of their :meth:`outcomes` (with ``near_share``, blended with the
+        quantile over a draw weighted to the nearest), ties by expected time."""
         _, expected, _, weights = self._expected(X, device)
         return self._order(expected, weights)[0]
 
@@ -500,7 +526,11 @@ class KernelSelector(BaseEstimator):
         if self.risk_quantile is None:
             return np.argsort(expected, axis=1, kind="stable"), None
         drawn = self._outcomes(weights)
-        return np.lexsort((expected, _quantile(drawn, self.risk_quantile)), axis=-1), drawn
+        key = _quantile(drawn, self.risk_quantile)
+        if getattr(self, "near_share", None):
+            near = self.outcomes_of(self._draws(weights ** NEAR_POWER))
+            key = (1 - self.near_share) * key + self.near_share * _quantile(near, self.risk_quantile)
+        return np.lexsort((expected, key), axis=-1), drawn
 
     def outcomes(self, X: Any, *, device: DeviceSpec | None = None) -> np.ndarray:
         """For each row of X, :data:`OUTCOME_SAMPLES` training matrices drawn by their nearness to it in the

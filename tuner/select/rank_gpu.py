@@ -9,7 +9,8 @@ ranks where the features' counters already lie
 (:class:`~tuner.matrix.features_gpu.DeviceCounters`): it turns them into the
 feature vector (as :func:`tuner.matrix.features._from_raw`), the design row
 (:func:`~tuner.select.model.design_matrix`), walks the forest (a thread a tree),
-weighs the training rows by proximity, draws the outcomes, takes each config's
+weighs the training rows by proximity, draws the outcomes (and, for a selector with
+``near_share``, draws again by the squared weights and blends the two quantiles), takes each config's
 quantile of them (a warp a config) and orders the configs, and writes the order,
 expected times, votes, draws, features and, for ``plan(effort="predict")``, the config
 :func:`~tuner.select.model.predicted` picks (so the host reads one config, not a ranking) into the features' read-back
@@ -57,6 +58,7 @@ from tuner.select.model import (
     COUNT_FEATURES,
     DEPART_SHARE,
     DERIVED_FEATURES,
+    NEAR_POWER,
     OUTCOME_SAMPLES,
     DeviceSpec,
     KernelSelector,
@@ -126,6 +128,57 @@ __device__ void design_of(const double* f, const double* d, unsigned long long c
     for (int i = 0; i < N_DESIGN; ++i) x[i] = (float)((counts >> i) & 1ull ? count_log(all[i]) : all[i]);
 }
 
+// np.cumsum of the weights v, where it rises: the rows of no weight between add +0 (every tree's leaf holds a row,
+// so n_kept >= 1). One thread.
+__device__ void running_sum(double* v, const int* kept, int n_kept) {
+    for (int i = 1; i < n_kept; ++i) v[kept[i]] += v[kept[i - 1]];
+}
+
+// KernelSelector._draws over the running sums v: np.searchsorted, side left, whose first sum >= at is at a row of
+// weight. The block's threads.
+__device__ void systematic_draw(const double* v, const int* kept, int n_kept, int rows, int* drawn) {
+    const double total = v[kept[n_kept - 1]];
+    for (int s = threadIdx.x; s < SAMPLES; s += blockDim.x) {
+        const double at = ((double)s + 0.5) / SAMPLES * total;
+        int lo = 0, hi = n_kept;
+        while (lo < hi) { const int mid = (lo + hi) >> 1; if (v[kept[mid]] < at) lo = mid + 1; else hi = mid; }
+        drawn[s] = lo < n_kept ? kept[lo] : rows - 1;
+    }
+}
+
+// The drawn rows' targets side by side, config by config (configs x SAMPLES). The block's threads.
+__device__ void drawn_targets(const float* __restrict__ targets, int outputs, int configs, const int* drawn,
+                              float* drawn_t) {
+    for (int i = threadIdx.x; i < configs * SAMPLES; i += blockDim.x) {
+        const int s = i / configs, j = i % configs;
+        drawn_t[j * SAMPLES + s] = targets[(long long)drawn[s] * outputs + 1 + j];
+    }
+}
+
+// model._quantile: of each config's sorted outcomes, the two at the quantile's place, interpolated, into key. A warp
+// a config: each lane ranks two outcomes.
+__device__ void quantiles(const float* drawn_t, int configs, double quantile, double* key) {
+    const double at = quantile * (SAMPLES - 1);
+    const int low = (int)at, high = low + 1 < SAMPLES ? low + 1 : SAMPLES - 1;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int j = threadIdx.x >> 5; j < configs; j += warps) {
+        const float* v = drawn_t + j * SAMPLES;
+        float a = 0.0f, b = 0.0f;
+        bool has_a = false, has_b = false;
+        for (int half = 0; half < 2; ++half) {
+            const int s = lane + 32 * half;
+            int place = 0;  // its place in a stable sort
+            for (int u = 0; u < SAMPLES; ++u) place += v[u] < v[s] || (v[u] == v[s] && u < s);
+            if (place == low) { a = v[s]; has_a = true; }
+            if (place == high) { b = v[s]; has_b = true; }
+        }
+        const unsigned int with_a = __ballot_sync(0xffffffffu, has_a), with_b = __ballot_sync(0xffffffffu, has_b);
+        a = __shfl_sync(0xffffffffu, a, __ffs(with_a) - 1);
+        b = __shfl_sync(0xffffffffu, b, __ffs(with_b) - 1);
+        if (lane == 0) key[j] = (double)a + ((double)b - (double)a) * (at - low);
+    }
+}
+
 // The ranking (KernelSelector.rank) from the design row in shared memory. out: order (C), expected seconds (C),
 // votes (C: trees), draws (64), the features (31) and, given pick_flags, predicted's pick (1: a config or -1), as
 // doubles. Shared memory (smem): see _shared_bytes.
@@ -134,20 +187,23 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
                             const int* __restrict__ left, const int* __restrict__ right, const int* __restrict__ roots,
                             int trees, const int* __restrict__ leaf_start, const int* __restrict__ members, int rows,
                             const float* __restrict__ targets, int outputs, const int* __restrict__ firsts,
-                            const int* __restrict__ room, double quantile, double t_bytes,
+                            const int* __restrict__ room, double quantile, double near_share, double t_bytes,
                             const unsigned char* __restrict__ pick_flags, int base, double depart_share,
                             double* __restrict__ out, unsigned char* smem) {
     const int configs = outputs - 1;
     double* w = (double*)smem;                 // proximity weight of each training row, then their running sum
-    double* mean = w + rows;                   // the targets' mean under the weights (outputs)
+    double* near = w + rows;                   // its square (NEAR_POWER), then their running sum (near_share > 0)
+    double* mean = near + rows;                // the targets' mean under the weights (outputs)
     double* key = mean + outputs;              // each config's quantile of its drawn outcomes (configs)
-    double* expected = key + configs;          // (configs)
+    double* near_key = key + configs;          // and of those drawn by the squared weights (configs)
+    double* expected = near_key + configs;     // (configs)
     double* share = expected + configs;        // what each tree adds to the weight of each row of its leaf (trees)
     float* drawn_t = (float*)(share + trees);  // the drawn rows' targets, config by config (configs x SAMPLES)
     int* leaf = (int*)(drawn_t + configs * SAMPLES);  // each tree's leaf (trees)
     int* size = leaf + trees;                  // its training rows (trees)
     int* drawn = size + trees;                 // (SAMPLES)
-    int* votes = drawn + SAMPLES;              // (configs)
+    int* near_drawn = drawn + SAMPLES;         // drawn by the squared weights (SAMPLES)
+    int* votes = near_drawn + SAMPLES;         // (configs)
     int* staged = votes + configs;             // each tree's leaf's rows, at room[t] (room[trees] in all)
     int* kept = staged + room[trees];          // the training rows of nonzero weight, in order (rows at most)
     __shared__ int n_kept;
@@ -204,48 +260,35 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
         mean[o] = acc;
     }
     __syncthreads();
-    if (threadIdx.x == 0)  // np.cumsum, where it rises: the rows of no weight between add +0 (every tree's leaf
-        for (int i = 1; i < n_kept; ++i) w[kept[i]] += w[kept[i - 1]];  // holds a row, so n_kept >= 1)
+    const bool blend = quantile >= 0 && near_share > 0;  // model._order's second draw, by the squared weights
+    if (blend)
+        for (int i = threadIdx.x; i < n_kept; i += blockDim.x) near[kept[i]] = w[kept[i]] * w[kept[i]];
     __syncthreads();
-    const double total = w[kept[n_kept - 1]];
-    for (int s = threadIdx.x; s < SAMPLES; s += blockDim.x) {  // the systematic draw: np.searchsorted, side left,
-        const double at = ((double)s + 0.5) / SAMPLES * total;  // whose first sum >= at is at a row of weight
-        int lo = 0, hi = n_kept;
-        while (lo < hi) { const int mid = (lo + hi) >> 1; if (w[kept[mid]] < at) lo = mid + 1; else hi = mid; }
-        drawn[s] = lo < n_kept ? kept[lo] : rows - 1;
-    }
+    if (threadIdx.x == 0) running_sum(w, kept, n_kept);
+    if (threadIdx.x == 32 && blend) running_sum(near, kept, n_kept);
     __syncthreads();
-    for (int i = threadIdx.x; i < configs * SAMPLES; i += blockDim.x) {  // a drawn row's targets side by side
-        const int s = i / configs, j = i % configs;
-        drawn_t[j * SAMPLES + s] = targets[(long long)drawn[s] * outputs + 1 + j];
-    }
+    systematic_draw(w, kept, n_kept, rows, drawn);
+    if (blend) systematic_draw(near, kept, n_kept, rows, near_drawn);
     for (int j = threadIdx.x; j < configs; j += blockDim.x) {
         expected[j] = t_bytes * exp(mean[0] + mean[1 + j]);
         key[j] = 0.0;
     }
     __syncthreads();
-    if (quantile >= 0) {  // model._quantile: of the sorted outcomes, the two at the quantile's place, interpolated
-        const double at = quantile * (SAMPLES - 1);
-        const int low = (int)at, high = low + 1 < SAMPLES ? low + 1 : SAMPLES - 1;
-        const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-        for (int j = threadIdx.x >> 5; j < configs; j += warps) {  // a warp a config: each lane ranks two outcomes
-            const float* v = drawn_t + j * SAMPLES;
-            float a = 0.0f, b = 0.0f;
-            bool has_a = false, has_b = false;
-            for (int half = 0; half < 2; ++half) {
-                const int s = lane + 32 * half;
-                int place = 0;  // its place in a stable sort
-                for (int u = 0; u < SAMPLES; ++u) place += v[u] < v[s] || (v[u] == v[s] && u < s);
-                if (place == low) { a = v[s]; has_a = true; }
-                if (place == high) { b = v[s]; has_b = true; }
-            }
-            const unsigned int with_a = __ballot_sync(0xffffffffu, has_a), with_b = __ballot_sync(0xffffffffu, has_b);
-            a = __shfl_sync(0xffffffffu, a, __ffs(with_a) - 1);
-            b = __shfl_sync(0xffffffffu, b, __ffs(with_b) - 1);
-            if (lane == 0) key[j] = (double)a + ((double)b - (double)a) * (at - low);
-        }
+    if (blend) {  // the quantiles of the second draw's outcomes first, staged where the first draw's go next
+        drawn_targets(targets, outputs, configs, near_drawn, drawn_t);
+        __syncthreads();
+        quantiles(drawn_t, configs, quantile, near_key);
+        __syncthreads();
     }
+    drawn_targets(targets, outputs, configs, drawn, drawn_t);
     __syncthreads();
+    if (quantile >= 0) quantiles(drawn_t, configs, quantile, key);
+    __syncthreads();
+    if (blend) {
+        for (int j = threadIdx.x; j < configs; j += blockDim.x)
+            key[j] = (1.0 - near_share) * key[j] + near_share * near_key[j];
+        __syncthreads();
+    }
     for (int j = threadIdx.x; j < configs; j += blockDim.x) {  // np.lexsort((expected, key)): its place
         int place = 0;
         for (int k = 0; k < configs; ++k)
@@ -286,7 +329,8 @@ extern "C" __global__ void rank_from_counters(const unsigned long long* __restri
                                               double nnz, double density, double mean, double col_mean,
                                               double m_nnz, double diag_len, double t25, double t75, double cbrt_m,
                                               double itemsize, double l2, double sms, unsigned long long counts,
-                                              double quantile, double t_bytes, FOREST, PICK, double* __restrict__ out) {
+                                              double quantile, double near_share, double t_bytes, FOREST, PICK,
+                                              double* __restrict__ out) {
     extern __shared__ __align__(8) unsigned char smem[];
     __shared__ double f[N_FEATURES];
     __shared__ float x[N_DESIGN];
@@ -297,12 +341,13 @@ extern "C" __global__ void rank_from_counters(const unsigned long long* __restri
         design_of(f, d, counts, x);
     }
     __syncthreads();
-    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, pick_flags, base, depart_share, out, smem);
+    rank_design(x, f, FOREST_ARGS, quantile, near_share, t_bytes, pick_flags, base, depart_share, out, smem);
 }
 
 extern "C" __global__ void rank_from_features(const double* __restrict__ given, double itemsize, double l2,
-                                              double sms, unsigned long long counts, double quantile, double t_bytes,
-                                              FOREST, PICK, double* __restrict__ out) {
+                                              double sms, unsigned long long counts, double quantile,
+                                              double near_share, double t_bytes, FOREST, PICK,
+                                              double* __restrict__ out) {
     extern __shared__ __align__(8) unsigned char smem[];
     __shared__ double f[N_FEATURES];
     __shared__ float x[N_DESIGN];
@@ -312,7 +357,7 @@ extern "C" __global__ void rank_from_features(const double* __restrict__ given, 
         design_of(f, d, counts, x);
     }
     __syncthreads();
-    rank_design(x, f, FOREST_ARGS, quantile, t_bytes, pick_flags, base, depart_share, out, smem);
+    rank_design(x, f, FOREST_ARGS, quantile, near_share, t_bytes, pick_flags, base, depart_share, out, smem);
 }
 """
 
@@ -376,12 +421,13 @@ class RankParts:
 
 def takes(selector: KernelSelector) -> bool:
     """Whether the kernel ranks for ``selector``: trained on :data:`FEATURE_NAMES` (the design row the kernel
-    writes), its forest within :data:`SHARED_BYTES` (known once a selector and process)."""
+    writes), its forest within :data:`SHARED_BYTES`, its second draw by the squared weights (the kernel squares;
+    :data:`~tuner.select.model.NEAR_POWER`) (known once a selector and process)."""
     if (known := _TAKES.get(selector)) is None:
         known = _TAKES[selector] = (
             list(selector.feature_names_in_) == list(FEATURE_NAMES) and FEATURE_NAMES[:len(_FIXED)] == _FIXED
             and tuple(DERIVED_FEATURES) == _DERIVED and len(FEATURE_NAMES) == len(_FIXED) + len(CF_WIDTHS)
-            and _shared_bytes(selector) <= SHARED_BYTES)
+            and NEAR_POWER == 2.0 and _shared_bytes(selector) <= SHARED_BYTES)
     return known
 
 
@@ -457,12 +503,13 @@ def _pick_args(selector: KernelSelector, prepare_budget: float, gpu: int) -> tup
 @functools.lru_cache(maxsize=8)
 def _spec_args(selector: KernelSelector, spec: DeviceSpec) -> tuple[Any, ...]:
     """The kernel's arguments of the device and dtype (itemsize, L2 or NaN, SMs, the count columns, the quantile
-    or -1), once a selector and device spec (the last eight kept: a process plans with a selector or two)."""
+    or -1, the near draw's share or 0), once a selector and device spec (the last eight kept: a process plans with
+    a selector or two)."""
     counts = sum(1 << i for i, name in enumerate(_DESIGN) if name in COUNT_FEATURES)
     quantile = -1.0 if selector.risk_quantile is None else float(selector.risk_quantile)
     l2 = float(spec.l2_bytes) if spec.l2_bytes > 0 else math.nan
     return (*map(np.float64, (np.dtype(selector.dtype_).itemsize, l2, spec.sms)), np.uint64(counts),
-            np.float64(quantile))
+            np.float64(quantile), np.float64(selector.near_share or 0.0))
 
 
 @dataclass(frozen=True)
@@ -492,8 +539,8 @@ def _shared_bytes(selector: KernelSelector) -> int:
     f = selector.forest_
     rows, outputs, trees = len(f.targets), f.n_outputs, f.n_trees
     configs = outputs - 1
-    return (8 * (rows + outputs + 2 * configs + trees) + 4 * configs * OUTCOME_SAMPLES
-            + 4 * (2 * trees + OUTCOME_SAMPLES + configs + int(_room(selector)[-1]) + rows))
+    return (8 * (2 * rows + outputs + 3 * configs + trees) + 4 * configs * OUTCOME_SAMPLES
+            + 4 * (2 * trees + 2 * OUTCOME_SAMPLES + configs + int(_room(selector)[-1]) + rows))
 
 
 def _on_gpu(selector: KernelSelector, device: int) -> _Forest:
