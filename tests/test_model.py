@@ -245,8 +245,8 @@ def test_the_rank_order_is_the_quantile_of_the_outcomes_then_the_expected_time(f
 
 
 def test_the_second_draw_weighs_the_nearest_training_rows_more(fitted) -> None:
-    """Drawn by proximity squared, a training row of more than the mean weight is drawn more often than by
-    proximity, and the draws come from the rows of nonzero weight only."""
+    """Drawn by proximity squared, the nearest training row is drawn at least as often as by proximity, the draws
+    fall on no more distinct rows, and only on rows of nonzero weight."""
     selector, feats, _ = fitted
     weights = selector._expected(feats[:1], None)[3]
     first, second = selector._draws(weights)[0], selector._draws(weights ** NEAR_POWER)[0]
