@@ -528,7 +528,7 @@ class KernelSelector(BaseEstimator):
         drawn = self._outcomes(weights)
         key = _quantile(drawn, self.risk_quantile)
         if self.near_share:
-            near = self.outcomes_of(self._draws(weights ** NEAR_POWER))
+            near = self._outcomes(weights ** NEAR_POWER)
             key = (1 - self.near_share) * key + self.near_share * _quantile(near, self.risk_quantile)
         return np.lexsort((expected, key), axis=-1), drawn
 
