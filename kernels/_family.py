@@ -65,6 +65,10 @@ class Family(ABC):
     """What a preparation costs, in SpMVs of the prepared matrix, where no selector has measured it: a race
     where the selector ranks none of the family's configs (:meth:`unranked_config`) takes an entrant above
     :data:`tuner.execute.race.CHEAP_SPMVS` as costly to prepare. None: about as cheap as a product."""
+    row_columns: ClassVar[bool] = False
+    """Whether its preparation takes the 16-bit columns of the matrix's own rows where its ``indices`` are narrow
+    (:func:`kernels._narrow.attach` over ``A.indptr``): those ``plan()`` may write ahead of it
+    (:func:`kernels._narrow.rows_written_once`)."""
     adapt_first: ClassVar[str | None] = None
     """The parameter :meth:`adapt` fits first (NuT: its slabs, to the L2): of the configs a selector ranks,
     those with it right already are the ones to fit further (:func:`tuner.execute.race.adapted`)."""

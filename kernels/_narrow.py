@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,12 @@ def attach(extra: dict[str, Any], params: Mapping[str, Any], ptr: Any, indices: 
     return found is not None
 
 
+def reads_row_columns(family: Any, params: Mapping[str, Any]) -> bool:
+    """Whether ``family``'s preparation with ``params`` takes the 16-bit columns of the matrix's own rows, those
+    :func:`rows_written_once` writes: a row family's (``row_columns``) with narrow ``indices``."""
+    return bool(getattr(family, "row_columns", False)) and params.get("indices") == "narrow"
+
+
 def note_narrow_rows(A: Any, entries: int) -> None:
     """Keep on the CSR matrix object ``A`` the entries of its rows that span fewer than :data:`OFFSET_LIMIT`
     columns, as a pass over it counted them (``plan()``'s structure pass, :mod:`tuner.matrix.structure_gpu`),
@@ -87,8 +94,21 @@ def narrow_rows(A: Any) -> int | None:
     return getattr(A, _ROW_ENTRIES, None)
 
 
+@dataclass(frozen=True)
+class PickGate:
+    """A config picked on the GPU before the host knows which (``plan(effort="predict")``'s ranking kernel):
+    ``words[at]`` (a double, on the GPU) is its place in a list of configs, -1 for none; ``takes`` (a byte a
+    config, on the GPU) is nonzero for those whose preparation takes the rows' 16-bit columns; ``taken()``, once
+    ``words`` are read back, whether the pick is one of them."""
+
+    words: Any
+    at: int
+    takes: Any
+    taken: Callable[[], bool]
+
+
 @contextlib.contextmanager
-def rows_written_once(A: Any) -> Iterator[None]:
+def rows_written_once(A: Any, gate: PickGate | None = None) -> Iterator[None]:
     """Within: the 16-bit columns of the rows of ``A`` (a CuPy CSR matrix whose narrow rows
     :func:`note_narrow_rows` counted) queued on the GPU now, where they pay, and taken by every row family's
     preparation of ``A`` in this thread (:func:`attach`) instead of each writing its own. ``plan()``'s race queues them
@@ -96,13 +116,19 @@ def rows_written_once(A: Any) -> Iterator[None]:
     host ranks the configs (0.07-0.16 ms of an H200 on unseen matrices of 12-32 M entries, which a row family's
     preparation waited for), and a race's row entrants and its winner share one copy. Where no row family is
     prepared, they were written for nothing (the GPU was idle then) and are freed on leaving; where the GPU has
-    no room for them, each preparation writes its own as before."""
+    no room for them, each preparation writes its own as before.
+
+    With ``gate``, they are queued before the rows are counted and written only where the GPU's pick takes them
+    (``narrow_offsets`` reads the gate): a prediction queues them behind its ranking kernel, after the read-back's
+    copy, so that they are written while the host reads the pick back; a preparation takes them only where
+    ``gate.taken()`` and, the count read back by then, they pay."""
     entries = narrow_rows(A)
     written = None
-    if entries is not None and _pays(entries, A.shape[0]):
+    if gate is not None or (entries is not None and _pays(entries, A.shape[0])):
         cupy = require_cupy()
         with contextlib.suppress(cupy.cuda.memory.OutOfMemoryError):
-            written = (A.indptr, A.indices, queue_encode(A.indptr, A.indices))
+            written = (A.indptr, A.indices, queue_encode(A.indptr, A.indices, gate=gate),
+                       gate.taken if gate is not None else None)
     outer = getattr(_WRITTEN, "rows", None)
     _WRITTEN.rows = written
     try:
@@ -112,14 +138,17 @@ def rows_written_once(A: Any) -> Iterator[None]:
 
 
 _WRITTEN = threading.local()
-"""``rows``: (indptr, indices, (base, offsets)) of the matrix whose rows :func:`rows_written_once` wrote in this
-thread, or None."""
+"""``rows``: (indptr, indices, (base, offsets), the gate's ``taken`` or None) of the matrix whose rows
+:func:`rows_written_once` wrote in this thread, or None."""
 
 
 def _written_once(ptr: Any, indices: Any) -> tuple[Any, Any] | None:
-    """The base and offsets :func:`rows_written_once` wrote for exactly these arrays (the same objects), or None."""
+    """The base and offsets :func:`rows_written_once` wrote for exactly these arrays (the same objects), or None
+    (also where a gate kept them from being written)."""
     written = getattr(_WRITTEN, "rows", None)
-    return written[2] if written is not None and written[0] is ptr and written[1] is indices else None
+    if written is None or written[0] is not ptr or written[1] is not indices:
+        return None
+    return written[2] if written[3] is None or written[3]() else None
 
 
 def launch_columns(extra: Mapping[str, Any], indices: Any) -> tuple[Any, Any]:
@@ -173,16 +202,20 @@ def encode_on_gpu(ptr: Any, indices: Any, lanes: int | None = None) -> tuple[Any
     return base, offsets, int(narrow_entries.get()[0])
 
 
-def queue_encode(ptr: Any, indices: Any, lanes: int | None = None, narrow_entries: Any = None) -> tuple[Any, Any]:
+def queue_encode(ptr: Any, indices: Any, lanes: int | None = None, narrow_entries: Any = None,
+                 gate: PickGate | None = None) -> tuple[Any, Any]:
     """``narrow_offsets`` launched: every segment's base and the offsets (unwritten in wide segments), and,
-    into ``narrow_entries`` (one zeroed uint64 on the GPU) where given, the entries of the narrow segments."""
+    into ``narrow_entries`` (one zeroed uint64 on the GPU) where given, the entries of the narrow segments; with
+    ``gate``, none of them written unless the config it names takes them (:func:`rows_written_once`)."""
     cupy = require_cupy()
     segments = ptr.size - 1
     base, offsets = cupy.empty(segments, dtype=np.int32), cupy.empty(indices.size, dtype=np.uint16)
     kernel = get_kernels(CU_FILE, KERNELS)["narrow_offsets"]
     lanes = group_lanes(indices.size, segments) if lanes is None else lanes
     blocks = min(grid(lanes * segments, 256), _MAX_BLOCKS)
-    kernel((blocks,), (256,), (np.int32(segments), np.int32(lanes), ptr, indices, base, offsets, narrow_entries))
+    opened = (gate.words, np.int64(gate.at), gate.takes) if gate is not None else (None, np.int64(0), None)
+    kernel((blocks,), (256,), (np.int32(segments), np.int32(lanes), ptr, indices, base, offsets, narrow_entries,
+                               *opened))
     return base, offsets
 
 

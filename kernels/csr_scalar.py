@@ -28,6 +28,7 @@ class CsrScalar(RowSumReference, Family):
     summary = "one thread per row"
     source = "baseline (Bell & Garland, 2008: CSR scalar)"
     cu_file = "csr_scalar.cu"
+    row_columns = True
     space = Space((
         Param("block_size", (64, 128, 256, 512, 1024), 256, "threads per block"),
         Param("unroll", UNROLL, 4, "entries of a row a thread loads before it gathers their x (more loads in "

@@ -34,6 +34,7 @@ class CsrVector(Family):
     summary = "a group of threads per row, warp-shuffle reduction"
     source = "baseline (Bell & Garland, 2008: CSR vector); narrow columns after CSR-DU (Kourtis et al., 2008)"
     cu_file = "csr_vector.cu"
+    row_columns = True
     space = Space(
         (
             Param("threads_per_row", THREADS_PER_ROW, 8, "threads sharing one row (a power of two <= 32)"),

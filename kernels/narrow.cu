@@ -4,7 +4,10 @@
 // (or the segment is empty), base[s] = the lowest (0 for an empty one) and offsets[j] = indices[j] - base[s]
 // for its entries; otherwise base[s] = -1 and its offsets are left unwritten (never read). A segment's columns
 // need not be sorted. narrow_entries (zeroed by the caller; null where the caller knows the count) gets the
-// entries of the narrow segments: whether the offsets pay is then one read-back.
+// entries of the narrow segments: whether the offsets pay is then one read-back. With gate (not null) the kernel
+// writes only where a config picked on the GPU before the host knows it takes the offsets: gate[gate_at] (a double)
+// names it (-1: none), and takes has a nonzero byte for each config that does (plan(effort="predict") queues it
+// behind its ranking kernel); elsewhere every thread returns at once.
 
 __global__ void narrow_offsets(const int segments,
                                const int lanes,
@@ -12,8 +15,15 @@ __global__ void narrow_offsets(const int segments,
                                const int* __restrict__ indices,
                                int* __restrict__ base,
                                unsigned short* __restrict__ offsets,
-                               unsigned long long* __restrict__ narrow_entries)
+                               unsigned long long* __restrict__ narrow_entries,
+                               const double* __restrict__ gate,
+                               const long long gate_at,
+                               const unsigned char* __restrict__ takes)
 {
+    if (gate != nullptr) {  // the same answer in every thread: none reaches the barrier below where it returns
+        const double picked = gate[gate_at];
+        if (!(picked >= 0) || !takes[(long long)picked]) return;
+    }
     // The groups stride over the segments (blockDim is a multiple of 32); what a block found narrow is added
     // to narrow_entries once: an atomic a segment on that one counter took 1.6 M of them in turn on a matrix
     // of 1.6 M rows, longer than the rest of the kernel. (A warp a segment, as before, spent 2.8 ms on the 20 M

@@ -107,9 +107,9 @@ def test_non_canonical_input_is_refused(f) -> None:
 def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monkeypatch) -> None:
     """device_csr_and_fingerprint's order of work, on any machine (the GPU's steps replaced by NumPy ones that log
     when they are queued and read): the structure pass queued, the store asked (describe_if), the features
-    queued, the selector found (meanwhile), then the read-backs; a matrix found not canonical drops the features
-    queued on it, unread, and its canonical form is checked and described the same way; without describe_if,
-    no features."""
+    queued, the selector found (meanwhile, told the matrix described), then the read-backs; a matrix found not
+    canonical drops the features queued on it, unread, and its canonical form is checked and described the same
+    way; without describe_if, no features."""
     from kernels._narrow import encode, narrow_rows
     from tuner.matrix.structure_gpu import Structure, canonical_reference
 
@@ -140,20 +140,23 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
         log.append(f"describe {rows}x{cols} {nnz} {values}")
         return True
 
+    def find(dtype: str, queued: object, of: sp.csr_matrix) -> None:
+        log.append(f"selector {dtype} of {of.nnz}")
+
     A = random_canonical(3, (40, 30), 120)
-    B, fp, features = fp_module.device_csr_and_fingerprint(
-        A, dtype="float32", describe_if=describe, meanwhile=lambda dtype, queued: log.append(f"selector {dtype}"))
-    assert log == ["pass", f"describe 40x30 {A.nnz} float32", f"features of {A.nnz}", "selector float32", "read pass",
-                   "read features"]
+
+    B, fp, features = fp_module.device_csr_and_fingerprint(A, dtype="float32", describe_if=describe, meanwhile=find)
+    assert log == ["pass", f"describe 40x30 {A.nnz} float32", f"features of {A.nnz}", f"selector float32 of {A.nnz}",
+                   "read pass", "read features"]
     assert B.dtype == np.float32 and fp == fingerprint(A) and features == extract_features(A)
 
     log.clear()  # columns of a row out of order, and a duplicate: dropped, then its canonical form described
     unsorted = sp.csr_matrix((np.ones(4), np.array([2, 1, 3, 3], dtype=np.int32), np.array([0, 2, 4], dtype=np.int32)),
                              shape=(2, 5))
-    B, fp, features = fp_module.device_csr_and_fingerprint(
-        unsorted, describe_if=describe, meanwhile=lambda dtype, queued: log.append(f"selector {dtype}"))
-    assert log == ["pass", "describe 2x5 4 float64", "features of 4", "selector float64", "read pass",
-                   "pass", "describe 2x5 3 float64", "features of 3", "selector float64", "read pass", "read features"]
+    B, fp, features = fp_module.device_csr_and_fingerprint(unsorted, describe_if=describe, meanwhile=find)
+    assert log == ["pass", "describe 2x5 4 float64", "features of 4", "selector float64 of 4", "read pass",
+                   "pass", "describe 2x5 3 float64", "features of 3", "selector float64 of 3", "read pass",
+                   "read features"]
     assert fp == fingerprint(canonical(unsorted)) and features == extract_features(canonical(unsorted))
     assert narrow_rows(B) == 3  # its canonical form's pass counted, and the count kept on it
 

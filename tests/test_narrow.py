@@ -227,7 +227,7 @@ def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(mon
     queued = []
     written = (np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint16))  # stand-ins, told apart by identity
 
-    def queue_encode(ptr, indices):
+    def queue_encode(ptr, indices, gate=None):
         queued.append(ptr)
         return written
 
@@ -255,7 +255,7 @@ def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(mon
             pass
     assert queued == [A.indptr]
 
-    def no_room(ptr, indices):
+    def no_room(ptr, indices, gate=None):
         raise OutOfMemory
 
     monkeypatch.setattr(narrow, "queue_encode", no_room)
@@ -263,6 +263,80 @@ def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(mon
         extra = {}
         assert narrow.attach(extra, params, A.indptr, A.indices, counted)
         np.testing.assert_array_equal(extra["base"], narrow_columns(A.indptr, A.indices)[0])
+
+
+def test_rows_written_behind_a_gate_are_taken_only_where_it_opened(monkeypatch):
+    """A prediction queues the row columns before the rows are counted, behind its ranking (rows_written_once with
+    a gate): queued whatever the count, and taken by a preparation of the same arrays only where the gate says
+    the GPU's pick took them and, the count known by then, they pay."""
+    from types import SimpleNamespace
+
+    import kernels._narrow as narrow
+
+    gates = []
+    written = (np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint16))
+
+    def queue_encode(ptr, indices, gate=None):
+        gates.append(gate)
+        return written
+
+    monkeypatch.setattr(narrow, "queue_encode", queue_encode)
+    monkeypatch.setattr(narrow, "require_cupy", lambda: SimpleNamespace(
+        cuda=SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=MemoryError))))
+    A = _local()
+    counted = encode(A.indptr, A.indices)[2]
+    params = {"indices": "narrow"}
+    for opened in (True, False):
+        gate = narrow.PickGate(words=None, at=0, takes=None, taken=lambda opened=opened: opened)
+        with narrow.rows_written_once(A, gate=gate):  # nothing counted yet: queued all the same
+            extra: dict = {}
+            assert narrow.attach(extra, params, A.indptr, A.indices, counted)
+            assert (extra["base"] is written[0]) == opened and gates[-1] is gate
+            if not opened:  # written by the preparation itself
+                np.testing.assert_array_equal(extra["base"], narrow_columns(A.indptr, A.indices)[0])
+            assert not narrow.attach({}, params, A.indptr, A.indices, 0)  # they do not pay: int32 columns
+    assert len(gates) == 2
+
+
+def test_the_row_families_with_narrow_indices_read_the_row_columns():
+    """reads_row_columns: csr_vector and csr_scalar asking for narrow indices take the columns of the matrix's own
+    rows; with int32 indices, other families (rcm's rows are renumbered, csr5 and merge_path narrow tiles) and an
+    unknown family do not."""
+    from kernels import REGISTRY
+    from kernels._narrow import reads_row_columns
+
+    takes = {name for name, family in REGISTRY.items() if reads_row_columns(family, {"indices": "narrow"})}
+    assert takes == {"csr_vector", "csr_scalar"}
+    assert not reads_row_columns(REGISTRY["csr_vector"], {"indices": "int32"})
+    assert not reads_row_columns(None, {"indices": "narrow"})
+
+
+@pytest.mark.gpu
+def test_gpu_a_closed_gate_writes_nothing_and_an_open_one_what_no_gate_writes():
+    """narrow_offsets behind a gate (a config's place as a double, a byte a config): where the place names a config
+    whose byte is set it writes what it writes ungated (queue_encode with a PickGate); where it names another, or
+    none (-1), nothing: base and offsets keep what they held, and the count of narrow entries stays 0."""
+    import cupy
+
+    from kernels._cuda import get_kernels
+    from kernels._narrow import CU_FILE, KERNELS, PickGate, group_lanes, queue_encode
+
+    A = _short(6, seed=3)
+    ptr, indices = cupy.asarray(A.indptr), cupy.asarray(A.indices)
+    base, offsets, _ = encode(A.indptr, A.indices)
+    narrow = np.repeat(base, np.diff(A.indptr)) >= 0
+    takes = cupy.asarray(np.array([0, 1, 0], dtype=np.uint8))
+    got = queue_encode(ptr, indices, gate=PickGate(cupy.asarray(np.array([7.0, 1.0])), 1, takes, lambda: True))
+    np.testing.assert_array_equal(got[0].get(), base)
+    np.testing.assert_array_equal(got[1].get()[narrow], offsets[narrow])
+    kernel = get_kernels(CU_FILE, KERNELS)["narrow_offsets"]
+    segments = A.shape[0]
+    for picked in (0.0, 2.0, -1.0):
+        held = cupy.full(segments, -7, dtype=cupy.int32), cupy.full(A.nnz, 9, dtype=cupy.uint16)
+        count = cupy.zeros(1, dtype=cupy.uint64)
+        kernel((64,), (256,), (np.int32(segments), np.int32(group_lanes(A.nnz, segments)), ptr, indices, *held,
+                               count, cupy.asarray(np.array([7.0, picked])), np.int64(1), takes))
+        assert (held[0].get() == -7).all() and (held[1].get() == 9).all() and int(count.get()[0]) == 0
 
 
 @pytest.mark.gpu
@@ -289,10 +363,11 @@ def test_gpu_row_families_prepared_within_share_the_rows_written_once():
 
 
 @pytest.mark.gpu
-def test_plan_writes_row_columns_ahead_for_a_race_only(monkeypatch, tmp_path):
-    """plan() of a matrix new to the store writes its 16-bit row columns ahead (rows_written_once) for a race; a
-    prediction (whose pick the GPU made before they could be queued) writes them in its preparation, where its pick
-    takes them, and none without a selector (cuSPARSE runs); products right."""
+def test_plan_writes_row_columns_ahead_for_a_race_and_behind_a_predictions_ranking(monkeypatch, tmp_path):
+    """plan() of a matrix new to the store writes its 16-bit row columns ahead: a race before it ranks
+    (rows_written_once, the count read back), a prediction behind its ranking kernel, gated by that kernel's pick
+    (the gate opened exactly where the pick takes them, and its preparation took those very columns then); none
+    without a selector (cuSPARSE runs); products right."""
     import inspect
 
     import cupy
@@ -300,31 +375,36 @@ def test_plan_writes_row_columns_ahead_for_a_race_only(monkeypatch, tmp_path):
 
     import kernels._narrow as narrow
     from db.store import Store
+    from kernels import canonical, get_family
     from tuner.execute.plan import plan
     from tuner.select.shipped import DATA_DIR
 
-    callers = []
+    calls = []
     real = narrow.queue_encode
 
     def queue_encode(*args, **kwargs):
-        callers.append(inspect.stack()[1].function)
-        return real(*args, **kwargs)
+        written = real(*args, **kwargs)
+        calls.append((inspect.stack()[1].function, kwargs.get("gate"), written))
+        return written
 
     monkeypatch.setattr(narrow, "queue_encode", queue_encode)
     A = _local()
+    assert narrow._pays(encode(A.indptr, A.indices)[2], A.shape[0])
     x = np.random.default_rng(6).uniform(-1, 1, COLS)
-    for case, (models, effort, ahead) in enumerate(((tmp_path / "none", "predict", False),
-                                                    (DATA_DIR, "predict", False), (DATA_DIR, "race", True))):
+    cases = ((tmp_path / "none", "predict"), (DATA_DIR, "predict"), (DATA_DIR, "race"))
+    for case, (models, effort) in enumerate(cases):
         monkeypatch.setenv("SPMV_TUNER_MODELS", str(models))
-        callers.clear()
+        calls.clear()
         ex = plan(cusp.csr_matrix(A), effort=effort, db=Store(tmp_path / f"{case}.db"))
-        assert (callers[:1] == ["rows_written_once"]) == ahead, (effort, models, callers)
-        if not ahead:
-            assert "rows_written_once" not in callers
-            if models == DATA_DIR:
-                assert ex.source == "predicted"
-            else:
-                assert ex.source == "default" and callers == []
+        if models != DATA_DIR:
+            assert ex.source == "default" and calls == []
+        else:
+            caller, gate, written = calls[0]
+            assert caller == "rows_written_once" and (gate is not None) == (effort == "predict"), (effort, calls)
+        if models == DATA_DIR and effort == "predict":
+            takes = narrow.reads_row_columns(get_family(ex.kernel), canonical(ex.kernel, ex.params))
+            assert ex.source == "predicted" and gate.taken() == takes
+            assert (ex._prepared.extra.get("base") is written[0]) == takes, (ex.kernel, ex.params)
         np.testing.assert_allclose(ex(cupy.asarray(x)).get(), A @ x, rtol=1e-12, atol=1e-12)
         if ex.race is not None:
             assert ex.race.recorded.result() > 0  # the race's laps written before the store's folder goes

@@ -112,6 +112,26 @@ def test_the_gpu_ranks_feature_vectors_as_numpy(device: str, dtype: str) -> None
             assert _picked(selector, parts) == _predicted(selector, order, expected, votes, drawn)
 
 
+@pytest.mark.gpu
+def test_a_block_of_one_warp_ranks_as_a_whole_block(monkeypatch) -> None:
+    """The kernel run with one warp (a GPU whose registers allowed no more) ranks, draws both draws and picks as
+    with its whole block: the second draw's running sum is taken by the first thread after the first's, not
+    skipped."""
+    selector = _selector(*SHIPPED[0])
+    assert selector.near_share
+    vectors = [extract_features(A) for A in _matrices()[::3]]
+    whole = [rank_gpu.queue_rank_of_features(selector, f, prepare_budget=CHEAP_SPMVS)() for f in vectors]
+    real = rank_gpu._kernels
+    monkeypatch.setattr(rank_gpu, "_kernels", lambda cupy, device: {
+        name: (f, 32) for name, (f, _) in real(cupy, device).items()})
+    for f, want in zip(vectors, whole, strict=True):
+        got = rank_gpu.queue_rank_of_features(selector, f, prepare_budget=CHEAP_SPMVS)()
+        np.testing.assert_array_equal(got.order, want.order)
+        np.testing.assert_array_equal(got.drawn, want.drawn)
+        np.testing.assert_array_equal(got.expected, want.expected)
+        assert got.pick == want.pick
+
+
 def _predicted(selector, order, expected, votes, drawn, budget=CHEAP_SPMVS):
     """What :func:`predicted` picks of the whole ranking NumPy's parts give, with its outcomes: (kernel, params)."""
     want = predicted(selector.ranked(order, expected, votes, selector.outcomes_of(drawn, order)), budget)

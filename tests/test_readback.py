@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tuner.measure.backend import _spin_kernel
+
 pytestmark = pytest.mark.gpu
 
 
@@ -29,3 +31,24 @@ def test_parts_are_read_back_at_once_and_a_full_or_read_buffer_hands_out_none() 
     shared = ReadBack(16)
     part = part_of(shared, 5)
     assert part.owner is shared and part_of(None, 2).owner is not shared
+
+
+def test_a_queued_copy_holds_the_words_as_they_were_when_it_was_queued() -> None:
+    """queue_copy copies the parts taken so far behind the work queued before it, into pinned memory, and the
+    first read waits for that copy only: what is queued after it (a prediction's row columns) neither shows in
+    the words read nor delays them; no part is taken after it, and a second queue_copy or read changes nothing."""
+    import cupy
+
+    from tuner.matrix.readback import ReadBack
+
+    read_back = ReadBack(8)
+    part = read_back.take(4)
+    part.device[:] = cupy.arange(10, 14, dtype=cupy.uint64)
+    read_back.queue_copy()
+    assert read_back.take(1) is None
+    _spin_kernel()((1,), (1,), (np.int64(200_000_000),))  # some 0.1 s of the GPU, queued after it
+    part.device[:] = 0  # and after that: not in the words read
+    read_back.queue_copy()
+    assert part.read().tolist() == [10, 11, 12, 13]
+    assert not cupy.cuda.get_current_stream().done  # the read waited for the copy, not for the spin behind it
+    assert part.read().tolist() == [10, 11, 12, 13] and not part.device.any()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +27,11 @@ from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.shipped import ASK_STORE, StoredRow, may_predict
 
 if TYPE_CHECKING:
+    from kernels._narrow import PickGate
     from tuner.matrix.features import QueuedFeatures
     from tuner.measure.backend import GpuBackend
     from tuner.select.model import DeviceSpec, KernelSelector, RankedConfig
+    from tuner.select.rank_gpu import QueuedRank
 
 
 @dataclass(frozen=True)
@@ -116,17 +118,37 @@ def rank_configs(store: Store | None, *, device: str, dtype: str, features: Mapp
     return _registered(model, ranking), basis
 
 
+class QueuedRanking:
+    """:func:`queue_ranking`'s answer: called with the features read back, :func:`rank_configs`' answer, or None
+    where the kernel's features differ from them (then :func:`rank_configs` ranks). ``rows_gate``: the kernel's
+    pick on the GPU where it picks for a prediction and may pick a config that takes the rows' 16-bit columns
+    (:attr:`tuner.select.rank_gpu.QueuedRank.rows_gate`), else None."""
+
+    def __init__(self, model: KernelSelector, basis: str, pending: QueuedRank, *, pick: bool, outcomes: bool) -> None:
+        self._model, self._basis, self._pending, self._pick, self._outcomes = model, basis, pending, pick, outcomes
+        self.rows_gate: PickGate | None = pending.rows_gate
+
+    def __call__(self, features: Mapping[str, float]) -> tuple[list[RankedConfig] | None, str] | None:
+        model, basis, parts = self._model, self._basis, self._pending()
+        if parts.features.tolist() != [features[name] for name in FEATURE_NAMES]:
+            return None
+        if self._pick:
+            chosen = parts.pick
+            return (model.ranked([chosen], parts.expected, parts.votes) if chosen is not None else None), basis
+        order = parts.order
+        ranking = model.ranked(order, parts.expected, parts.votes,
+                               model.outcomes_of(parts.drawn, order) if self._outcomes else None)
+        return _registered(model, ranking), basis
+
+
 def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str], queued: QueuedFeatures, *,
-                  outcomes: bool = False, prepare_budget: float | None = None
-                  ) -> Callable[[Mapping[str, float]], tuple[list[RankedConfig] | None, str] | None] | None:
+                  outcomes: bool = False, prepare_budget: float | None = None) -> QueuedRanking | None:
     """:func:`rank_configs` with ``selector`` (:func:`selector_for`'s answer) queued on the GPU behind the
     features' kernels (:mod:`tuner.select.rank_gpu`), or None where it cannot be (no selector, features not
-    computed on the GPU, a selector the kernel does not take). The returned function takes the features read
-    back and gives :func:`rank_configs`' answer, or None where the kernel's features differ from them (then
-    :func:`rank_configs` ranks). With ``prepare_budget`` (``plan(effort="predict")``), the kernel also picks what
-    :func:`ranked_choice` picks with that budget, and the ranking is that config alone (none where none
-    qualifies): the some seventy configs, and the outcomes predict holds its pick to, are neither read back
-    nor built (0.1-0.2 ms of a plan on the GPU machines' hosts)."""
+    computed on the GPU, a selector the kernel does not take). With ``prepare_budget`` (``plan(effort="predict")``),
+    the kernel also picks what :func:`ranked_choice` picks with that budget, and the ranking is that config alone
+    (none where none qualifies): the some seventy configs, and the outcomes predict holds its pick to, are neither
+    read back nor built (0.1-0.2 ms of a plan on the GPU machines' hosts)."""
     model, spec, basis = selector
     if model is None or queued.on_device is None:
         return None
@@ -136,20 +158,7 @@ def queue_ranking(selector: tuple[KernelSelector | None, DeviceSpec | None, str]
         return None
     pick = prepare_budget is not None and _ranks_valid_configs_only(model)  # else the pick could be unregistered
     pending = queue_rank(model, queued.on_device, device=spec, prepare_budget=prepare_budget if pick else None)
-
-    def ranked(features: Mapping[str, float]) -> tuple[list[RankedConfig] | None, str] | None:
-        parts = pending()
-        if parts.features.tolist() != [features[name] for name in FEATURE_NAMES]:
-            return None
-        if pick:
-            chosen = parts.pick
-            return (model.ranked([chosen], parts.expected, parts.votes) if chosen is not None else None), basis
-        order = parts.order
-        ranking = model.ranked(order, parts.expected, parts.votes,
-                               model.outcomes_of(parts.drawn, order) if outcomes else None)
-        return _registered(model, ranking), basis
-
-    return ranked
+    return QueuedRanking(model, basis, pending, pick=pick, outcomes=outcomes)
 
 
 def _registered(model: Any, ranking: list[RankedConfig]) -> list[RankedConfig] | None:
@@ -222,5 +231,5 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     return default_choice()
 
 
-__all__ = ["NO_SELECTOR", "Choice", "choose", "default_choice", "queue_ranking", "rank_configs", "ranked_choice",
-           "selector_for", "stored_choice"]
+__all__ = ["NO_SELECTOR", "Choice", "QueuedRanking", "choose", "default_choice", "queue_ranking", "rank_configs",
+           "ranked_choice", "selector_for", "stored_choice"]

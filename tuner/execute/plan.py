@@ -29,7 +29,9 @@ the GPU behind the canonical check and the fingerprint, reads both back at once 
 while the GPU works (``ex.cost["matrix+features"]``); otherwise it looks the matrix up first (``"matrix"``,
 ``"lookup"``, then ``"features"`` where it is not found). Where a race runs on a matrix not found and its
 rows pay for 16-bit columns, the GPU writes them while the host ranks
-(:func:`kernels._narrow.rows_written_once`), for whichever row family the race then prepares on it.
+(:func:`kernels._narrow.rows_written_once`), for whichever row family the race then prepares on it; a
+prediction queues them behind the ranking kernel, after the read-back's copy, written only where that kernel's
+pick takes them (a row family's narrow config), while the host reads the pick back.
 ``op="spmspv"`` (a sparse x) gives a
 :class:`~tuner.execute.spmspv.SpMSpVExecutor` instead. ``from tuner import plan`` is this.
 """
@@ -120,30 +122,38 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
                                                                dtype=values)
         return not shaped
 
-    def find(values: str, queued: QueuedFeatures) -> None:
+    written = contextlib.ExitStack()  # 16-bit row columns written ahead (rows_written_once), kept to the preparation
+
+    def find(values: str, queued: QueuedFeatures, described: Any) -> None:
         if values not in selectors:
             selectors[values] = selector_for(store, device=device, dtype=values, backend=backend,
                                              newest=newest.get(values, ASK_STORE))
         if effort != "tune":
-            rankings[values] = queue_ranking(selectors[values], queued, outcomes=True,
-                                             prepare_budget=CHEAP_SPMVS if effort == "predict" else None)
+            ranking = rankings[values] = queue_ranking(selectors[values], queued, outcomes=True,
+                                                       prepare_budget=CHEAP_SPMVS if effort == "predict" else None)
+            if ranking is not None and ranking.rows_gate is not None:
+                # a prediction's row columns, queued behind the ranking that picks on the GPU and written where its
+                # pick takes them, while the host reads the pick back: after the read-back's copy, not before it
+                queued.on_device.read_back.queue_copy()
+                written.enter_context(rows_written_once(described, gate=ranking.rows_gate))
 
-    with steps("matrix"):  # on the GPU, canonical, named and, where new to the store, described: one round trip
-        write_behind.wait(store.path)  # an earlier plan()'s race, still being written
-        A_dev, fp, features = device_csr_and_fingerprint(A, dtype=dtype, meanwhile=find, describe_if=new_to_store)
-    if features is not None:
-        steps.rename("matrix", "matrix+features")
-    dtype = dtype_name(A_dev.dtype)
-    choice = None
-    if features is None:  # the store holds a matrix of this shape: this one?
-        with steps("lookup"):
-            choice = stored_choice(store, fp, device=device, dtype=dtype)
-            if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1], nnz=A_dev.nnz):
-                choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
-    # 16-bit columns of a matrix new to the store, written on the GPU while the host ranks (rows_written_once), for a
-    # race: its row entrants and winner share them. A prediction's pick is read back with the features (the GPU made
-    # it), so its preparation writes them where it takes them, and nothing is written for a pick that does not
-    with rows_written_once(A_dev) if choice is None and effort == "race" else contextlib.nullcontext():
+    with written:
+        with steps("matrix"):  # on the GPU, canonical, named and, where new to the store, described: one round trip
+            write_behind.wait(store.path)  # an earlier plan()'s race, still being written
+            A_dev, fp, features = device_csr_and_fingerprint(A, dtype=dtype, meanwhile=find,
+                                                             describe_if=new_to_store)
+        if features is not None:
+            steps.rename("matrix", "matrix+features")
+        dtype = dtype_name(A_dev.dtype)
+        choice = None
+        if features is None:  # the store holds a matrix of this shape: this one?
+            with steps("lookup"):
+                choice = stored_choice(store, fp, device=device, dtype=dtype)
+                if choice is None and store.has_legacy_matrix(rows=A_dev.shape[0], cols=A_dev.shape[1],
+                                                              nnz=A_dev.nnz):
+                    choice = stored_choice(store, legacy_fingerprint(A_dev), device=device, dtype=dtype)
+        if choice is None and effort == "race":  # its row entrants and winner share one copy, written while it ranks
+            written.enter_context(rows_written_once(A_dev))
         raced = None
         if choice is None:
             if features is None:

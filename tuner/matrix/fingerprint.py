@@ -85,7 +85,7 @@ def fingerprint(A: Any) -> str:
 
 def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
                                describe_if: Callable[[int, int, int, str], bool] | None = None,
-                               meanwhile: Callable[[str, QueuedFeatures], object] | None = None
+                               meanwhile: Callable[[str, QueuedFeatures, Any], object] | None = None
                                ) -> tuple[Any, str, dict[str, float] | None]:
     """:func:`~tuner.matrix.io.as_device_csr` of ``A``, its fingerprint and, where ``describe_if(rows, cols,
     nnz, values' dtype)`` holds (``plan()``: the store holds no matrix of that shape and nonzeros, so none can be
@@ -93,9 +93,9 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
     its features (:func:`~tuner.matrix.features.extract_features`), else None: what ``plan()`` starts from.
     A CuPy CSR matrix of int32 arrays is checked (canonical, values finite) and fingerprinted in one pass
     over it (:func:`~tuner.matrix.structure_gpu.structure_pass`), its features' kernels queued behind that
-    pass and read back with it: one wait for the GPU, not two; ``meanwhile`` is called with the values' dtype
-    and the queued features once they are queued, before that wait (``plan()`` finds the selector while the GPU
-    works, and queues the ranking behind the features). Where it is not
+    pass and read back with it: one wait for the GPU, not two; ``meanwhile`` is called with the values' dtype,
+    the queued features and the matrix they describe once they are queued, before that wait (``plan()`` finds the
+    selector while the GPU works, and queues the ranking behind the features). Where it is not
     canonical, its canonical form is fingerprinted and described. The matrix returned carries the pass's count of
     entries in rows narrow enough for 16-bit columns (:func:`kernels._narrow.note_narrow_rows`)."""
     if stays_on_device(A):
@@ -112,7 +112,7 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
 
 
 def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int, int, str], bool] | None,
-            meanwhile: Callable[[str, QueuedFeatures], object] | None
+            meanwhile: Callable[[str, QueuedFeatures, Any], object] | None
             ) -> tuple[Callable[[], Structure], Callable[[], dict[str, float] | None]]:
     """:func:`device_csr_and_fingerprint`'s GPU work on ``A`` queued: the structure pass (the fingerprint's sums,
     and ``values``' check where given) and, where ``describe_if`` holds, the features (used only where the
@@ -127,7 +127,7 @@ def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int,
         return check, lambda: None
     features = queue_features(A, checked_apart=True, into=read_back)
     if meanwhile is not None:
-        meanwhile(of, features)
+        meanwhile(of, features, A)
     return check, features
 
 

@@ -5,7 +5,9 @@ features' 46 counters and the selector's ranking (some 300 doubles). Each in a b
 a copy back and a wait for the GPU apiece, 20-50 us each on the GPU machines' hosts, whose caches the GPU's work
 empties (``bench/results/2026-11-28_predict-host-54.txt``). Here they take parts of one zeroed buffer
 (:meth:`ReadBack.take`), and the first :meth:`Part.read` copies every part taken back at once, behind all the
-kernels that write them (one stream: the order they were queued in).
+kernels that write them (one stream: the order they were queued in). Where more work is to follow them on the
+stream before the host reads (a prediction's 16-bit row columns, :func:`kernels._narrow.rows_written_once`),
+:meth:`ReadBack.queue_copy` queues that copy first, into pinned memory, so that the read waits for the copy only.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class ReadBack:
         self._device = cupy.zeros(words, dtype=cupy.uint64)
         self._taken = 0
         self._host: np.ndarray | None = None
+        self._copied: Any = None  # the event after a queued copy (queue_copy), until a read waited for it
+
+    def __del__(self) -> None:
+        if getattr(self, "_copied", None) is not None:  # pinned memory goes back to CuPy's pool: not while written
+            self._copied.synchronize()
 
     def take(self, words: int) -> Part | None:
         """The next ``words`` words of the buffer, or None where they do not fit or it was read back already."""
@@ -39,9 +46,26 @@ class ReadBack:
         self._taken = stop
         return Part(self, self._device[start:stop], start, stop)
 
+    def queue_copy(self) -> None:
+        """Queue the copy of every part taken so far now, behind the kernels queued so far, into pinned host memory
+        (the host goes on at once, and a read waits for this copy, not for work queued after it); no part is
+        taken after it. Nothing where they were read back already."""
+        import cupy
+        import cupyx
+
+        if self._host is not None:
+            return
+        host = cupyx.empty_pinned(self._taken, dtype=np.uint64)
+        stream = cupy.cuda.get_current_stream()
+        self._device.data.copy_to_host_async(host.__array_interface__["data"][0], host.nbytes, stream)
+        self._host, self._copied = host, stream.record()
+
     def _words(self, start: int, stop: int) -> np.ndarray:
         if self._host is None:  # every part taken, at once: waits for every kernel queued before this read
             self._host = _copied_back(self._device, self._taken)
+        elif self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
         return self._host[start:stop]
 
 

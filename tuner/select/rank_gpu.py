@@ -44,16 +44,17 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kernels import BASELINE
+from kernels import BASELINE, REGISTRY, canonical
+from kernels._narrow import PickGate, reads_row_columns
 from tuner.matrix.features import CF_WIDTHS, FEATURE_NAMES
 from tuner.matrix.features_gpu import DeviceCounters
-from tuner.matrix.readback import ReadBack, part_of
+from tuner.matrix.readback import Part, ReadBack, part_of
 from tuner.select.model import (
     COUNT_FEATURES,
     DEPART_SHARE,
@@ -66,7 +67,7 @@ from tuner.select.model import (
     predict_columns,
 )
 
-__all__ = ["SHARED_BYTES", "RankParts", "queue_rank", "queue_rank_of_features", "takes"]
+__all__ = ["SHARED_BYTES", "QueuedRank", "RankParts", "queue_rank", "queue_rank_of_features", "takes"]
 
 SHARED_BYTES = 47 * 1024
 """The kernel keeps the proximity weights (a double a training row), the drawn outcomes and each tree's leaf in
@@ -265,7 +266,8 @@ __device__ void rank_design(const float* x, const double* f, const short* __rest
         for (int i = threadIdx.x; i < n_kept; i += blockDim.x) near[kept[i]] = w[kept[i]] * w[kept[i]];
     __syncthreads();
     if (threadIdx.x == 0) running_sum(w, kept, n_kept);
-    if (threadIdx.x == 32 && blend) running_sum(near, kept, n_kept);
+    // the second sum on the second warp, alongside; on the first thread after the first where a block is one warp
+    if (threadIdx.x == (blockDim.x > 32 ? 32 : 0) && blend) running_sum(near, kept, n_kept);
     __syncthreads();
     systematic_draw(w, kept, n_kept, rows, drawn);
     if (blend) systematic_draw(near, kept, n_kept, rows, near_drawn);
@@ -415,8 +417,31 @@ class RankParts:
     def pick(self) -> int | None:
         """The column of :attr:`KernelSelector.configs_` that :func:`~tuner.select.model.predicted` picks of this
         ranking, with its outcomes, for the ``prepare_budget`` the kernel was given; None where none qualifies."""
-        pick = int(self._values[3 * self._configs + OUTCOME_SAMPLES + len(FEATURE_NAMES)])
+        pick = int(self._values[_pick_place(self._configs)])
         return pick if pick >= 0 else None
+
+
+def _pick_place(configs: int) -> int:
+    """Where the kernel writes its pick among the doubles it writes for a selector of ``configs`` configs."""
+    return 3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES)
+
+
+class QueuedRank:
+    """A ranking queued on the GPU (:func:`queue_rank`): calling it waits for the kernel and reads its
+    :class:`RankParts` back. ``rows_gate``: where the kernel picks for a prediction and some config it may pick
+    takes the rows' 16-bit columns, its pick where it lies on the GPU (:class:`kernels._narrow.PickGate`: the
+    columns can be queued behind the kernel, written only where the pick takes them), else None."""
+
+    def __init__(self, part: Part, configs: int, trees: int, row_columns: tuple[Any, np.ndarray] | None) -> None:
+        self._part, self._configs, self._trees = part, configs, trees
+        self.rows_gate: PickGate | None = None
+        if row_columns is not None:
+            on_gpu, on_host = row_columns
+            self.rows_gate = PickGate(part.device, _pick_place(configs), on_gpu,
+                                      lambda: (pick := self().pick) is not None and bool(on_host[pick]))
+
+    def __call__(self) -> RankParts:
+        return RankParts(self._part.read().view(np.float64), self._configs, self._trees)
 
 
 def takes(selector: KernelSelector) -> bool:
@@ -435,9 +460,9 @@ _TAKES: weakref.WeakKeyDictionary[KernelSelector, bool] = weakref.WeakKeyDiction
 
 
 def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: DeviceSpec | None = None,
-               prepare_budget: float | None = None) -> Callable[[], RankParts]:
+               prepare_budget: float | None = None) -> QueuedRank:
     """Queue ``selector``'s ranking of the matrix whose feature counters are ``counters`` on ``device`` (default:
-    the training one) behind them; the returned function reads it back (waiting for the GPU). With
+    the training one) behind them; calling what is returned reads it back (waiting for the GPU). With
     ``prepare_budget``, the kernel also picks what :func:`~tuner.select.model.predicted` picks with that budget
     (:attr:`RankParts.pick`). Check :func:`takes` first."""
     m, n, nnz = counters.m, counters.n, counters.nnz
@@ -449,7 +474,7 @@ def queue_rank(selector: KernelSelector, counters: DeviceCounters, *, device: De
 
 def queue_rank_of_features(selector: KernelSelector, features: Mapping[str, float], *,
                            device: DeviceSpec | None = None, prepare_budget: float | None = None
-                           ) -> Callable[[], RankParts]:
+                           ) -> QueuedRank:
     """:func:`queue_rank` from a feature vector (copied to the GPU) rather than a matrix's counters: what the
     tests hold to :meth:`KernelSelector.rank` over many vectors."""
     import cupy
@@ -461,7 +486,7 @@ def queue_rank_of_features(selector: KernelSelector, features: Mapping[str, floa
 
 def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[float, float, float], entry: str,
             head: tuple[Any, ...], prepare_budget: float | None, into: ReadBack | None = None
-            ) -> Callable[[], RankParts]:
+            ) -> QueuedRank:
     """Launch ``entry`` (its first arguments ``head``) for ``selector`` on ``device``, for a matrix of ``shape``
     (rows, columns, nonzeros), with :func:`_pick_args` of ``prepare_budget`` where given, its output in ``into``
     where given and it has room (read back with the counters, behind which it is queued). Returns the read-back."""
@@ -473,12 +498,12 @@ def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[fl
     rows, cols, nnz = map(float, shape)  # bytes_time's seconds, its float64 arithmetic
     t_bytes = compulsory_bytes(rows, cols, nnz, selector.dtype_) / (spec.bandwidth_gbs * 1e9)
     configs = len(selector.configs_)
-    part = part_of(into, 3 * configs + OUTCOME_SAMPLES + len(FEATURE_NAMES) + 1)
+    part = part_of(into, _pick_place(configs) + 1)
     kernel, threads = _kernels(cupy, gpu)[entry]
     pick = _NO_PICK if prepare_budget is None else _pick_args(selector, prepare_budget, gpu)
     kernel((1,), (threads,), (*head, *_spec_args(selector, spec), np.float64(t_bytes), *forest.args, *pick,
                               part.device), shared_mem=forest.shared_bytes)
-    return lambda: RankParts(part.read().view(np.float64), configs, forest.trees)
+    return QueuedRank(part, configs, forest.trees, None if prepare_budget is None else _row_columns(selector, gpu))
 
 
 _NO_PICK = (None, np.int32(-1), np.float64(0.0))
@@ -498,6 +523,22 @@ def _pick_args(selector: KernelSelector, prepare_budget: float, gpu: int) -> tup
     with cupy.cuda.Device(gpu):
         return (cupy.asarray(np.array(flags, dtype=np.uint8)), np.int32(-1 if alg1 is None else alg1),
                 np.float64(DEPART_SHARE))
+
+
+@functools.lru_cache(maxsize=8)
+def _row_columns(selector: KernelSelector, gpu: int) -> tuple[Any, np.ndarray] | None:
+    """A byte a config of ``selector``, 1 where its preparation takes the rows' 16-bit columns
+    (:func:`kernels._narrow.reads_row_columns`; its params as they run, defaults filled in: a config trained
+    before ``indices`` was a parameter runs narrow), on GPU ``gpu`` and on the host; None where no config does.
+    Once a selector and GPU."""
+    import cupy
+
+    on_host = np.array([reads_row_columns(REGISTRY.get(kernel), canonical(kernel, params))
+                        for kernel, params in selector.configs_], dtype=np.uint8)
+    if not on_host.any():
+        return None
+    with cupy.cuda.Device(gpu):
+        return cupy.asarray(on_host), on_host
 
 
 @functools.lru_cache(maxsize=8)
