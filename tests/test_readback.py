@@ -52,3 +52,23 @@ def test_a_queued_copy_holds_the_words_as_they_were_when_it_was_queued() -> None
     assert part.read().tolist() == [10, 11, 12, 13]
     assert not cupy.cuda.get_current_stream().done  # the read waited for the copy, not for the spin behind it
     assert part.read().tolist() == [10, 11, 12, 13] and not part.device.any()
+
+
+def test_read_backs_whose_copies_are_queued_together_each_read_their_own_words() -> None:
+    """A thread's pinned memory is lent to one queued copy at a time: a second read-back queued before the first is
+    read lands elsewhere, and once read each keeps its words, whatever the read-backs after it copy."""
+    from tuner.matrix.readback import ReadBack
+
+    parts = []
+    for value in (1, 2):
+        read_back = ReadBack(4)
+        parts.append(read_back.take(4))
+        parts[-1].device[:] = value
+        read_back.queue_copy()
+    assert parts[1].read().tolist() == [2] * 4 and parts[0].read().tolist() == [1] * 4
+    later = ReadBack(4)
+    third = later.take(4)
+    third.device[:] = 3
+    later.queue_copy()
+    assert third.read().tolist() == [3] * 4
+    assert parts[0].read().tolist() == [1] * 4 and parts[1].read().tolist() == [2] * 4

@@ -12,6 +12,7 @@ stream before the host reads (a prediction's 16-bit row columns, :func:`kernels.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +33,11 @@ class ReadBack:
         self._device = cupy.zeros(words, dtype=cupy.uint64)
         self._taken = 0
         self._host: np.ndarray | None = None
-        self._copied: Any = None  # the event after a queued copy (queue_copy), until a read waited for it
+        self._pinned: _Pinned | None = None  # where a queued copy (queue_copy) lands, until a read waited for it
 
     def __del__(self) -> None:
-        if getattr(self, "_copied", None) is not None:  # pinned memory goes back to CuPy's pool: not while written
-            self._copied.synchronize()
+        if getattr(self, "_pinned", None) is not None:  # its pinned memory is free again: not while being written
+            self._pinned.release()
 
     def take(self, words: int) -> Part | None:
         """The next ``words`` words of the buffer, or None where they do not fit or it was read back already."""
@@ -51,22 +52,62 @@ class ReadBack:
         (the host goes on at once, and a read waits for this copy, not for work queued after it); no part is
         taken after it. Nothing where they were read back already."""
         import cupy
-        import cupyx
 
         if self._host is not None:
             return
-        host = cupyx.empty_pinned(self._taken, dtype=np.uint64)
+        self._pinned = _Pinned.taken(self._taken)
         stream = cupy.cuda.get_current_stream()
-        self._device.data.copy_to_host_async(host.__array_interface__["data"][0], host.nbytes, stream)
-        self._host, self._copied = host, stream.record()
+        self._device.data.copy_to_host_async(self._pinned.address, 8 * self._taken, stream)
+        self._pinned.event.record(stream)
+        self._host = self._pinned.host
 
     def _words(self, start: int, stop: int) -> np.ndarray:
         if self._host is None:  # every part taken, at once: waits for every kernel queued before this read
             self._host = _copied_back(self._device, self._taken)
-        elif self._copied is not None:
-            self._copied.synchronize()
-            self._copied = None
+        elif self._pinned is not None:  # a queued copy: waited for, and its words kept apart from the pinned buffer
+            self._pinned.event.synchronize()
+            self._host = self._pinned.host[:self._taken].copy()
+            self._pinned.release()
+            self._pinned = None
         return self._host[start:stop]
+
+
+class _Pinned:
+    """Pinned host memory of :data:`WORDS` words (or more) and an event, for :meth:`ReadBack.queue_copy`: one a
+    thread and GPU, made once and lent to one read-back at a time (another meanwhile gets one of its own), since
+    pinned memory and an event made for each plan took tens of microseconds of it on the GPU machines' hosts."""
+
+    _lent = threading.local()
+
+    def __init__(self, words: int) -> None:
+        import cupy
+        import cupyx
+
+        self.host = cupyx.empty_pinned(words, dtype=np.uint64)
+        self.address = self.host.__array_interface__["data"][0]
+        self.event = cupy.cuda.Event(block=False, disable_timing=True)
+        self.busy = False
+
+    @classmethod
+    def taken(cls, words: int) -> _Pinned:
+        """This thread's for the current GPU where it is free and large enough, else a new one; lent until
+        :meth:`release`."""
+        import cupy
+
+        kept = cls._lent.__dict__.setdefault("by_gpu", {})
+        gpu = cupy.cuda.runtime.getDevice()
+        pinned = kept.get(gpu)
+        if pinned is None and words <= WORDS:
+            pinned = kept[gpu] = cls(WORDS)
+        if pinned is None or pinned.busy or words > pinned.host.size:
+            pinned = cls(words)
+        pinned.busy = True
+        return pinned
+
+    def release(self) -> None:
+        """Lend it again, once the copy into it is done."""
+        self.event.synchronize()
+        self.busy = False
 
 
 def _copied_back(device: Any, words: int) -> np.ndarray:
