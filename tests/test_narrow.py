@@ -213,27 +213,37 @@ def test_a_count_known_before_decides_whether_offsets_pay():
     np.testing.assert_allclose(f.run_reference(prepared, x), wide @ x, rtol=1e-12, atol=1e-12)
 
 
-def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(monkeypatch):
-    """A race writes a new matrix's 16-bit row columns once, before it knows what it runs (rows_written_once):
-    only where the structure pass counted rows that pay, only for preparations of the same arrays, only within;
-    where the GPU has no room for them, each preparation writes its own."""
+class _OutOfMemory(Exception):
+    """CuPy's out-of-memory error, as the stand-ins of :func:`_encode_stand_in` raise it."""
+
+
+def _encode_stand_in(monkeypatch) -> tuple[list, tuple]:
+    """queue_encode replaced by a stand-in that logs its (ptr, gate) and returns two arrays told apart by identity,
+    and CuPy's out-of-memory error by :class:`_OutOfMemory`: rows_written_once on any machine."""
     from types import SimpleNamespace
 
     import kernels._narrow as narrow
 
-    class OutOfMemory(Exception):
-        pass
-
-    queued = []
-    written = (np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint16))  # stand-ins, told apart by identity
+    calls: list = []
+    written = (np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint16))
 
     def queue_encode(ptr, indices, gate=None):
-        queued.append(ptr)
+        calls.append((ptr, gate))
         return written
 
     monkeypatch.setattr(narrow, "queue_encode", queue_encode)
     monkeypatch.setattr(narrow, "require_cupy", lambda: SimpleNamespace(
-        cuda=SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=OutOfMemory))))
+        cuda=SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=_OutOfMemory))))
+    return calls, written
+
+
+def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(monkeypatch):
+    """A race writes a new matrix's 16-bit row columns once, before it knows what it runs (rows_written_once):
+    only where the structure pass counted rows that pay, only for preparations of the same arrays, only within;
+    where the GPU has no room for them, each preparation writes its own."""
+    import kernels._narrow as narrow
+
+    calls, written = _encode_stand_in(monkeypatch)
     A = _local()
     counted = encode(A.indptr, A.indices)[2]
     narrow.note_narrow_rows(A, counted)
@@ -241,7 +251,7 @@ def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(mon
     with narrow.rows_written_once(A):
         extra: dict = {}
         assert narrow.attach(extra, params, A.indptr, A.indices, narrow.narrow_rows(A))
-        assert (extra["base"], extra["offsets"]) == written and queued == [A.indptr]
+        assert (extra["base"], extra["offsets"]) == written and calls == [(A.indptr, None)]
         other: dict = {}  # the same columns in other arrays: written apart
         assert narrow.attach(other, params, A.indptr.copy(), A.indices.copy(), counted)
         np.testing.assert_array_equal(other["base"], narrow_columns(A.indptr, A.indices)[0])
@@ -253,10 +263,10 @@ def test_rows_written_once_are_taken_by_the_preparations_of_that_matrix_only(mon
             narrow.note_narrow_rows(B, noted)
         with narrow.rows_written_once(B):
             pass
-    assert queued == [A.indptr]
+    assert calls == [(A.indptr, None)]
 
     def no_room(ptr, indices, gate=None):
-        raise OutOfMemory
+        raise _OutOfMemory
 
     monkeypatch.setattr(narrow, "queue_encode", no_room)
     with narrow.rows_written_once(A):
@@ -269,20 +279,9 @@ def test_rows_written_behind_a_gate_are_taken_only_where_it_opened(monkeypatch):
     """A prediction queues the row columns before the rows are counted, behind its ranking (rows_written_once with
     a gate): queued whatever the count, and taken by a preparation of the same arrays only where the gate says
     the GPU's pick took them and, the count known by then, they pay."""
-    from types import SimpleNamespace
-
     import kernels._narrow as narrow
 
-    gates = []
-    written = (np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint16))
-
-    def queue_encode(ptr, indices, gate=None):
-        gates.append(gate)
-        return written
-
-    monkeypatch.setattr(narrow, "queue_encode", queue_encode)
-    monkeypatch.setattr(narrow, "require_cupy", lambda: SimpleNamespace(
-        cuda=SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=MemoryError))))
+    calls, written = _encode_stand_in(monkeypatch)
     A = _local()
     counted = encode(A.indptr, A.indices)[2]
     params = {"indices": "narrow"}
@@ -291,11 +290,11 @@ def test_rows_written_behind_a_gate_are_taken_only_where_it_opened(monkeypatch):
         with narrow.rows_written_once(A, gate=gate):  # nothing counted yet: queued all the same
             extra: dict = {}
             assert narrow.attach(extra, params, A.indptr, A.indices, counted)
-            assert (extra["base"] is written[0]) == opened and gates[-1] is gate
+            assert (extra["base"] is written[0]) == opened and calls[-1] == (A.indptr, gate)
             if not opened:  # written by the preparation itself
                 np.testing.assert_array_equal(extra["base"], narrow_columns(A.indptr, A.indices)[0])
             assert not narrow.attach({}, params, A.indptr, A.indices, 0)  # they do not pay: int32 columns
-    assert len(gates) == 2
+    assert len(calls) == 2
 
 
 def test_the_row_families_with_narrow_indices_read_the_row_columns():
