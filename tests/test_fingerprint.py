@@ -129,7 +129,7 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
         log.append(f"features of {A.nnz}")
         return lambda: log.append("read features") or extract_features(canonical(A))
 
-    monkeypatch.setattr(fp_module, "ReadBack", object)
+    monkeypatch.setattr(fp_module, "ReadBack", lambda kept: object())  # plan()'s, its buffer kept by the thread
     monkeypatch.setattr(fp_module, "stays_on_device", lambda A: isinstance(A, sp.csr_matrix))
     monkeypatch.setattr(fp_module, "queue_structure_pass", queue_pass)
     monkeypatch.setattr(fp_module, "queue_features", queue_features)

@@ -72,3 +72,32 @@ def test_read_backs_whose_copies_are_queued_together_each_read_their_own_words()
     later.queue_copy()
     assert third.read().tolist() == [3] * 4
     assert parts[0].read().tolist() == [1] * 4 and parts[1].read().tolist() == [2] * 4
+
+
+def test_a_kept_read_back_is_lent_to_one_at_a_time_and_zeroed_behind_the_work_queued_before_it() -> None:
+    """plan()'s read-back keeps its device buffer (one a thread, GPU and stream): lent again once read, zeroed each
+    time by a memset queued behind what was queued before (a prediction's gated row columns read the ranking's words
+    after the copy): never under the words of a read-back not yet read."""
+    import gc
+
+    import cupy
+
+    from tuner.matrix.readback import ReadBack
+
+    gc.collect()  # a read-back of an earlier test, never read, in a reference cycle: its kept buffer lent still
+    first = ReadBack(kept=True)
+    part = first.take(4)
+    part.device[:] = 7
+    other = ReadBack(kept=True)  # the first not read yet: a buffer of its own
+    mine = other.take(4)
+    mine.device[:] = 8
+    first.queue_copy()
+    _spin_kernel()((1,), (1,), (np.int64(200_000_000),))  # some 0.1 s of the GPU, queued after the copy
+    behind = part.device.copy()  # queued after the spin, as the gated row columns are: reads the words
+    assert part.read().tolist() == [7] * 4  # waits for the copy only
+    again = ReadBack(kept=True)  # the first read: its buffer lent again, zeroed behind the work queued above
+    words = again.take(4)
+    assert words.device.data.ptr == part.device.data.ptr and not cupy.cuda.get_current_stream().done
+    assert behind.tolist() == [7] * 4 and words.read().tolist() == [0] * 4
+    assert part.read().tolist() == [7] * 4 and mine.read().tolist() == [8] * 4  # each its own words still
+    assert mine.device.data.ptr != part.device.data.ptr

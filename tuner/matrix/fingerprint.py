@@ -120,7 +120,7 @@ def _queued(A: Any, *, dtype: Any, values: Any, describe_if: Callable[[int, int,
     them into the features' read-back (:class:`~tuner.matrix.readback.ReadBack`), are copied back at once, at the
     first of the two functions returned."""
     m, n = A.shape
-    read_back = ReadBack() if describe_if is not None else None
+    read_back = ReadBack(kept=True) if describe_if is not None else None
     check = queue_structure_pass(A.indptr, A.indices, tags=_ALL_TAGS, values=values, into=read_back)
     of = dtype_name(value_dtype(A.dtype, dtype))
     if describe_if is None or not describe_if(m, n, int(A.indices.size), of):

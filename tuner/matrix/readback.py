@@ -8,11 +8,14 @@ empties (``bench/results/2026-11-28_predict-host-54.txt``). Here they take parts
 kernels that write them (one stream: the order they were queued in). Where more work is to follow them on the
 stream before the host reads (a prediction's 16-bit row columns, :func:`kernels._narrow.rows_written_once`),
 :meth:`ReadBack.queue_copy` queues that copy first, into pinned memory, so that the read waits for the copy only.
+``plan()``'s read-back is ``ReadBack(kept=True)``: its device buffer is kept by the thread and zeroed by a memset
+each plan, not allocated anew.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +30,12 @@ WORDS = 1024
 class ReadBack:
     """A zeroed device buffer of ``words`` 64-bit words, handed out in parts and copied to the host once."""
 
-    def __init__(self, words: int = WORDS) -> None:
+    def __init__(self, words: int = WORDS, *, kept: bool = False) -> None:
         import cupy
 
-        self._device = cupy.zeros(words, dtype=cupy.uint64)
+        # kept: this thread's buffer of WORDS words for the current GPU and stream, lent until the first read
+        self._kept = _KeptWords.lend() if kept and words == WORDS else None
+        self._device = self._kept.device if self._kept is not None else cupy.zeros(words, dtype=cupy.uint64)
         self._taken = 0
         self._host: np.ndarray | None = None
         self._pinned: _Pinned | None = None  # where a queued copy (queue_copy) lands, until a read waited for it
@@ -38,6 +43,8 @@ class ReadBack:
     def __del__(self) -> None:
         if getattr(self, "_pinned", None) is not None:  # its pinned memory is free again: not while being written
             self._pinned.release()
+        if getattr(self, "_kept", None) is not None:
+            self._kept.busy = False
 
     def take(self, words: int) -> Part | None:
         """The next ``words`` words of the buffer, or None where they do not fit or it was read back already."""
@@ -55,7 +62,7 @@ class ReadBack:
 
         if self._host is not None:
             return
-        self._pinned = _Pinned.taken(self._taken)
+        self._pinned = _Pinned.lend(self._taken)
         stream = cupy.cuda.get_current_stream()
         self._device.data.copy_to_host_async(self._pinned.address, 8 * self._taken, stream)
         self._pinned.event.record(stream)
@@ -65,19 +72,59 @@ class ReadBack:
         if self._host is None:  # every part taken, at once: waits for every kernel queued before this read
             self._host = _copied_back(self._device, self._taken)
         elif self._pinned is not None:  # a queued copy: waited for, and its words kept apart from the pinned buffer
-            self._pinned.event.synchronize()
-            self._host = self._pinned.host[:self._taken].copy()
-            self._pinned.release()
-            self._pinned = None
+            pinned, self._pinned = self._pinned, None
+            pinned.event.synchronize()
+            self._host = pinned.host[:self._taken].copy()
+            pinned.busy = False
+        if self._kept is not None:  # read: lent again (the kernels queued behind the copy run before its next memset)
+            self._kept.busy = False
+            self._kept = None
         return self._host[start:stop]
+
+
+_KEPT = threading.local()
+"""``by_key``: this thread's :class:`_Pinned` and :class:`_KeptWords`, by kind and GPU (and stream)."""
+
+
+def _lent(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """This thread's object of ``key`` (made at the first ask) where it is free, else a new one: lent (``busy``)
+    until its borrower clears ``busy``."""
+    kept = _KEPT.__dict__.setdefault("by_key", {})
+    found = kept.get(key)
+    if found is None:
+        found = kept[key] = make()
+    elif found.busy:
+        found = make()
+    found.busy = True
+    return found
+
+
+class _KeptWords:
+    """A device buffer of :data:`WORDS` words for :class:`ReadBack` ``(kept=True)``: one a thread, GPU and stream,
+    zeroed by a memset on that stream each time it is lent, since a new zeroed buffer for each plan (an allocation
+    and a memset) took 50-100 us of it on the GPU machines' hosts (``bench/results/2026-11-28_predict-gate-62.txt``)."""
+
+    def __init__(self) -> None:
+        import cupy
+
+        self.device = cupy.empty(WORDS, dtype=cupy.uint64)
+        self.busy = False
+
+    @classmethod
+    def lend(cls) -> _KeptWords:
+        """This thread's for the current GPU and stream, zeroed behind the work queued there (which may still read
+        it: a prediction's gated row columns read the ranking's words), where it is free; else a new one."""
+        import cupy
+
+        kept = _lent(("words", cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr), cls)
+        kept.device.data.memset_async(0, 8 * WORDS)
+        return kept
 
 
 class _Pinned:
     """Pinned host memory of :data:`WORDS` words (or more) and an event, for :meth:`ReadBack.queue_copy`: one a
     thread and GPU, made once and lent to one read-back at a time (another meanwhile gets one of its own), since
     pinned memory and an event made for each plan took tens of microseconds of it on the GPU machines' hosts."""
-
-    _lent = threading.local()
 
     def __init__(self, words: int) -> None:
         import cupy
@@ -89,20 +136,16 @@ class _Pinned:
         self.busy = False
 
     @classmethod
-    def taken(cls, words: int) -> _Pinned:
-        """This thread's for the current GPU where it is free and large enough, else a new one; lent until
-        :meth:`release`."""
+    def lend(cls, words: int) -> _Pinned:
+        """This thread's for the current GPU where it is free and ``words`` fit, else a new one; lent until
+        :meth:`release` (or its borrower, having waited for the copy, clears ``busy``)."""
         import cupy
 
-        kept = cls._lent.__dict__.setdefault("by_gpu", {})
-        gpu = cupy.cuda.runtime.getDevice()
-        pinned = kept.get(gpu)
-        if pinned is None and words <= WORDS:
-            pinned = kept[gpu] = cls(WORDS)
-        if pinned is None or pinned.busy or words > pinned.host.size:
+        if words > WORDS:
             pinned = cls(words)
-        pinned.busy = True
-        return pinned
+            pinned.busy = True
+            return pinned
+        return _lent(("pinned", cupy.cuda.runtime.getDevice()), lambda: cls(WORDS))
 
     def release(self) -> None:
         """Lend it again, once the copy into it is done."""

@@ -153,8 +153,19 @@ def _kernel(cupy: Any, device: int) -> Any:
     return cupy.RawKernel(_SOURCE, "csr_structure")
 
 
-_EXPONENT = {np.dtype(np.float32): (1, 0x7F800000), np.dtype(np.float64): (2, 0x7FF00000)}
-"""Per value dtype: 32-bit words a value, and the exponent's bits in its last (high, little-endian) word."""
+_EXPONENT = {np.dtype(np.float32): (np.int32(1), np.uint32(0x7F800000)),
+             np.dtype(np.float64): (np.int32(2), np.uint32(0x7FF00000))}
+"""Per value dtype: 32-bit words a value, and the exponent's bits in its last (high, little-endian) word (as the
+kernel takes them: the launch's NumPy scalars are made once, not each plan, as are those below)."""
+_NO_VALUES = (np.int32(0), np.uint32(0))
+_HASH = (np.int32(0), np.int32(1))
+_LIMIT = np.int32(OFFSET_LIMIT)
+
+
+@functools.lru_cache(maxsize=4)
+def _tag_words(tags: tuple[int, ...] | None) -> tuple[np.uint64, ...]:
+    """The kernel's four tag arguments (zeros where no sums are asked for)."""
+    return tuple(np.uint64(t) for t in (tags if tags is not None else (0, 0, 0, 0)))
 
 
 def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None, values: Any = None
@@ -181,11 +192,11 @@ def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None =
     out = part.device
     if nnz > 0 or tags is not None:
         blocks = max(1, min(-(-max(nnz, m + 1) // 256), 16 * device_attributes()["MultiProcessorCount"]))
-        words = [np.uint64(t) for t in (tags if tags is not None else (0, 0, 0, 0))]
-        step, mask = _EXPONENT.get(np.dtype(values.dtype), (0, 0)) if values is not None else (0, 0)
+        step, mask = _EXPONENT.get(values.dtype, _NO_VALUES) if values is not None else _NO_VALUES
         _kernel(cupy, cupy.cuda.Device().id)(
-            (blocks,), (256,), (indptr, indices, np.int64(m), np.int64(nnz), np.int32(tags is not None), *words,
-                                values if step else None, np.int32(step), np.uint32(mask), np.int32(OFFSET_LIMIT), out))
+            (blocks,), (256,), (indptr, indices, np.int64(m), np.int64(nnz), _HASH[tags is not None],
+                                *_tag_words(None if tags is None else tuple(tags)), values if step else None, step,
+                                mask, _LIMIT, out))
 
     def result() -> Structure:
         pairs, across, *sums, nonfinite, narrow = part.read().tolist()

@@ -489,7 +489,8 @@ def _launch(selector: KernelSelector, device: DeviceSpec | None, shape: tuple[fl
             ) -> QueuedRank:
     """Launch ``entry`` (its first arguments ``head``) for ``selector`` on ``device``, for a matrix of ``shape``
     (rows, columns, nonzeros), with :func:`_pick_args` of ``prepare_budget`` where given, its output in ``into``
-    where given and it has room (read back with the counters, behind which it is queued). Returns the read-back."""
+    where given and it has room (read back with the counters, behind which it is queued): a :class:`QueuedRank`,
+    which reads it back."""
     import cupy
 
     gpu = cupy.cuda.Device().id
