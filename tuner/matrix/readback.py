@@ -28,12 +28,13 @@ WORDS = 1024
 
 
 class ReadBack:
-    """A zeroed device buffer of ``words`` 64-bit words, handed out in parts and copied to the host once."""
+    """A zeroed device buffer of ``words`` 64-bit words, handed out in parts and copied to the host once. With
+    ``kept`` (``plan()``'s, of :data:`WORDS` words), the thread's buffer for the current GPU and stream
+    (:class:`_KeptWords`), lent until the first read."""
 
     def __init__(self, words: int = WORDS, *, kept: bool = False) -> None:
         import cupy
 
-        # kept: this thread's buffer of WORDS words for the current GPU and stream, lent until the first read
         self._kept = _KeptWords.lend() if kept and words == WORDS else None
         self._device = self._kept.device if self._kept is not None else cupy.zeros(words, dtype=cupy.uint64)
         self._taken = 0
