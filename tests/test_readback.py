@@ -1,4 +1,5 @@
-"""One read-back for several kernels' small results (tuner.matrix.readback), on the GPU."""
+"""One read-back for several kernels' small results (tuner.matrix.readback): its lending on any machine, the rest
+on the GPU."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import pytest
 
 from tuner.measure.backend import _spin_kernel
 
-pytestmark = pytest.mark.gpu
 
-
+@pytest.mark.gpu
 def test_parts_are_read_back_at_once_and_a_full_or_read_buffer_hands_out_none() -> None:
     import cupy
 
@@ -33,6 +33,7 @@ def test_parts_are_read_back_at_once_and_a_full_or_read_buffer_hands_out_none() 
     assert part.owner is shared and part_of(None, 2).owner is not shared
 
 
+@pytest.mark.gpu
 def test_a_queued_copy_holds_the_words_as_they_were_when_it_was_queued() -> None:
     """queue_copy copies the parts taken so far behind the work queued before it, into pinned memory, and the
     first read waits for that copy only: what is queued after it (a prediction's row columns) neither shows in
@@ -54,6 +55,7 @@ def test_a_queued_copy_holds_the_words_as_they_were_when_it_was_queued() -> None
     assert part.read().tolist() == [10, 11, 12, 13] and not part.device.any()
 
 
+@pytest.mark.gpu
 def test_read_backs_whose_copies_are_queued_together_each_read_their_own_words() -> None:
     """A thread's pinned memory is lent to one queued copy at a time: a second read-back queued before the first is
     read lands elsewhere, and once read each keeps its words, whatever the read-backs after it copy."""
@@ -74,6 +76,7 @@ def test_read_backs_whose_copies_are_queued_together_each_read_their_own_words()
     assert parts[0].read().tolist() == [1] * 4 and parts[1].read().tolist() == [2] * 4
 
 
+@pytest.mark.gpu
 def test_a_kept_read_back_is_lent_to_one_at_a_time_and_zeroed_behind_the_work_queued_before_it() -> None:
     """plan()'s read-back keeps its device buffer (one a thread, GPU and stream): lent again once read, zeroed each
     time by a memset queued behind what was queued before (a prediction's gated row columns read the ranking's words
@@ -101,3 +104,30 @@ def test_a_kept_read_back_is_lent_to_one_at_a_time_and_zeroed_behind_the_work_qu
     assert behind.tolist() == [7] * 4 and words.read().tolist() == [0] * 4
     assert part.read().tolist() == [7] * 4 and mine.read().tolist() == [8] * 4  # each its own words still
     assert mine.device.data.ptr != part.device.data.ptr
+
+
+def test_a_threads_kept_object_is_lent_to_one_borrower_at_a_time_and_each_thread_keeps_its_own() -> None:
+    """What plan()'s kept device words and a queued copy's pinned memory are lent by: the thread's object of a key
+    while it is free, a new one (not kept) while it is lent; another key or another thread, another object."""
+    import threading
+
+    from tuner.matrix.readback import _lent
+
+    class Thing:
+        busy = False
+
+    key = ("test", object())
+    first = _lent(key, Thing)
+    assert first.busy
+    meanwhile = _lent(key, Thing)  # the kept one lent still: a new one
+    assert meanwhile is not first and meanwhile.busy
+    meanwhile.busy = False
+    first.busy = False  # returned
+    again = _lent(key, Thing)
+    assert again is first and _lent(("test", "other"), Thing) is not first
+    again.busy = False
+    elsewhere: list[object] = []
+    worker = threading.Thread(target=lambda: elsewhere.append(_lent(key, Thing)))
+    worker.start()
+    worker.join()
+    assert elsewhere[0] is not first
