@@ -94,9 +94,10 @@ def test_a_kept_read_back_is_lent_to_one_at_a_time_and_zeroed_behind_the_work_qu
     other = ReadBack(kept=True)  # the first not read yet: a buffer of its own
     mine = other.take(4)
     mine.device[:] = 8
+    behind = cupy.empty_like(part.device)  # allocated before the spin: an allocation may wait for the GPU
     first.queue_copy()
     _spin_kernel()((1,), (1,), (np.int64(200_000_000),))  # some 0.1 s of the GPU, queued after the copy
-    behind = part.device.copy()  # queued after the spin, as the gated row columns are: reads the words
+    behind[...] = part.device  # queued after the spin, as the gated row columns are: reads the words
     assert part.read().tolist() == [7] * 4  # waits for the copy only
     again = ReadBack(kept=True)  # the first read: its buffer lent again, zeroed behind the work queued above
     words = again.take(4)
