@@ -81,6 +81,23 @@ Set ``f``, added at stop 53 before anything of that stop was changed, and measur
 - ``blockangular``: a doubly bordered block-angular LP: 50 diagonal blocks of 8 entries a row, 2,000 linking columns
   every row reads twice, and 400 linking rows of 25,000 entries.
 
+Set ``g``, added at stop 64 before anything of that stop was changed, and measured as it came (at 472d7ac): the
+selectors' rules of stops 54 to 63 were chosen while sets a to f were in view, so this set is the first since set
+f that none of them saw:
+
+- ``debruijn``: a shift graph, row i linking to 4i + c (mod n) and to i // 4 + c n / 4 for c = 0..3: eight
+  entries a row in two runs, one sweeping x four times as fast as the rows, the other in four streams n / 4 apart;
+- ``blocksparse8``: dense 8 x 8 blocks, each block row its diagonal block and 4 at random block columns: 40
+  entries a row in 5 runs of 8 far apart;
+- ``smallworld``: a ring in which each node links to itself and to 2 nodes within 2^l of it at every scale l (a
+  navigable small world): about 40 entries a row at distances of every scale;
+- ``rowperm7``: the 7-point 3-D Laplacian with its rows (not its columns) in random order: each row's columns in
+  three clusters, consecutive rows far apart;
+- ``colruns``: 3 runs of 48 consecutive columns a row at random places (a block-sparse attention pattern): 144
+  entries a row, x read in coalesced runs;
+- ``staircase``: a multi-period LP, periods of log-normal sizes, each row 6 random columns of its period and 3
+  of the period before.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -520,6 +537,73 @@ def blockangular(blocks: int, rng: np.random.Generator, block_rows: int = 20_000
                                 rng.integers(0, n, bottom.size)]), (m + linking_rows, n), rng)
 
 
+def debruijn(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """A shift graph on n nodes (n rounded down to a multiple of 4): row i links to 4i + c (mod n) and to
+    i // 4 + c n / 4, c = 0..3 (a column reached twice counted once)."""
+    n -= n % 4
+    i = np.arange(n)
+    c = np.arange(4)
+    out = (4 * i[:, None] + c) % n
+    back = i[:, None] // 4 + c * (n // 4)
+    return _csr(np.repeat(i, 8), np.hstack([out, back]).ravel(), (n, n), rng)
+
+
+def blocksparse8(blocks: int, rng: np.random.Generator, per_row: int = 4, size: int = 8) -> sp.csr_matrix:
+    """``blocks`` x ``blocks`` blocks of ``size`` x ``size``, each block row holding its diagonal block and
+    ``per_row`` dense blocks at uniformly random block columns (one drawn twice counted once)."""
+    block_rows = np.repeat(np.arange(blocks), per_row + 1)
+    block_cols = np.column_stack([np.arange(blocks), rng.integers(0, blocks, (blocks, per_row))]).ravel()
+    inner = np.arange(size)
+    rows = (block_rows[:, None, None] * size + inner[None, :, None]).repeat(size, axis=2).ravel()
+    cols = (block_cols[:, None, None] * size + inner[None, None, :]).repeat(size, axis=1).ravel()
+    return _csr(rows, cols, (blocks * size, blocks * size), rng)
+
+
+def smallworld(n: int, rng: np.random.Generator, per_scale: int = 2) -> sp.csr_matrix:
+    """A ring of n nodes, node i linked to itself and to ``per_scale`` nodes uniformly within 2^l of it
+    (wrapped around) at every scale l = 0 .. log2(n) - 1."""
+    scales = max(1, int(math.log2(n)))
+    reach = np.repeat(2 ** np.arange(scales), per_scale)  # one draw per (scale, link)
+    rows = np.repeat(np.arange(n), reach.size)
+    step = rng.integers(-np.tile(reach, n), np.tile(reach, n) + 1)
+    cols = (rows + step) % n
+    diag = np.arange(n)
+    return _csr(np.concatenate([rows, diag]), np.concatenate([cols, diag]), (n, n), rng)
+
+
+def rowperm7(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 7-point Laplacian on a side^3 grid, its rows in random order (the columns as they were)."""
+    A = generate("poisson3d", n=side)[rng.permutation(side**3)].tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def colruns(n: int, rng: np.random.Generator, runs: int = 3, width: int = 48) -> sp.csr_matrix:
+    """n x n, each row ``runs`` runs of ``width`` consecutive columns starting at random (overlaps counted
+    once)."""
+    starts = rng.integers(0, n - width + 1, (n, runs))
+    cols = (starts[:, :, None] + np.arange(width)).reshape(n, -1)
+    return _csr(np.repeat(np.arange(n), runs * width), cols.ravel(), (n, n), rng)
+
+
+def staircase(rows: int, rng: np.random.Generator, periods: int = 400, own: int = 6, before: int = 3,
+              wider: float = 1.2) -> sp.csr_matrix:
+    """A multi-period LP of about ``rows`` rows: ``periods`` periods of log-normal sizes (``wider`` times as many
+    columns as rows), each row ``own`` random columns of its period and ``before`` of the period before (the
+    first period's rows, of their own only)."""
+    sizes = rng.lognormal(0.0, 0.8, periods)
+    row_bounds = np.concatenate([[0], np.round(np.cumsum(sizes) / sizes.sum() * rows).astype(np.int64)])
+    col_bounds = np.round(row_bounds * wider).astype(np.int64)
+    period = np.searchsorted(row_bounds, np.arange(rows), side="right") - 1
+    lo, hi = col_bounds[period], np.maximum(col_bounds[period + 1], col_bounds[period] + 1)
+    mine = lo[:, None] + (rng.random((rows, own)) * (hi - lo)[:, None]).astype(np.int64)
+    prev = np.maximum(period - 1, 0)
+    plo, phi = col_bounds[prev], np.maximum(col_bounds[prev + 1], col_bounds[prev] + 1)
+    theirs = plo[:, None] + (rng.random((rows, before)) * (phi - plo)[:, None]).astype(np.int64)
+    return _csr(np.repeat(np.arange(rows), own + before), np.hstack([mine, theirs]).ravel(),
+                (rows, int(col_bounds[-1])), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -530,7 +614,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53
+    # "d" 46, "e" 49, "f" 53, "g" 64
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -569,6 +653,12 @@ MATRICES = (
     Unseen("repeatrows", repeatrows, 400_000, 64, "f"),        # ~31 M
     Unseen("webhosts", webhosts, 2_000_000, 65, "f"),          # ~19 M
     Unseen("blockangular", blockangular, 50, 66, "f"),         # ~20 M
+    Unseen("debruijn", debruijn, 3_000_000, 71, "g"),          # ~24 M
+    Unseen("blocksparse8", blocksparse8, 75_000, 72, "g"),     # ~24 M
+    Unseen("smallworld", smallworld, 600_000, 73, "g"),        # ~23 M
+    Unseen("rowperm7", rowperm7, 150, 74, "g", dims=3),        # ~23 M
+    Unseen("colruns", colruns, 200_000, 75, "g"),              # ~29 M
+    Unseen("staircase", staircase, 2_200_000, 76, "g"),        # ~20 M
 )
 
 

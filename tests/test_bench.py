@@ -19,6 +19,7 @@ from kernels import BASELINE, REGISTRY
 from tuner.benchmark.bench import COLUMNS, PLAN_LABEL
 from tuner.benchmark.report import render
 from tuner.cli import app
+from tuner.matrix.generate import generate
 from tuner.matrix.suites import SUITES, approx_nnz
 
 runner = CliRunner()
@@ -315,8 +316,8 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
 
 
 @pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
-                                    "probe_reference", "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv",
-                                    "unseen"])
+                                    "plan_timeline", "probe_reference", "profile_plan", "race_lofo", "race_lofo_gpu",
+                                    "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
     import subprocess
@@ -328,6 +329,32 @@ def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage:") and path.read_text().split('"""')[1].splitlines()[0][:40] in \
         " ".join(done.stdout.split())
+
+
+def test_the_plan_timeline_marks_steps_the_code_still_has_and_each_mark_once_a_call() -> None:
+    """bench/plan_timeline.py: every step it marks names a function plan() still calls through (a renamed one would
+    drop out of the timeline unseen), and a wrapped function marks its step when it returns, its result's call
+    another, only while the probe is on."""
+    module = _bench_module("plan_timeline")
+    for where, attribute, _ in module.STEPS:
+        owner, name = module.resolve(where, attribute)
+        assert callable(getattr(owner, name))
+
+    class Clock:
+        cuda = type("cuda", (), {"Event": type("Event", (), {"record": lambda self: None})})
+
+    class Owner:
+        @staticmethod
+        def launch(n: int):
+            return lambda: n + 1
+
+    timeline = module.Timeline(Clock, events=4)
+    timeline.wrap(Owner, "launch", "launched", result_too=True)
+    assert Owner.launch(1)() == 2 and timeline.marks == []  # off: nothing marked
+    timeline.on = True
+    read = Owner.launch(2)
+    assert [label for label, *_ in timeline.marks] == ["launched"] and read() == 3
+    assert [label for label, *_ in timeline.marks] == ["launched", "launched read"]
 
 
 def test_the_gpu_race_replay_scores_each_pick_against_every_config_it_checked_and_timed() -> None:
@@ -470,6 +497,35 @@ def test_the_unseen_benchmarks_fifth_set_builds_the_structures_it_names() -> Non
     assert np.diff(band.indptr).max() <= 81 + 3 and 2 <= far.sum() / band.shape[0] <= 3
     kron = built["tensorprod"]  # A 20 x 20, T 800 x 800
     assert kron.shape == (20 * 800, 20 * 800) and np.diff(kron.indptr).max() <= 15
+
+
+def test_the_unseen_benchmarks_seventh_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set g at a small scale: each generator's defining trait, and every matrix canonical."""
+    built = _unseen_set("g", {"debruijn", "blocksparse8", "smallworld", "rowperm7", "colruns", "staircase"})
+    shift = built["debruijn"]  # 30,000 nodes
+    assert shift.shape == (30_000, 30_000) and np.diff(shift.indptr).max() == 8
+    assert set(shift[5].indices) == {20, 21, 22, 23, 1, 7_501, 15_001, 22_501}
+    blocks = built["blocksparse8"]  # 750 block rows of 8
+    lengths = np.diff(blocks.indptr)
+    assert blocks.shape == (6_000, 6_000) and lengths.max() == 40 and (lengths % 8 == 0).all()
+    assert (blocks.indices.reshape(-1, 8) % 8 == np.arange(8)).all()  # whole blocks of 8 columns
+    assert all(blocks[8 * b:8 * b + 8, 8 * b:8 * b + 8].nnz == 64 for b in (0, 377, 749))  # the diagonal block
+    ring = built["smallworld"]  # 6,000 nodes, 12 scales
+    coo = ring.tocoo()
+    distance = np.minimum(np.abs(coo.row - coo.col), 6_000 - np.abs(coo.row - coo.col))
+    assert ring.diagonal().all() and np.diff(ring.indptr).max() <= 2 * 12 + 1 and distance.max() > 1_000
+    rows = built["rowperm7"]  # 32^3 grid points
+    laplacian = generate("poisson3d", n=32)
+    assert rows.shape == laplacian.shape and rows.nnz == laplacian.nnz
+    assert (np.bincount(rows.indices, minlength=32**3) == np.bincount(laplacian.indices, minlength=32**3)).all()
+    assert not (np.sort(np.diff(rows.indptr)) == np.diff(rows.indptr)).all()  # rows moved, columns kept
+    runs = built["colruns"]  # 2,000 x 2,000
+    breaks = [1 + int((np.diff(runs[i].indices) > 1).sum()) for i in range(0, 2_000, 97)]
+    assert np.diff(runs.indptr).max() == 144 and max(breaks) <= 3
+    stairs = built["staircase"]  # 22,000 rows
+    assert stairs.shape == (22_000, 26_400) and np.diff(stairs.indptr).max() == 9
+    spans = [np.ptp(stairs[i].indices) for i in range(0, 22_000, 101)]
+    assert np.median(spans) < 0.05 * 26_400  # a row's columns within its period and the one before
 
 
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
