@@ -86,7 +86,7 @@ selectors' rules of stops 54 to 63 were chosen while sets a to f were in view, s
 f that none of them saw:
 
 - ``debruijn``: a shift graph, row i linking to 4i + c (mod n) and to i // 4 + c n / 4 for c = 0..3: eight
-  entries a row in two runs, one sweeping x four times as fast as the rows, the other in four streams n / 4 apart;
+  entries a row, a run of 4 at 4i (sweeping x four times as fast as the rows) and 4 single columns n / 4 apart;
 - ``blocksparse8``: dense 8 x 8 blocks, each block row its diagonal block and 4 at random block columns: 40
   entries a row in 5 runs of 8 far apart;
 - ``smallworld``: a ring in which each node links to itself and to 2 nodes within 2^l of it at every scale l (a
