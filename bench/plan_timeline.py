@@ -21,7 +21,6 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen import MATRICES, features_alone, fresh_store, rgg  # noqa: E402
+from unseen import MATRICES, features_alone, one_plan, rgg  # noqa: E402
 
 STEPS = (
     ("tuner.matrix.readback", "ReadBack.__init__", "read-back"),
@@ -71,6 +70,14 @@ class Timeline:
         self.start_event = self._events[-1]
         self.marks: list[tuple[str, float, Any]] = []
         self.on = False
+        self.started = 0.0
+
+    def start(self, on: bool) -> None:
+        """A plan begins: its marks from now (where ``on``), timed from here on the host and on the GPU."""
+        self.marks.clear()
+        self.on = on
+        self.started = time.perf_counter()
+        self.start_event.record()
 
     def mark(self, label: str) -> None:
         if self.on and len(self.marks) < len(self._events) - 1:
@@ -98,33 +105,23 @@ class Timeline:
         setattr(owner, name, marked)
 
 
-def probe(timeline: Timeline, cupy: Any, plan: Callable[..., Any], A0: Any, warm_up: dict[str, Any], plans: int
+def probe(timeline: Timeline, cupy: Any, backend: Any, A0: Any, warm_up: dict[str, Any], plans: int
           ) -> tuple[dict[str, list[tuple[float, float]]], list[float], list[float], Any]:
-    """``plans`` probed plans alternated with as many unprobed (after two of each to warm up): each mark's host
-    and GPU microseconds from the plan's start, the probed and the unprobed wall seconds, the last executor."""
-    import cupyx.scipy.sparse as cusp
-
+    """``plans`` probed plans alternated with as many unprobed (after two of each to warm up), each run as
+    ``bench/unseen.py`` runs a plan (:func:`unseen.one_plan`): each mark's host and GPU microseconds from the plan's
+    start, the probed and the unprobed wall seconds, the last executor."""
     marks: dict[str, list[tuple[float, float]]] = {}
     probed, unprobed, ex = [], [], None
     for i in range(2 * plans + 4):
         probing = i % 2 == 0
-        A = cusp.csr_matrix((A0.data, A0.indices, A0.indptr), shape=A0.shape)  # new to plan(), as a user's is
-        with fresh_store(warm_up) as store:
-            cupy.cuda.Device().synchronize()
-            timeline.marks.clear()
-            timeline.on = probing
-            start = time.perf_counter()
-            timeline.start_event.record()
-            ex = plan(A, effort="predict", db=store.path)
-            cupy.cuda.Device().synchronize()
-            seconds = time.perf_counter() - start
-            timeline.on = False
+        seconds, ex, _ = one_plan(backend, A0, "predict", 0, warm_up, at_start=lambda on=probing: timeline.start(on))
+        timeline.on = False
         if i < 4:
             continue
         (probed if probing else unprobed).append(seconds)
         for k, (label, at, event) in enumerate(timeline.marks if probing else []):
             gpu_us = cupy.cuda.get_elapsed_time(timeline.start_event, event) * 1e3
-            marks.setdefault(f"{k:02d} {label}", []).append(((at - start) * 1e6, gpu_us))
+            marks.setdefault(f"{k:02d} {label}", []).append(((at - timeline.started) * 1e6, gpu_us))
     return marks, probed, unprobed, ex
 
 
@@ -142,7 +139,6 @@ def main() -> None:
     import cupy
     import cupyx.scipy.sparse as cusp
 
-    from tuner.execute.plan import plan
     from tuner.matrix.features import extract_features
     from tuner.matrix.io import as_csr
     from tuner.measure.backend import GpuBackend
@@ -164,7 +160,7 @@ def main() -> None:
             A0 = cusp.csr_matrix(host.astype(dtype))
             x = cupy.ones(A0.shape[1], dtype=dtype)
             spmv = backend.time(lambda A0=A0, x=x: A0.dot(x), repeats=20).median_s * 1e6  # CuPy's own product
-            marks, probed, unprobed, ex = probe(timeline, cupy, plan, A0, warm_up, args.plans)
+            marks, probed, unprobed, ex = probe(timeline, cupy, backend, A0, warm_up, args.plans)
             back_to_back = features_alone(backend, A0, runs=5)
             alike = features_alone(backend, A0, runs=5, warm_up=warm_up)
             wall = statistics.median(unprobed)

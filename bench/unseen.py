@@ -802,14 +802,17 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
 
 
 def one_plan(backend: GpuBackend, A_dev: Any, effort: str, trials: int, warm_up: dict[str, Any],
-             renumber: bool = False) -> tuple[float, Any, float | None]:
+             renumber: bool = False, at_start: Callable[[], object] | None = None) -> tuple[float, Any, float | None]:
     """One plan() of ``A_dev`` (as a CuPy matrix new to plan(): its arrays in a new matrix object) on a fresh
-    store: (wall seconds, the executor, the seconds the race's laps took to land behind it)."""
+    store: (wall seconds, the executor, the seconds the race's laps took to land behind it). ``at_start``: called
+    just before the clock starts (``bench/plan_timeline.py`` starts its timeline there)."""
     import cupyx.scipy.sparse as cusp
 
     A = cusp.csr_matrix((A_dev.data, A_dev.indices, A_dev.indptr), shape=A_dev.shape)
     with fresh_store(warm_up) as store:  # made before the clock starts
         backend.synchronize()
+        if at_start is not None:
+            at_start()
         start = time.perf_counter()
         ex = (plan_renumbered if renumber else plan)(A, effort=effort, db=store.path,
                                                      trials=trials if effort == "tune" else None)  # as users do

@@ -351,7 +351,9 @@ def test_the_plan_timeline_marks_steps_the_code_still_has_and_each_mark_once_a_c
     timeline = module.Timeline(Clock, events=4)
     timeline.wrap(Owner, "launch", "launched", result_too=True)
     assert Owner.launch(1)() == 2 and timeline.marks == []  # off: nothing marked
-    timeline.on = True
+    timeline.start(False)
+    assert Owner.launch(1)() == 2 and timeline.marks == []  # a plan not probed: nothing marked
+    timeline.start(True)
     read = Owner.launch(2)
     assert [label for label, *_ in timeline.marks] == ["launched"] and read() == 3
     assert [label for label, *_ in timeline.marks] == ["launched", "launched read"]
