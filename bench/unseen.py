@@ -98,6 +98,21 @@ f that none of them saw:
 - ``staircase``: a multi-period LP, periods of log-normal sizes, each row 6 random columns of its period and 3
   of the period before.
 
+Set ``h``, added at stop 65 after rowsort (rows reordered by their middle columns) was built for set g's
+rowperm7, to see it on rows out of order in ways it was not built on, and where it must stay out (three of the
+six): measured as it came.
+
+- ``lengthsorted``: a band whose rows are runs of log-uniform length (3 to 60) centred on the diagonal, the rows
+  sorted by length as a jagged-diagonal format stores them;
+- ``twofield``: two fields on a 3-D grid coupled node by node ([[L, I], [I, L]]), columns field by field, rows
+  node by node: each row's columns in two places n / 2 apart, alternating from row to row;
+- ``tallshuffled``: bilinear interpolation from a 1000 x 1000 grid to 8 points a cell, the points in random
+  order: tall, 4 entries a row in two pairs a grid line apart;
+- ``multicolor``: the 27-point stencil in 8-colour order (rows and columns alike), as a multicoloured
+  Gauss-Seidel numbers it;
+- ``blockshuffled``: the 9-point 2-D stencil with blocks of 512 consecutive rows in random order, columns kept;
+- ``rowhash9``: the 9-point 2-D stencil with its rows in the order of a multiplicative hash, columns kept.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -604,6 +619,76 @@ def staircase(rows: int, rng: np.random.Generator, periods: int = 400, own: int 
                 (rows, int(col_bounds[-1])), rng)
 
 
+def lengthsorted(n: int, rng: np.random.Generator, shortest: int = 3, longest: int = 60) -> sp.csr_matrix:
+    """n x n, row i a run of log-uniform length (``shortest`` to ``longest``) centred on the diagonal (cut at the
+    edges), the rows then sorted by length, longest first, ties in order (as a jagged-diagonal format stores them)."""
+    lengths = np.exp(rng.uniform(np.log(shortest), np.log(longest + 1), n)).astype(np.int64)
+    start = np.clip(np.arange(n) - lengths // 2, 0, None)
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.minimum(np.repeat(start, lengths) + np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths,
+                                                                                     lengths), n - 1)
+    A = _csr(rows, cols, (n, n), rng)
+    return A[np.argsort(-np.diff(A.indptr), kind="stable")].tocsr()
+
+
+def twofield(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Two fields on a side^3 grid, coupled node by node ([[L, I], [I, L]], L the 7-point Laplacian): the columns
+    field by field, the rows node by node (field 1 then field 2 of each node)."""
+    L = generate("poisson3d", n=side)
+    N = L.shape[0]
+    A = sp.bmat([[L, sp.identity(N)], [sp.identity(N), L]], format="csr")
+    order = np.column_stack([np.arange(N), N + np.arange(N)]).ravel()
+    A = A[order].tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def tallshuffled(coarse: int, rng: np.random.Generator, ratio: int = 8) -> sp.csr_matrix:
+    """Bilinear interpolation from a coarse x coarse grid to ``ratio`` times as many points (each point at
+    random in its coarse cell, 4 entries: the cell's corners), the points in random order: tall, rows far
+    apart, each row's columns two pairs a grid line apart."""
+    cells = (coarse - 1) ** 2
+    cell = rng.permutation(np.repeat(np.arange(cells), ratio))
+    base = cell // (coarse - 1) * coarse + cell % (coarse - 1)
+    cols = np.column_stack([base, base + 1, base + coarse, base + coarse + 1]).ravel()
+    return _csr(np.repeat(np.arange(cell.size), 4), cols, (cell.size, coarse * coarse), rng)
+
+
+def multicolor(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 27-point stencil on a side^3 grid in 8-colour order (the nodes by the parity of each coordinate, then
+    in order; rows and columns alike, as a multicoloured Gauss-Seidel numbers them)."""
+    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+    A = functools.reduce(lambda a, b: sp.kron(a, b, format="csr"), [path] * 3)
+    z, y, x = np.unravel_index(np.arange(side**3), (side,) * 3)
+    order = np.lexsort((np.arange(side**3), (z % 2) * 4 + (y % 2) * 2 + x % 2))
+    A = A[order][:, order].tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def blockshuffled(side: int, rng: np.random.Generator, block: int = 512) -> sp.csr_matrix:
+    """The 9-point stencil on a side x side grid, its rows (not its columns) in blocks of ``block`` consecutive
+    rows, the blocks in random order (as a distributed assembly gathers them)."""
+    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+    A = sp.kron(path, path, format="csr")
+    starts = rng.permutation(np.arange(0, side * side, block))
+    order = np.concatenate([np.arange(s, min(s + block, side * side)) for s in starts])
+    A = A[order].tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def rowhash9(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 9-point stencil on a side x side grid, its rows (not its columns) in the order of a multiplicative
+    hash of their number (Knuth's, mod 2^32; as a hash-partitioned assembly emits them)."""
+    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+    A = sp.kron(path, path, format="csr")
+    key = (np.arange(side * side, dtype=np.uint64) * np.uint64(2654435761)) % np.uint64(1 << 32)
+    A = A[np.argsort(key, kind="stable")].tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -614,7 +699,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" 65
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -659,6 +744,12 @@ MATRICES = (
     Unseen("rowperm7", rowperm7, 150, 74, "g", dims=3),        # ~23 M
     Unseen("colruns", colruns, 200_000, 75, "g"),              # ~29 M
     Unseen("staircase", staircase, 2_200_000, 76, "g"),        # ~20 M
+    Unseen("lengthsorted", lengthsorted, 1_200_000, 81, "h"),      # ~23 M
+    Unseen("twofield", twofield, 115, 82, "h", dims=3),            # ~24 M
+    Unseen("tallshuffled", tallshuffled, 1_000, 83, "h", dims=2),  # ~32 M
+    Unseen("multicolor", multicolor, 100, 84, "h", dims=3),        # ~26 M
+    Unseen("blockshuffled", blockshuffled, 1_400, 85, "h", dims=2),  # ~18 M
+    Unseen("rowhash9", rowhash9, 1_400, 86, "h", dims=2),          # ~18 M
 )
 
 

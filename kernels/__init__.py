@@ -2,7 +2,7 @@
 
 >>> from kernels import REGISTRY, get_family
 >>> sorted(REGISTRY)
-['csr5', 'csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'merge_path', 'nut', 'rcm', 'specsum', 'suraa']
+['csr5', 'csr_scalar', 'csr_vector', 'cusparse', 'ipcsr', 'merge_path', 'nut', 'rcm', 'rowsort', 'specsum', 'suraa']
 >>> get_family("csr_vector").space.defaults()
 {'threads_per_row': 8, 'block_size': 256, 'indices': 'narrow'}
 """
@@ -24,12 +24,13 @@ from kernels.ipcsr import Ipcsr
 from kernels.merge_path import MergePath
 from kernels.nut import Nut
 from kernels.rcm import Rcm
+from kernels.rowsort import Rowsort
 from kernels.specsum import SpecSum
 from kernels.suraa import Suraa
 
 REGISTRY: dict[str, Family] = {
-    f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), MergePath(), Nut(), Rcm(), SpecSum(), Suraa(),
-                        Csr5())
+    f.name: f for f in (CuSparse(), CsrScalar(), CsrVector(), Ipcsr(), MergePath(), Nut(), Rcm(), Rowsort(), SpecSum(),
+                        Suraa(), Csr5())
 }
 """Every family by name. The tuner, the service and the docs read this and nothing else."""
 

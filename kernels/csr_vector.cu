@@ -10,8 +10,9 @@
 // NARROW: a row whose columns span fewer than 65,536 (base[row] >= 0) reads them as 16-bit offsets from
 // base[row], its lowest column (narrow.cu writes them, a row a segment); a wider row (base[row] == -1) reads
 // the CSR's int32 columns. Bytes an entry: 10 instead of 12 in float64, 6 instead of 8 in float32.
-// ROWS (rcm, kernels/rcm.py): where not null, the sum of row `row` is y's entry rows[row] (B's row `row` is A's
-// row rows[row]): y is written in A's order, without a copy of it in B's order and a launch to scatter that.
+// ROWS (rcm, kernels/rcm.py; rowsort, kernels/rowsort.py): where not null, the sum of row `row` is y's entry
+// rows[row] (B's row `row` is A's row rows[row]): y is written in A's order, without a copy of it in B's order
+// and a launch to scatter that.
 // Those writes land a value at a time at random, all through the product: each is stored with an L2 evict_last
 // policy, so that a sector of y stays in the L2 until its values are all in rather than going back to DRAM in
 // part, more than once (see kernels/rcm.py for the figures).

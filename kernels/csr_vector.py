@@ -29,6 +29,14 @@ BATCH_BYTES = 32
 """What a lane loads of its entries' values before it gathers their x (csr_vector.cu: 4 doubles, 8 floats)."""
 
 
+def threads_covering(npr_mean: float, itemsize: int) -> int:
+    """The threads a row whose first batches of loads (:data:`BATCH_BYTES` a lane) cover a row of ``npr_mean``
+    entries of ``itemsize`` bytes: the power of two of :data:`THREADS_PER_ROW` nearest (by ratio) the lanes that
+    takes (what rcm and rowsort race on their reordered matrices, :meth:`kernels.rcm.Rcm.unranked_config`)."""
+    lanes = npr_mean * itemsize / BATCH_BYTES
+    return next((t for t in THREADS_PER_ROW if t * t >= lanes * lanes / 2), THREADS_PER_ROW[-1])
+
+
 class CsrVector(Family):
     name = "csr_vector"
     summary = "a group of threads per row, warp-shuffle reduction"
@@ -58,7 +66,7 @@ class CsrVector(Family):
 
     def launch(self, prepared: Prepared, x: Any, out: Any, rows: Any = None) -> None:
         """The product into ``out``; with ``rows`` (int32, a row's number in ``out``), row i's sum is
-        ``out[rows[i]]`` (rcm's matrix, renumbered, writing y in A's order)."""
+        ``out[rows[i]]`` (rcm's and rowsort's matrices, reordered, writing y in A's order)."""
         A, p, ex = prepared.A, prepared.params, prepared.extra
         m, block = prepared.shape[0], p["block_size"]
         ex["kernel"](

@@ -155,7 +155,7 @@ rcm_search(const long long* __restrict__ indptr, const int* __restrict__ indices
 }
 
 // B = A[rows][:, cols]: a warp for each row of B copies the entries of A's row rows[i], in A's order, with
-// their columns renumbered (new_col[j]: the new number of A's column j).
+// their columns renumbered (new_col[j]: the new number of A's column j; null: columns kept, B = A[rows]).
 template <typename T>
 __global__ void rcm_renumber(const int m, const int* __restrict__ rows, const int* __restrict__ new_indptr,
                              const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -169,7 +169,8 @@ __global__ void rcm_renumber(const int m, const int* __restrict__ rows, const in
     const int dst = new_indptr[warp];
     const int n = new_indptr[warp + 1] - dst;
     for (int j = lane; j < n; j += 32) {
-        out_indices[dst + j] = new_col[indices[src + j]];
+        const int col = indices[src + j];
+        out_indices[dst + j] = new_col == nullptr ? col : new_col[col];
         out_data[dst + j] = data[src + j];
     }
 }

@@ -27,7 +27,7 @@ has a narrow band and its gathers of x come back to the same lines.
 
 A product is then a gather of x into the new order and csr_vector on B (``threads_per_row``, ``block_size``:
 its parameters, declared there), each row's sum written to its old row, or, on a matrix that streams too much
-through the L2 for that (:func:`writes_in_place`), to a copy of y in the new order, scattered after. The
+through the L2 for that (:func:`writes_in_place`), to a copy of y in the new order, gathered after. The
 preparation takes a few launches and one read-back a search. A race at plan time enters it unranked where A is
 square, its rows regular and its gathers of x scattered (:meth:`Rcm.unranked_config`).
 
@@ -52,7 +52,7 @@ from common.errors import InvalidConfigError
 from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy, resident_threads
 from kernels._family import Family, Prepared
 from kernels._space import Value
-from kernels.csr_vector import BATCH_BYTES, THREADS_PER_ROW, CsrVector
+from kernels.csr_vector import CsrVector, threads_covering
 
 _INNER = CsrVector()
 
@@ -116,32 +116,26 @@ class Rcm(Family):
         if (features is None or features["rows"] != features["cols"] or features["cf_128"] >= SCATTERED_CF
                 or features["npr_cv"] >= REGULAR_CV or features["col_cv"] >= REGULAR_CV):
             return None
-        lanes = features["npr_mean"] * itemsize / BATCH_BYTES
-        threads = next((t for t in THREADS_PER_ROW if t * t >= lanes * lanes / 2), THREADS_PER_ROW[-1])
-        return self.space.validate({"threads_per_row": threads}, family=self.name)
+        return self.space.validate({"threads_per_row": threads_covering(features["npr_mean"], itemsize)},
+                                   family=self.name)
 
     # -- GPU path ---------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
-        A, (m, n) = prepared.A, prepared.shape
+        A, n = prepared.A, prepared.shape[1]
         rows, cols = orders(A, cupy, gpu_search())
         B = renumbered_on_gpu(A, rows, cols)
         ex = prepared.extra
         ex["inner"] = _INNER.prepare(B, prepared.params)
         ex.update(indptr=B.indptr, indices=B.indices, data=B.data,  # counted in extra_bytes: B is a copy of A
-                  rows=rows, cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
-        if not writes_in_place(A.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
-            ex["y_renumbered"] = cupy.empty(m, dtype=prepared.dtype)
+                  cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
+        keep_rows(prepared, rows)
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         cupy = require_cupy()
         ex = prepared.extra
         cupy.take(x, ex["cols"], out=ex["x_renumbered"])
-        if "y_renumbered" not in ex:
-            _INNER.launch(ex["inner"], ex["x_renumbered"], out, rows=ex["rows"])
-            return
-        _INNER.launch(ex["inner"], ex["x_renumbered"], ex["y_renumbered"])
-        out[ex["rows"]] = ex["y_renumbered"]
+        renumbered_product(ex, ex["x_renumbered"], out)
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
@@ -156,18 +150,48 @@ class Rcm(Family):
         return y
 
 
+def keep_rows(prepared: Prepared, rows: Any) -> None:
+    """Keep in ``prepared.extra`` what :func:`renumbered_product` needs of B's rows (``rows``: the old number of
+    each, CuPy int32): ``rows`` itself where y is written in place (:func:`writes_in_place`), else a copy of y in
+    B's order and the new number of each old row (``inverse``), which gather y back in A's order."""
+    cupy = require_cupy()
+    ex = prepared.extra
+    ex["rows"] = rows
+    if not writes_in_place(prepared.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
+        ex["y_renumbered"] = cupy.empty(prepared.shape[0], dtype=prepared.dtype)
+        ex["inverse"] = _inverse(rows, cupy)
+
+
+def renumbered_product(ex: dict[str, Any], x: Any, out: Any) -> None:
+    """y = A·x into ``out`` through B (csr_vector prepared as ``ex["inner"]``, :func:`keep_rows`), ``x`` in B's
+    numbering of the columns: each row's sum written to its old row, or to the copy of y in B's order, then
+    gathered into ``out`` in A's (sequential writes, reads from a copy just written: on the unseen rowperm7 in
+    float64, an H200, 129 us against 186 for a scatter ``out[rows] = copy``, stop 65's probe_rowsort)."""
+    if "y_renumbered" not in ex:
+        _INNER.launch(ex["inner"], x, out, rows=ex["rows"])
+        return
+    _INNER.launch(ex["inner"], x, ex["y_renumbered"])
+    require_cupy().take(ex["y_renumbered"], ex["inverse"], out=out)
+
+
 def writes_in_place(nnz: int, itemsize: int, l2_bytes: int) -> bool:
-    """Whether rcm's product writes y in A's order itself (each row's sum to its old row, kept in the L2:
-    csr_vector.cu's ROWS) rather than in B's order, scattered by a second launch. A 32-byte sector of y gets
-    32 / itemsize sums, at random times through the product, between two of which about
-    ``nnz * (itemsize + 4) * itemsize / 32`` bytes of the matrix stream through the L2; where that is more than
-    the L2 holds, the sectors go back to DRAM written in part, again and again, and the copy and its scatter win.
+    """Whether rcm's and rowsort's products write y in A's order themselves (each row's sum to its old row, kept
+    in the L2: csr_vector.cu's ROWS) rather than in B's order, gathered back by a second launch
+    (:func:`renumbered_product`). A 32-byte sector of y gets 32 / itemsize sums, at random times through the
+    product, between two of which about ``nnz * (itemsize + 4) * itemsize / 32`` bytes of the matrix stream
+    through the L2; where that is more than the L2 holds, the sectors go back to DRAM written in part, again and
+    again, and the copy wins.
 
     On the H100 (50 MiB of L2; stop 46, ``..._probe_rcm_writes-fae0e2e.txt``), in place against the copy, us:
     mesh2d 104 / 131 (37 MiB by that measure) and in float32 69 / 88; a 27-point stencil of 13.5 M entries 76 /
     89 (39 MiB), of 46 M in float32 154 / 183 (44 MiB); but the 46 M one in float64 294 / 279 (131 MiB), a
     7-point one of 28.5 M 452 / 364 (82 MiB), mesh2d three times as large 514 / 428 (111 MiB). Of 12 cases the
-    rule missed two, by 1 % (37 MiB) and 5 % (54 MiB, where rcm lost to cuSPARSE either way)."""
+    rule missed two, by 1 % (37 MiB) and 5 % (54 MiB, where rcm lost to cuSPARSE either way). The copy was then
+    scattered back (``out[rows] = copy``); gathered instead (stop 65, an H200, ``..._probe_rowsort-*.txt``, in
+    place / gathered / scattered, us, csr_vector's best threads a row) the rule still picks the faster way on rcm's
+    perm27 (float64 226 / 194 / 223, float32 132 / 139 / 153), mesh2d (78 / 86 / 108, 60 / 69 / 76) and fem3x3
+    (142 / 141 / 154, 88 / 98 / 98), and on rowsort's rowperm7 (220 / 129 / 186, 92 / 104 / 140) and rowhash9
+    (102 / 92 / 124, 58 / 69 / 88)."""
     return nnz * (itemsize + 4) * itemsize / 32 <= l2_bytes
 
 
@@ -207,17 +231,19 @@ def orders(A: Any, xp: Any = np, search: Search | None = None) -> tuple[Any, Any
     return order[order < m], order[order >= m] - np.int32(m)
 
 
-def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> sp.csr_matrix:
+def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray | None) -> sp.csr_matrix:
     """``A[rows][:, cols]`` as ``rcm_renumber`` builds it: each row's entries in A's order (so not sorted by
-    their new columns), int32 indices."""
+    their new columns), int32 indices; ``cols=None``: the columns keep their numbers (``A[rows]``)."""
     lengths = np.diff(A.indptr)[rows]
     indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     pos = np.repeat(A.indptr[rows].astype(np.int64) - indptr[:-1], lengths) + np.arange(indptr[-1])
-    return sp.csr_matrix((A.data[pos], _inverse(cols, np)[A.indices[pos]], indptr), shape=A.shape)
+    indices = A.indices[pos] if cols is None else _inverse(cols, np)[A.indices[pos]]
+    return sp.csr_matrix((A.data[pos], indices.astype(np.int32), indptr), shape=A.shape)
 
 
 def renumbered_on_gpu(A: Any, rows: Any, cols: Any) -> Any:
-    """:func:`renumbered` of a cupyx CSR matrix with CuPy orders, on the GPU (``rcm_renumber``, a warp a row)."""
+    """:func:`renumbered` of a cupyx CSR matrix with CuPy orders (``cols`` may be None), on the GPU
+    (``rcm_renumber``, a warp a row)."""
     cupy = require_cupy()
     import cupyx.scipy.sparse as cusp
 
@@ -228,7 +254,8 @@ def renumbered_on_gpu(A: Any, rows: Any, cols: Any) -> Any:
     indices, data = cupy.empty_like(A.indices), cupy.empty_like(A.data)
     renumber = f"rcm_renumber<{c_type(A.dtype)}>"
     get_kernels(Rcm.cu_file, (renumber,))[renumber](
-        (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data, _inverse(cols, cupy),
+        (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data,
+                                       None if cols is None else _inverse(cols, cupy),
                                        indices, data))
     return cusp.csr_matrix((data, indices, indptr), shape=A.shape)
 

@@ -530,6 +530,38 @@ def test_the_unseen_benchmarks_seventh_set_builds_the_structures_it_names() -> N
     assert np.median(spans) < 0.05 * 26_400  # a row's columns within its period and the one before
 
 
+def test_the_unseen_benchmarks_eighth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set h at a small scale: rows out of order in six ways, each generator's defining trait."""
+    import scipy.sparse as sp
+
+    built = _unseen_set("h", {"lengthsorted", "twofield", "tallshuffled", "multicolor", "blockshuffled", "rowhash9"})
+    band = built["lengthsorted"]  # 12,000 rows
+    lengths = np.diff(band.indptr)
+    assert (np.diff(lengths) <= 0).all() and lengths.max() >= 50 and lengths.min() <= 4  # longest first
+    assert all(np.diff(band[i].indices).max() == 1 for i in range(0, 12_000, 499))  # each row one run
+    coupled = built["twofield"]  # 2 x 25^3 unknowns
+    half = 25**3
+    assert coupled.shape == (2 * half, 2 * half) and coupled.nnz == 2 * (generate("poisson3d", n=25).nnz + half)
+    assert (coupled[0].indices >= half).sum() == 1 and (coupled[1].indices < half).sum() == 1  # node by node
+    tall = built["tallshuffled"]  # 99^2 cells of 8 points, from a 100 x 100 grid
+    assert tall.shape == (99 * 99 * 8, 100 * 100) and (np.diff(tall.indptr) == 4).all()
+    assert all(list(np.diff(tall[i].indices)) == [1, 99, 1] for i in range(0, tall.shape[0], 997))
+    assert np.abs(np.diff(tall.indices[tall.indptr[:-1]])).mean() > 1_000  # neighbouring rows far apart
+    colours = built["multicolor"]  # 22^3 nodes
+    assert colours.shape == (22**3, 22**3) and np.diff(colours.indptr).max() == 27
+    pattern = (colours != 0).astype(np.int8)
+    assert colours.diagonal().all() and (pattern != pattern.T).nnz == 0  # one order for rows and columns
+    blocks, hashed = built["blockshuffled"], built["rowhash9"]  # 140^2 nodes each
+    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(140, 140))
+    in_order = sp.kron(path, path, format="csr")
+    for A in (blocks, hashed):  # the 9-point stencil's rows, columns kept
+        assert A.shape == in_order.shape and A.nnz == in_order.nnz
+        assert (np.bincount(A.indices, minlength=140**2) == np.bincount(in_order.indices, minlength=140**2)).all()
+    moved = np.abs(np.diff(blocks.indices[blocks.indptr[:-1]])) > 2 * 140
+    assert 0 < moved.sum() <= 140 * 140 // 512 + 1  # rows in order within a block of 512
+    assert np.abs(np.diff(hashed.indices[hashed.indptr[:-1]])).mean() > 1_000
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")

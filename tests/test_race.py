@@ -146,18 +146,23 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     assert not waits(entrants[2])  # costlier than predict's bound, yet raced from the first round
     assert get_family("merge_path").unranked_config({}, 8) is None
     assert [e.kernel for e in shortlist(RANKING, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
-    # a family that races only on some matrices (rcm: square, regular rows, scattered gathers of x) races
-    # where their features say so, and not without features
-    unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm")]
+    # families that race only on some matrices (rcm: square, regular rows, scattered gathers of x; rowsort:
+    # regular rows, enough of them for its preparation to check their order) race where their features say so,
+    # and not without features
+    unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm", "rowsort")]
     assert [e.kernel for e in shortlist(unranked, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
-    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0}
+    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0,
+                 "diag_frac": 0.0}
     entrants = shortlist(unranked, size=2, features=scattered, itemsize=4)
-    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "rcm", "cusparse", "cusparse"]
-    # Rcm.unranked_config, float32, costly to prepare as its family says
-    assert entrants[2].params == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
+    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "rcm", "rowsort", "cusparse", "cusparse"]
+    # Rcm.unranked_config, float32, costly to prepare as its family says; rowsort the same threads a row
+    assert entrants[2].params == entrants[3].params == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
     assert entrants[2].prepare_spmvs == get_family("rcm").prepare_spmvs > CHEAP_SPMVS
+    assert waits(entrants[3]) and entrants[3].prepare_spmvs == get_family("rowsort").prepare_spmvs
     local = {**scattered, "cf_128": 6.0}
-    assert "rcm" not in [e.kernel for e in shortlist(unranked, size=2, features=local)]
+    assert [e.kernel for e in shortlist(unranked, size=2, features=local)][2:4] == ["rowsort", "cusparse"]
+    few, skewed = {**local, "rows": 60_000.0}, {**local, "npr_cv": 1.5}
+    assert all("rowsort" not in [e.kernel for e in shortlist(unranked, size=2, features=f)] for f in (few, skewed))
 
 
 def test_without_a_ranking_the_default_entrants_race() -> None:
@@ -407,7 +412,8 @@ def test_a_search_also_measures_first_what_a_race_enters_unranked() -> None:
     """The families a selector does not rank (csr5, and rcm where its features say it can pay) are what a race
     enters beside the ranking; a search seeded from that ranking measures them too, after the ranked ones."""
     ranking = [ranked("csr_vector", {"threads_per_row": 2}, 1.0, 0.5), ranked("nut", {}, 1.2, 150.0)]
-    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0}
+    scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0,
+                 "diag_frac": 0.0}
     seeds = search_seeds(ranking, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20, features=scattered)
     assert seeds[:2] == [("csr_vector", ranking[0].params), ("nut", ranking[1].params)]
     raced = [(e.kernel, e.params) for e in unranked_entrants(ranking, scattered, 4)]

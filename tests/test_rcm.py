@@ -170,7 +170,7 @@ def test_y_is_written_in_place_unless_a_sector_s_writes_are_an_l2_of_matrix_apar
 
 @pytest.mark.gpu
 def test_gpu_y_in_place_and_through_a_copy_are_the_same(monkeypatch):
-    """Both ways of writing y (csr_vector's ROWS, or a copy in B's order and a scatter) give the same y, bit for
+    """Both ways of writing y (csr_vector's ROWS, or a copy in B's order gathered back) give the same y, bit for
     bit (the same sums in the same order), and the reference's."""
     import cupy
     import cupyx.scipy.sparse as cusp

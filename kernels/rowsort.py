@@ -1,0 +1,158 @@
+"""``rowsort``: the rows in the order of their middle columns, then csr_vector on the reordered matrix.
+
+A matrix whose rows are local (each row's columns near one another: a stencil, a mesh, a banded or block
+matrix) but stored in another order than their columns (rows numbered at random, sorted by length, assembled
+element by element, a permutation applied to A's rows only) has the rows a warp reads at once gathering x from
+lines far apart, where the same rows in order would share them; no kernel that reads A's rows in A's order gets
+that back, and the matrix's features (each row alone, the columns' spread) do not see it. Ordered by their
+middle columns (:func:`row_order`; a stable sort, ties by A's order, rows without entries last), the rows
+``B = A[rows]`` come back to the order of their columns: a 7-point stencil of 3.4 M rows in random order comes
+back to the stencil. The columns keep their numbers, so x is read as it is (rcm, which renumbers rows and
+columns by a breadth-first search, gathers x into its new order each product and takes tens of SpMVs to
+prepare).
+
+A product is csr_vector on B (``threads_per_row``, ``block_size``: its parameters) writing each row's sum to its
+row of A, or, where too much of the matrix streams through the L2 between two writes of a sector of y
+(:func:`kernels.rcm.writes_in_place`), to a copy of y in B's order, gathered after (rcm's way:
+:func:`kernels.rcm.renumbered_product`). On a matrix of at least
+:data:`CHECKED_ROWS` rows the preparation fails fast (:class:`~common.errors.InvalidConfigError`, with the shares
+it measured) where the rows are in order already (fewer than :data:`OUT_OF_ORDER` of the pairs of neighbouring
+rows have middle columns :data:`JUMP` or more apart) or where the order would not bring the rows together (as
+many pairs, in the new order, with first or last columns that far apart: a random graph, whose rows spread over
+all of x whatever their order). A race at plan time enters it unranked on such a matrix with rows regular
+enough for csr_vector, unless it is square with its diagonal stored (:meth:`Rowsort.unranked_config`).
+
+>>> import numpy as np, scipy.sparse as sp
+>>> from tuner.matrix.io import as_csr
+>>> A = as_csr(sp.random(60, 40, density=0.05, random_state=0))
+>>> f = Rowsort()
+>>> p = f.prepare_reference(A)
+>>> bool(abs(f.run_reference(p, np.ones(40)) - A @ np.ones(40)).max() < 1e-12)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from common.errors import InvalidConfigError
+from kernels._cuda import c_type, require_cupy
+from kernels._family import Family, Prepared
+from kernels._space import Value
+from kernels.csr_vector import CsrVector, threads_covering
+from kernels.rcm import REGULAR_CV, Rcm, keep_rows, renumbered, renumbered_on_gpu, renumbered_product
+
+_INNER = CsrVector()
+
+JUMP = 1024
+"""Columns this far apart, or farther, sit on different lines of x and, on neighbouring rows, in different
+pages of it (8 KB of float64)."""
+
+OUT_OF_ORDER = 0.5
+"""The share of pairs of neighbouring rows, both with entries, whose columns jump (:data:`JUMP`) at which the
+rows count as out of order (A's order: middle columns) and as scattered whatever their order (B's: first or last
+columns). A 7-point stencil in order: 0 and 0; its rows in random order: 1.0 and 0.001; a random graph of ten
+entries a row: 1.0 and 1.0."""
+
+DIAGONAL = 0.5
+"""A square matrix with at least this share of its diagonal stored has its rows in the order of its columns
+already (row i reads x's entry i, its neighbours the entries beside it): reordering the rows would take that
+away, and where the rows' other columns are scattered (a symmetric permutation: the unseen perm27, mesh2d,
+fem3x3) no order of the rows brings them together either. Raced without this bound (stop 65, H200), rowsort
+was refused on every such unseen matrix, after a sort of its rows where their middle columns jumped."""
+
+CHECKED_ROWS = 1 << 16
+"""From this many rows the preparation checks the order before it copies the matrix (a smaller one is sorted in
+well under a millisecond whatever its order, and its x sits in the L2)."""
+
+
+class Rowsort(Family):
+    name = "rowsort"
+    summary = "rows reordered by their middle columns, then csr_vector on the reordered matrix"
+    source = "a row permutation restoring locality (cf. Pichel et al., 2005); csr_vector on the result"
+    cu_file = Rcm.cu_file
+    prepare_spmvs = 20.0  # H200 (stop 65's probe_rowsort): 17-20 SpMVs on rowperm7 and rowhash9, 24-32 tallshuffled
+    space = _INNER.space
+
+    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
+        return (f"rcm_renumber<{c_type(dtype)}>",)
+
+    def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """Raced where A has at least :data:`CHECKED_ROWS` rows (its preparation checks their order) of regular
+        lengths (csr_vector's rows, as for rcm) and is not a square matrix with most of its diagonal stored
+        (:data:`DIAGONAL`), with the threads a row that cover an average row's first loads
+        (:func:`kernels.csr_vector.threads_covering`)."""
+        if (features is None or features["rows"] < CHECKED_ROWS or features["npr_cv"] >= REGULAR_CV
+                or (features["rows"] == features["cols"] and features["diag_frac"] >= DIAGONAL)):
+            return None
+        threads = threads_covering(features["npr_mean"], itemsize)
+        return self.space.validate({"threads_per_row": threads}, family=self.name)
+
+    # -- GPU path ---------------------------------------------------------------
+    def _prepare(self, prepared: Prepared) -> None:
+        cupy = require_cupy()
+        A = prepared.A
+        rows = row_order(A.indptr, A.indices, prepared.shape[1], cupy)
+        B = renumbered_on_gpu(A, rows, None)
+        ex = prepared.extra
+        ex["inner"] = _INNER.prepare(B, prepared.params)
+        ex.update(indptr=B.indptr, indices=B.indices, data=B.data)  # counted in extra_bytes: B is a copy of A
+        keep_rows(prepared, rows)
+
+    def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
+        renumbered_product(prepared.extra, x, out)
+
+    # -- CPU reference ----------------------------------------------------------
+    def _prepare_reference(self, prepared: Prepared) -> None:
+        A = prepared.A
+        rows = row_order(A.indptr, A.indices, prepared.shape[1])
+        B = renumbered(A, rows, None)
+        prepared.extra.update(rows=rows, inner=_INNER.prepare_reference(B, prepared.params))
+
+    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
+        ex = prepared.extra
+        y = np.empty(prepared.shape[0], dtype=prepared.dtype)
+        y[ex["rows"]] = _INNER.run_reference(ex["inner"], x)
+        return y
+
+
+def row_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
+    """The rows (int32, ``rows[new] = old``) by their middle columns (entry ``length // 2`` of the row), ties by
+    number, those without entries last; ``xp``: NumPy (the reference) or CuPy, the same steps. On
+    :data:`CHECKED_ROWS` rows or more, raises InvalidConfigError where the order is not worth a copy of the
+    matrix (see the module's docstring): checked before the sort where the rows are in order already."""
+    m = indptr.size - 1
+    lengths = xp.diff(indptr)
+    filled = lengths > 0
+    last = max(int(indices.size) - 1, 0)
+    middle = indices[xp.minimum(indptr[:-1] + lengths // 2, last)]
+    checked = m >= CHECKED_ROWS
+    if checked and (in_order := _jump_share((middle,), filled, xp)) < OUT_OF_ORDER:
+        raise InvalidConfigError(f"rows in order already: {in_order:.1%} of neighbouring rows have middle columns "
+                                 f"{JUMP} or more apart (reordered where {OUT_OF_ORDER:.0%} or more)")
+    key = xp.where(filled, middle, n).astype(np.int64) * m + xp.arange(m, dtype=np.int64)
+    rows = xp.argsort(key).astype(np.int32)
+    if not checked:
+        return rows
+    starts, ends = indptr[:-1][rows], indptr[1:][rows]
+    ends -= 1
+    scattered = _jump_share((indices[xp.minimum(starts, last)], indices[xp.maximum(ends, 0)]), filled[rows], xp)
+    if scattered >= OUT_OF_ORDER:
+        raise InvalidConfigError(f"no order of the rows brings them together: in the order of their middle columns "
+                                 f"{scattered:.1%} of neighbouring rows still have first or last columns {JUMP} or "
+                                 f"more apart")
+    return rows
+
+
+def _jump_share(columns: tuple[Any, ...], filled: Any, xp: Any) -> float:
+    """Of the pairs of neighbouring rows both with entries, the share in which any of ``columns`` (one each a
+    row) are :data:`JUMP` or more apart (0 without pairs); one read-back."""
+    pairs = filled[1:] & filled[:-1]
+    jumps = xp.zeros(pairs.size, dtype=bool)
+    for c in columns:
+        jumps |= xp.abs(xp.diff(c.astype(np.int64))) >= JUMP
+    count, jumped = (int(v) for v in xp.stack([xp.count_nonzero(pairs), xp.count_nonzero(jumps & pairs)]).tolist())
+    return jumped / count if count else 0.0
