@@ -166,7 +166,7 @@ def renumbered_product(ex: dict[str, Any], x: Any, out: Any) -> None:
     """y = A·x into ``out`` through B (csr_vector prepared as ``ex["inner"]``, :func:`keep_rows`), ``x`` in B's
     numbering of the columns: each row's sum written to its old row, or to the copy of y in B's order, then
     gathered into ``out`` in A's (sequential writes, reads from a copy just written: on the unseen rowperm7 in
-    float64, an H200, 129 us against 186 for a scatter ``out[rows] = copy``, stop 65's probe_rowsort)."""
+    float64, an H200, 130 us against 189 for a scatter ``out[rows] = copy``, stop 65's probe_rowsort)."""
     if "y_renumbered" not in ex:
         _INNER.launch(ex["inner"], x, out, rows=ex["rows"])
         return
@@ -187,11 +187,11 @@ def writes_in_place(nnz: int, itemsize: int, l2_bytes: int) -> bool:
     89 (39 MiB), of 46 M in float32 154 / 183 (44 MiB); but the 46 M one in float64 294 / 279 (131 MiB), a
     7-point one of 28.5 M 452 / 364 (82 MiB), mesh2d three times as large 514 / 428 (111 MiB). Of 12 cases the
     rule missed two, by 1 % (37 MiB) and 5 % (54 MiB, where rcm lost to cuSPARSE either way). The copy was then
-    scattered back (``out[rows] = copy``); gathered instead (stop 65, an H200, ``..._probe_rowsort-*.txt``, in
-    place / gathered / scattered, us, csr_vector's best threads a row) the rule still picks the faster way on rcm's
-    perm27 (float64 226 / 194 / 223, float32 132 / 139 / 153), mesh2d (78 / 86 / 108, 60 / 69 / 76) and fem3x3
-    (142 / 141 / 154, 88 / 98 / 98), and on rowsort's rowperm7 (220 / 129 / 186, 92 / 104 / 140) and rowhash9
-    (102 / 92 / 124, 58 / 69 / 88)."""
+    scattered back (``out[rows] = copy``); gathered instead (stop 65, an H200,
+    ``..._probe_rowsort-77eaeac.txt``, in place / gathered / scattered, us, at the threads a row that ran fastest)
+    the rule still picks the faster way on rcm's perm27 (float64 224 / 194 / 223, float32 132 / 139 / 153), mesh2d
+    (77 / 87 / 109, 59 / 69 / 75) and fem3x3 (143 / 139 / 153, 88 / 98 / 97), and on rowsort's rowperm7 (222 / 130 /
+    189, 93 / 104 / 142) and rowhash9 (103 / 92 / 125, 59 / 71 / 83)."""
     return nnz * (itemsize + 4) * itemsize / 32 <= l2_bytes
 
 

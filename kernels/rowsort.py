@@ -74,7 +74,7 @@ class Rowsort(Family):
     summary = "rows reordered by their middle columns, then csr_vector on the reordered matrix"
     source = "a row permutation restoring locality (cf. Pichel et al., 2005); csr_vector on the result"
     cu_file = Rcm.cu_file
-    prepare_spmvs = 20.0  # H200 (stop 65's probe_rowsort): 17-20 SpMVs on rowperm7 and rowhash9, 24-32 tallshuffled
+    prepare_spmvs = 20.0  # H200 (stop 65's probe_rowsort): 16-24 SpMVs on rowperm7 and rowhash9, 23-30 tallshuffled
     space = _INNER.space
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
