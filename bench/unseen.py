@@ -113,6 +113,17 @@ six): measured as it came.
 - ``blockshuffled``: the 9-point 2-D stencil with blocks of 512 consecutive rows in random order, columns kept;
 - ``rowhash9``: the 9-point 2-D stencil with its rows in the order of a multiplicative hash, columns kept.
 
+Set ``i``, added at stop 65 after rowsort and set h, before anything else was changed, and measured as it came:
+
+- ``groupedrows``: 1 M rows in groups of 32 sharing one set of 24 random columns: scattered gathers, shared by a warp;
+- ``denseblock``: the 5-point 2-D Laplacian (4 M rows) with a dense 4,000 x 4,000 block in its corner: 4,000 rows of
+  4,000 entries beside millions of 5;
+- ``wideclustered``: 40,000 rows of 16 M columns, each 4 runs of 100 columns at random places: x of 128 MB;
+- ``hypersparse``: 30 M x 30 M, 60 % of the rows empty, the others 1.25 random columns on average;
+- ``globalcols``: 2 M rows each reading the same 16 columns and a band of 5: a few entries of x read by every row;
+- ``tallwide``: 1 M x 50 M, each row 10 columns near 50 times its number and 10 anywhere: half the gathers stream,
+  half are random reads of an x of 400 MB (float64).
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -689,6 +700,61 @@ def rowhash9(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     return A
 
 
+def groupedrows(rows: int, rng: np.random.Generator, group: int = 32, per_row: int = 24) -> sp.csr_matrix:
+    """rows x rows, consecutive groups of ``group`` rows sharing one set of ``per_row`` columns drawn at random
+    (one drawn twice counted once): a warp's rows read the same scattered entries of x."""
+    patterns = rng.integers(0, rows, (-(-rows // group), per_row))
+    return _csr(np.repeat(np.arange(rows), per_row), np.repeat(patterns, group, axis=0)[:rows].ravel(),
+                (rows, rows), rng)
+
+
+def denseblock(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 5-point 2-D Laplacian on a side x side grid with its first 2 side rows and columns a dense block:
+    a few thousand rows of 2 side entries, millions of 5."""
+    block = 2 * side
+    coo = generate("poisson2d", n=side).tocoo()
+    outside = (coo.row >= block) | (coo.col >= block)
+    dense = np.arange(block * block)
+    rows = np.concatenate([coo.row[outside], dense // block])
+    return _csr(rows, np.concatenate([coo.col[outside], dense % block]), coo.shape, rng)
+
+
+def wideclustered(rows: int, rng: np.random.Generator, cols: int = 16_000_000, runs: int = 4,
+                  width: int = 100) -> sp.csr_matrix:
+    """rows x ``cols`` (very wide: x of 128 MB in float64), each row ``runs`` runs of ``width`` consecutive
+    columns at random places."""
+    starts = rng.integers(0, cols - width, (rows, runs))
+    cols_of = (starts[:, :, None] + np.arange(width)).reshape(rows, -1)
+    return _csr(np.repeat(np.arange(rows), runs * width), cols_of.ravel(), (rows, cols), rng)
+
+
+def hypersparse(n: int, rng: np.random.Generator, filled: float = 0.4, per_row: float = 1.25) -> sp.csr_matrix:
+    """n x n with ``filled`` of the rows holding entries (a geometric number, ``per_row`` on average) at random
+    columns: most rows empty, x far larger than the entries that read it."""
+    rows = np.flatnonzero(rng.random(n) < filled)
+    lengths = rng.geometric(1 / per_row, rows.size)
+    return _csr(np.repeat(rows, lengths), rng.integers(0, n, int(lengths.sum())), (n, n), rng)
+
+
+def globalcols(n: int, rng: np.random.Generator, hot: int = 16, half_width: int = 2) -> sp.csr_matrix:
+    """n x n, every row reading the same ``hot`` columns (spread over x) and a band of half-width
+    ``half_width``: regular rows, a few entries of x read by all."""
+    hot_cols = np.sort(rng.choice(n, hot, replace=False))
+    band = np.arange(-half_width, half_width + 1)
+    cols = np.hstack([np.tile(hot_cols, (n, 1)), np.clip(np.arange(n)[:, None] + band, 0, n - 1)])
+    return _csr(np.repeat(np.arange(n), cols.shape[1]), cols.ravel(), (n, n), rng)
+
+
+def tallwide(rows: int, rng: np.random.Generator, ratio: int = 50, local: int = 10, far: int = 10
+             ) -> sp.csr_matrix:
+    """rows x ``ratio`` rows (wide), each row ``local`` columns within 1,000 of ``ratio`` times its number and
+    ``far`` anywhere: half the gathers stream, half are random reads of an x of hundreds of MB."""
+    cols = rows * ratio
+    near = np.clip(np.arange(rows)[:, None] * ratio + rng.integers(-1_000, 1_000, (rows, local)), 0, cols - 1)
+    anywhere = rng.integers(0, cols, (rows, far))
+    return _csr(np.repeat(np.arange(rows), local + far), np.hstack([near, anywhere]).ravel(), (rows, cols), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -699,7 +765,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" 65
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -750,6 +816,12 @@ MATRICES = (
     Unseen("multicolor", multicolor, 100, 84, "h", dims=3),        # ~26 M
     Unseen("blockshuffled", blockshuffled, 1_400, 85, "h", dims=2),  # ~18 M
     Unseen("rowhash9", rowhash9, 1_400, 86, "h", dims=2),          # ~18 M
+    Unseen("groupedrows", groupedrows, 1_000_000, 91, "i"),        # ~24 M
+    Unseen("denseblock", denseblock, 2_000, 92, "i", dims=2),      # ~36 M
+    Unseen("wideclustered", wideclustered, 40_000, 93, "i"),       # ~16 M
+    Unseen("hypersparse", hypersparse, 30_000_000, 94, "i"),       # ~15 M
+    Unseen("globalcols", globalcols, 2_000_000, 95, "i"),          # ~42 M
+    Unseen("tallwide", tallwide, 1_000_000, 96, "i"),              # ~20 M
 )
 
 

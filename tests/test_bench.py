@@ -562,6 +562,31 @@ def test_the_unseen_benchmarks_eighth_set_builds_the_structures_it_names() -> No
     assert np.abs(np.diff(hashed.indices[hashed.indptr[:-1]])).mean() > 1_000
 
 
+def test_the_unseen_benchmarks_ninth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set i at a small scale: each generator's defining trait."""
+    built = _unseen_set("i", {"groupedrows", "denseblock", "wideclustered", "hypersparse", "globalcols", "tallwide"})
+    groups = built["groupedrows"]  # 10,000 rows
+    assert groups.shape == (10_000, 10_000) and np.diff(groups.indptr).max() == 24
+    assert all(np.array_equal(groups[32 * g].indices, groups[32 * g + 31].indices) for g in (0, 7, 300))
+    assert not np.array_equal(groups[0].indices, groups[32].indices)
+    corner = built["denseblock"]  # a 200 x 200 grid, a dense block of 400
+    lengths = np.diff(corner.indptr)
+    assert corner.shape == (40_000, 40_000) and corner[:400, :400].nnz == 400 * 400 and lengths[400:].max() == 5
+    wide = built["wideclustered"]  # 400 rows of 16 M columns
+    assert wide.shape == (400, 16_000_000) and np.diff(wide.indptr).max() == 400
+    assert max(1 + int((np.diff(wide[i].indices) > 1).sum()) for i in range(0, 400, 37)) <= 4
+    sparse = built["hypersparse"]  # 300,000 x 300,000
+    assert sparse.shape == (300_000, 300_000) and 0.55 < float(np.mean(np.diff(sparse.indptr) == 0)) < 0.65
+    assert 0.4 < sparse.nnz / 300_000 < 0.6
+    hot = built["globalcols"]  # 20,000 rows
+    counts = np.bincount(hot.indices, minlength=20_000)
+    assert (counts == 20_000).sum() == 16 and np.diff(hot.indptr).max() <= 21
+    tall = built["tallwide"]  # 10,000 x 500,000
+    assert tall.shape == (10_000, 500_000) and np.diff(tall.indptr).max() <= 20
+    near = np.abs(tall[5_000].indices - 5_000 * 50) <= 1_000
+    assert 5 <= near.sum() <= 12
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
