@@ -26,5 +26,11 @@ class InvalidConfigError(TunerError, ValueError):
     """A kernel name or parameter value that the registry does not declare."""
 
 
+class NotApplicableError(InvalidConfigError):
+    """A kernel family that cannot run, or cannot pay, on this matrix whatever its parameters (rcm: no narrow
+    order; rowsort: rows in order already, or scattered whatever their order), raised by its preparation with
+    the reason: a race drops the family, a search samples it no more on that matrix."""
+
+
 class StoreError(TunerError, RuntimeError):
     """The SQLite store cannot be opened, migrated or written."""

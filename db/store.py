@@ -39,7 +39,9 @@ from common.errors import StoreError
 
 TRIAL_STATES = ("ok", "failed")
 ERROR_KINDS = ("compile_error", "launch_error", "wrong_answer", "out_of_memory", "timeout", "invalid_config",
-               "worker_lost")  # worker_lost: its worker died mid-trial (tuner sync); says nothing of the config
+               "not_applicable", "worker_lost")
+# not_applicable: the family refused the matrix whatever its parameters (rcm, rowsort: common.errors.NotApplicableError)
+# worker_lost: its worker died mid-trial (tuner sync); says nothing of the config
 DEVICE_KINDS = ("gpu", "cpu-reference")
 
 _MIGRATION_SET = "spmv-tuner"

@@ -22,7 +22,7 @@ has a narrow band and its gathers of x come back to the same lines.
   a level): a randomly numbered 2-D mesh has thousands of levels, and with a read-back and a dozen launches a
   level (0.2-0.5 ms on the device hosts) it took seconds.
 - A large graph with no narrow order (a small-world graph: a random or power-law one, where some level holds
-  a quarter of the vertices) makes the preparation fail (:class:`~common.errors.InvalidConfigError`) as soon
+  a quarter of the vertices) makes the preparation fail (:class:`~common.errors.NotApplicableError`) as soon
   as that level appears: renumbering it would not bring gathers together.
 
 A product is then a gather of x into the new order and csr_vector on B (``threads_per_row``, ``block_size``:
@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from common.errors import InvalidConfigError
+from common.errors import NotApplicableError
 from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy, resident_threads
 from kernels._family import Family, Prepared
 from kernels._space import Value
@@ -216,7 +216,7 @@ a 7-point one of 4 M rows in 13.9-14.1 ms and 1,373 levels of a 2-D mesh in 25-2
 def orders(A: Any, xp: Any = np, search: Search | None = None) -> tuple[Any, Any]:
     """(rows, cols): the old number of each new row and of each new column (int32), by reverse Cuthill-McKee
     on A's graph (see the module's docstring); ``xp``: NumPy for a SciPy A (the reference), CuPy for a
-    cupyx A with the GPU's ``search`` (:func:`gpu_search`). Raises InvalidConfigError where the graph has no
+    cupyx A with the GPU's ``search`` (:func:`gpu_search`). Raises NotApplicableError where the graph has no
     narrow order."""
     m, n = A.shape
     if m == n:
@@ -300,7 +300,7 @@ def _cuthill_mckee(indptr: Any, indices: Any, xp: Any, search: Search) -> Any:
         wide = max(WIDE_LEVEL * size, SEED_SPREAD * seeds) if size >= LARGE_GRAPH else size
         numbered, too_wide, cut = search(indptr, indices, number, order, root, begin, seeds, int(wide), deep)
         if too_wide:
-            raise InvalidConfigError(
+            raise NotApplicableError(
                 f"rcm: no narrow order for this matrix: a breadth-first level holds {too_wide} of its "
                 f"{size} vertices (a small-world graph); renumbering would not bring its gathers together")
         if cut:

@@ -11,16 +11,16 @@ back to the stencil. The columns keep their numbers, so x is read as it is (rcm,
 columns by a breadth-first search, gathers x into its new order each product and takes tens of SpMVs to
 prepare).
 
-A product is csr_vector on B (``threads_per_row``, ``block_size``: its parameters) writing each row's sum to its
-row of A, or, where too much of the matrix streams through the L2 between two writes of a sector of y
+A product is csr_vector on B (``threads_per_row``, ``block_size``: its parameters) writing each row's sum to its row
+of A, or, where too much of the matrix streams through the L2 between two writes of a sector of y
 (:func:`kernels.rcm.writes_in_place`), to a copy of y in B's order, gathered after (rcm's way:
-:func:`kernels.rcm.renumbered_product`). On a matrix of at least
-:data:`CHECKED_ROWS` rows the preparation fails fast (:class:`~common.errors.InvalidConfigError`, with the shares
-it measured) where the rows are in order already (fewer than :data:`OUT_OF_ORDER` of the pairs of neighbouring
-rows have middle columns :data:`JUMP` or more apart) or where the order would not bring the rows together (as
-many pairs, in the new order, with first or last columns that far apart: a random graph, whose rows spread over
-all of x whatever their order). A race at plan time enters it unranked on such a matrix with rows regular
-enough for csr_vector, unless it is square with its diagonal stored (:meth:`Rowsort.unranked_config`).
+:func:`kernels.rcm.renumbered_product`). On a matrix of at least :data:`CHECKED_ROWS` rows the preparation fails
+fast (:class:`~common.errors.NotApplicableError`, with the shares it measured) where the rows are in order already
+(fewer than :data:`OUT_OF_ORDER` of the pairs of neighbouring rows have middle columns :data:`JUMP` or more apart)
+or where the order would not bring the rows together (as many pairs, in the new order, with first or last columns
+that far apart: a random graph, whose rows spread over all of x whatever their order). A race at plan time enters it
+unranked on such a matrix with rows regular enough for csr_vector, unless it is square with its diagonal stored
+(:meth:`Rowsort.unranked_config`).
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tuner.matrix.io import as_csr
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import InvalidConfigError
+from common.errors import NotApplicableError
 from kernels._cuda import c_type, require_cupy
 from kernels._family import Family, Prepared
 from kernels._space import Value
@@ -122,7 +122,7 @@ class Rowsort(Family):
 def row_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
     """The rows (int32, ``rows[new] = old``) by their middle columns (entry ``length // 2`` of the row), ties by
     number, those without entries last; ``xp``: NumPy (the reference) or CuPy, the same steps. On
-    :data:`CHECKED_ROWS` rows or more, raises InvalidConfigError where the order is not worth a copy of the
+    :data:`CHECKED_ROWS` rows or more, raises NotApplicableError where the order is not worth a copy of the
     matrix (see the module's docstring): checked before the sort where the rows are in order already."""
     m = indptr.size - 1
     lengths = xp.diff(indptr)
@@ -131,7 +131,7 @@ def row_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
     middle = indices[xp.minimum(indptr[:-1] + lengths // 2, last)]
     checked = m >= CHECKED_ROWS
     if checked and (in_order := _jump_share((middle,), filled, xp)) < OUT_OF_ORDER:
-        raise InvalidConfigError(f"rows in order already: {in_order:.1%} of neighbouring rows have middle columns "
+        raise NotApplicableError(f"rows in order already: {in_order:.1%} of neighbouring rows have middle columns "
                                  f"{JUMP} or more apart (reordered where {OUT_OF_ORDER:.0%} or more)")
     key = xp.where(filled, middle, n).astype(np.int64) * m + xp.arange(m, dtype=np.int64)
     rows = xp.argsort(key).astype(np.int32)
@@ -141,7 +141,7 @@ def row_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
     ends -= 1
     scattered = _jump_share((indices[xp.minimum(starts, last)], indices[xp.maximum(ends, 0)]), filled[rows], xp)
     if scattered >= OUT_OF_ORDER:
-        raise InvalidConfigError(f"no order of the rows brings them together: in the order of their middle columns "
+        raise NotApplicableError(f"no order of the rows brings them together: in the order of their middle columns "
                                  f"{scattered:.1%} of neighbouring rows still have first or last columns {JUMP} or "
                                  f"more apart")
     return rows

@@ -12,7 +12,7 @@ import optuna
 import pytest
 import scipy.sparse as sp
 
-from common.errors import InvalidConfigError, NoDeviceError
+from common.errors import InvalidConfigError, NoDeviceError, NotApplicableError
 from db.store import Store
 from kernels import REGISTRY, get_family
 from kernels.csr_scalar import CsrScalar
@@ -112,6 +112,39 @@ def test_wrong_answers_and_crashes_are_recorded_and_the_search_goes_on(A, store,
     assert best["kernel"] == "csr_scalar" and best["params"]["block_size"] != 64
     study = optuna.load_study(study_name=result.study, storage=storage)
     assert any(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
+
+
+class _Refuses(CsrVector):
+    def _prepare_reference(self, prepared):
+        raise NotApplicableError("pretend this matrix's rows are in order already")
+
+
+def test_a_family_that_refuses_the_matrix_is_sampled_no_more_and_spends_no_budget(A, store, tmp_path, monkeypatch):
+    """A refusal whatever the parameters (NotApplicableError: rowsort on rows in order) fails that one trial;
+    optuna's later picks of the family are pruned, not measured and not counted, in this run and the next."""
+    monkeypatch.setitem(REGISTRY, "csr_vector", _Refuses())
+    storage = open_storage(str(tmp_path / "j.log"))
+    result = run(A, store, storage, trials=30, summary=False)
+    refused = [t for t in result.trials if t.kernel == "csr_vector"]
+    assert len(refused) == 1 and refused[0].error_kind == "not_applicable"
+    assert "rows are in order" in refused[0].error
+    study = optuna.load_study(study_name=result.study, storage=storage)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) == 1 and states.count(optuna.trial.TrialState.COMPLETE) == 29
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert all(t.params["kernel"] == "csr_vector" for t in pruned)
+    again = run(A, store, storage, trials=10, summary=False)
+    assert all(t.kernel != "csr_vector" for t in again.trials)
+    study = optuna.load_study(study_name=result.study, storage=storage)
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == 39
+    rows = store.trials(result.fingerprint)
+    assert [r["error_kind"] for r in rows if r["kernel"] == "csr_vector"] == ["not_applicable"]
+    # a search of the refusing family alone ends after its refusal instead of asking forever
+    alone = run(A, store, open_storage(str(tmp_path / "k.log")), trials=5, kernels=["csr_vector"], summary=False)
+    assert len(alone.trials) == 0  # the store knew already: nothing to measure
+    fresh = run(A, Store(tmp_path / "u.db"), open_storage(str(tmp_path / "l.log")), trials=5, kernels=["csr_vector"],
+                summary=False)
+    assert [t.error_kind for t in fresh.trials] == ["not_applicable"]
 
 
 def test_float32_study_is_separate(A, store, tmp_path):

@@ -2,7 +2,8 @@
 
 A config that fails is an outcome, not a crash: its failure is classified
 (``compile_error``, ``launch_error``, ``wrong_answer``, ``out_of_memory``,
-``timeout``, ``invalid_config``) with the message, and the search goes on.
+``timeout``, ``invalid_config``, and ``not_applicable`` where the family refused the
+matrix whatever its parameters) with the message, and the search goes on.
 Only a failure that leaves the CUDA context unusable stops the search.
 """
 
@@ -15,11 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import InvalidConfigError, TunerError
+from common.errors import InvalidConfigError, NotApplicableError, TunerError
 from kernels import Family, Prepared, canonical
 from tuner.measure.backend import Backend, Timing
 from tuner.measure.metrics import gbps, gflops
 from tuner.measure.verify import Reference
+
+NOT_APPLICABLE = "not_applicable"
+"""The error kind of a family's refusal of a matrix, whatever its parameters (:class:`NotApplicableError`)."""
 
 # Exception class names (CuPy's are matched by name so CuPy stays an optional import).
 _KINDS = {
@@ -83,6 +87,8 @@ class TrialResult:
 
 
 def classify(exc: BaseException) -> str:
+    if isinstance(exc, NotApplicableError):
+        return NOT_APPLICABLE
     if isinstance(exc, InvalidConfigError):
         return "invalid_config"
     for cls in type(exc).__mro__:

@@ -13,7 +13,9 @@ or FAIL) across all of them, exactly N (see :class:`tuner.search.study.Budget`);
 every trial's full record is kept in its user attrs (``record``) so ``tuner
 sync`` can rebuild the store's rows from optuna alone; and, when the storage has
 heartbeats, every asked trial beats while it runs and stale trials are failed
-before each ask.
+before each ask. A family that refuses the matrix whatever its parameters (``not_applicable``:
+rcm on a small-world graph, rowsort on rows in order) is sampled no more on it: optuna's
+further picks of it are pruned and do not count as trials.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from tuner.matrix.features import extract_features
 from tuner.matrix.fingerprint import SCHEME, fingerprint
 from tuner.matrix.io import as_csr
 from tuner.measure.backend import Backend, DeviceInfo, Timing
-from tuner.measure.evaluate import ContextLostError, TrialResult, evaluate, time_interleaved
+from tuner.measure.evaluate import NOT_APPLICABLE, ContextLostError, TrialResult, evaluate, time_interleaved
 from tuner.measure.metrics import gbps, gflops
 from tuner.measure.verify import Reference
 from tuner.search.seeds import seed_configs, unique_valid
@@ -184,11 +186,13 @@ def tune(
     seen = _measured(study)
     current = study.get_trials(deepcopy=False)
     tried = {t.params.get("kernel") for t in current}
+    refused = {t.params.get("kernel") for t in current if t.user_attrs.get("error_kind") == NOT_APPLICABLE}
     if store is not None:  # a study shared with another store: measure again what this store lacks
         rows = store.trials(fp, device=device.id, dtype=dtype)
         stored = {config_key(r["kernel"], r["params"]) for r in rows if r["state"] == "ok"}
         seen = {k: v for k, v in seen.items() if k in stored}
         tried = {r["kernel"] for r in rows}
+        refused |= {r["kernel"] for r in rows if r["error_kind"] == NOT_APPLICABLE}
     if total is None or study_budget(study, total, current).open:
         names = {f.name for f in families}
         queue = [(get_family(k), p) for k, p in enqueue if k in names]  # what is known first: a short budget
@@ -209,7 +213,7 @@ def tune(
 
     ran = 0
     while ran < trials:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or not {f.name for f in families} - refused:
             break
         if total is None:
             fail_stale_trials(study)
@@ -219,7 +223,7 @@ def tune(
             for key, value in _measured(study).items():  # what the other workers measured meanwhile
                 seen.setdefault(key, value)
         if restricted and not _waiting(study):
-            study.enqueue_trial({"kernel": str(rng.choice([f.name for f in families]))})
+            study.enqueue_trial({"kernel": str(rng.choice([f.name for f in families if f.name not in refused]))})
         with warnings.catch_warnings():  # heartbeats with ask/tell are what this loop is built for
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             trial = study.ask()
@@ -233,6 +237,10 @@ def tune(
             uid = uuid.uuid4().hex
             trial.set_user_attr(UID_ATTR, uid)
             family = get_family(trial.suggest_categorical("kernel", sorted(REGISTRY)))
+            if family.name in refused:  # it refused this matrix whatever its parameters: not a trial of the budget
+                ran -= 1
+                _tell(study, trial, state=TrialState.PRUNED)
+                continue
             params = family.space.suggest(trial, prefix=family.name)
             key = config_key(family.name, params)
             if key in seen:
@@ -249,6 +257,8 @@ def tune(
             _finish(store, study, trial, outcome, {**record, "trial_uid": uid}, A)
         if outcome.ok:
             seen[key] = outcome.timing.median_s
+        elif outcome.error_kind == NOT_APPLICABLE:
+            refused.add(family.name)
         result.trials.append(outcome)
         if on_trial:
             on_trial(outcome)
@@ -348,9 +358,10 @@ def _finish(store: Store | None, study: optuna.Study, trial: optuna.Trial, outco
                      study.study_name)
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, value: float) -> None:
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None,
+          state: TrialState | None = None) -> None:
     try:
-        study.tell(trial, value)
+        study.tell(trial, value, state=state)
     except optuna.exceptions.UpdateFinishedTrialError:
         _log.warning("trial %d of %s was failed by another worker before it was told", trial.number,
                      study.study_name)
