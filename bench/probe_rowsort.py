@@ -71,11 +71,14 @@ def probe(backend, name: str, A, dtype: str, kernel: str) -> None:
                 print(f"== {name} {dtype} {A.shape} nnz {A.nnz}: {kernel} refused: {e}", flush=True)
                 return _preparation(name, A, kernel, None)
             ex, out = prepared.extra, cupy.empty(A.shape[0], dtype=dtype)
-            if way == "scatter":
-                def run(ex=ex, out=out):
+            if way == "scatter":  # B's rows (the copy path keeps their inverse) scattered to
+                rows = cupy.empty_like(ex["inverse"])
+                rows[ex["inverse"]] = cupy.arange(rows.size, dtype=rows.dtype)
+
+                def run(ex=ex, out=out, rows=rows):
                     x_b = cupy.take(x, ex["cols"], out=ex["x_renumbered"]) if "cols" in ex else x
                     rcm._INNER.launch(ex["inner"], x_b, ex["y_renumbered"])
-                    out[ex["rows"]] = ex["y_renumbered"]
+                    out[rows] = ex["y_renumbered"]
             else:
                 def run(prepared=prepared, out=out):
                     family.run(prepared, x, out)

@@ -156,8 +156,9 @@ def keep_rows(prepared: Prepared, rows: Any) -> None:
     B's order and the new number of each old row (``inverse``), which gather y back in A's order."""
     cupy = require_cupy()
     ex = prepared.extra
-    ex["rows"] = rows
-    if not writes_in_place(prepared.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
+    if writes_in_place(prepared.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
+        ex["rows"] = rows
+    else:
         ex["y_renumbered"] = cupy.empty(prepared.shape[0], dtype=prepared.dtype)
         ex["inverse"] = _inverse(rows, cupy)
 
@@ -238,7 +239,7 @@ def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray | None) -> s
     indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     pos = np.repeat(A.indptr[rows].astype(np.int64) - indptr[:-1], lengths) + np.arange(indptr[-1])
     indices = A.indices[pos] if cols is None else _inverse(cols, np)[A.indices[pos]]
-    return sp.csr_matrix((A.data[pos], indices.astype(np.int32), indptr), shape=A.shape)
+    return sp.csr_matrix((A.data[pos], indices.astype(np.int32, copy=False), indptr), shape=A.shape)
 
 
 def renumbered_on_gpu(A: Any, rows: Any, cols: Any) -> Any:
