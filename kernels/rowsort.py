@@ -72,7 +72,7 @@ well under a millisecond whatever its order, and its x sits in the L2)."""
 class Rowsort(Family):
     name = "rowsort"
     summary = "rows reordered by their middle columns, then csr_vector on the reordered matrix"
-    source = "a row permutation restoring locality (cf. Pichel et al., 2005); csr_vector on the result"
+    source = "beyond the papers: the rows alone reordered for the locality of x's gathers; csr_vector on the result"
     cu_file = Rcm.cu_file
     prepare_spmvs = 20.0  # H200 (stop 65's probe_rowsort): 16-24 SpMVs on rowperm7 and rowhash9, 23-30 tallshuffled
     space = _INNER.space
