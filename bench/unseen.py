@@ -270,15 +270,26 @@ def blockdiag(n: int, rng: np.random.Generator, largest: int = 400) -> sp.csr_ma
     return A
 
 
-def _box_stencil_at_random(side: int, dims: int, rng: np.random.Generator) -> sp.csr_matrix:
-    """Each node of a side^dims grid coupled to every node of its 3^dims box, rows and columns under one random
-    permutation."""
+def _box_stencil(side: int, dims: int) -> sp.csr_matrix:
+    """Each node of a side^dims grid coupled to every node of its 3^dims box (the 9-point pattern in 2-D, the
+    27-point one in 3-D), in order."""
     path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    A = functools.reduce(lambda a, b: sp.kron(a, b, format="csr"), [path] * dims)
-    p = rng.permutation(A.shape[0])
-    A = A[p][:, p].tocsr()
+    return functools.reduce(lambda a, b: sp.kron(a, b, format="csr"), [path] * dims)
+
+
+def _reordered(A: sp.spmatrix, rows: np.ndarray, rng: np.random.Generator, cols: np.ndarray | None = None
+               ) -> sp.csr_matrix:
+    """``A[rows]`` (and ``[:, cols]`` where given), with values drawn from ``rng``."""
+    A = A[rows] if cols is None else A[rows][:, cols]
+    A = A.tocsr()
     A.data = _values(rng, A.nnz)
     return A
+
+
+def _box_stencil_at_random(side: int, dims: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """:func:`_box_stencil`, rows and columns under one random permutation."""
+    p = rng.permutation(side**dims)
+    return _reordered(_box_stencil(side, dims), p, rng, p)
 
 
 def perm27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
@@ -599,9 +610,7 @@ def smallworld(n: int, rng: np.random.Generator, per_scale: int = 2) -> sp.csr_m
 
 def rowperm7(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     """The 7-point Laplacian on a side^3 grid, its rows in random order (the columns as they were)."""
-    A = generate("poisson3d", n=side)[rng.permutation(side**3)].tocsr()
-    A.data = _values(rng, A.nnz)
-    return A
+    return _reordered(generate("poisson3d", n=side), rng.permutation(side**3), rng)
 
 
 def colruns(n: int, rng: np.random.Generator, runs: int = 3, width: int = 48) -> sp.csr_matrix:
@@ -648,10 +657,7 @@ def twofield(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     L = generate("poisson3d", n=side)
     N = L.shape[0]
     A = sp.bmat([[L, sp.identity(N)], [sp.identity(N), L]], format="csr")
-    order = np.column_stack([np.arange(N), N + np.arange(N)]).ravel()
-    A = A[order].tocsr()
-    A.data = _values(rng, A.nnz)
-    return A
+    return _reordered(A, np.column_stack([np.arange(N), N + np.arange(N)]).ravel(), rng)
 
 
 def tallshuffled(coarse: int, rng: np.random.Generator, ratio: int = 8) -> sp.csr_matrix:
@@ -668,36 +674,24 @@ def tallshuffled(coarse: int, rng: np.random.Generator, ratio: int = 8) -> sp.cs
 def multicolor(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     """The 27-point stencil on a side^3 grid in 8-colour order (the nodes by the parity of each coordinate, then
     in order; rows and columns alike, as a multicoloured Gauss-Seidel numbers them)."""
-    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    A = functools.reduce(lambda a, b: sp.kron(a, b, format="csr"), [path] * 3)
     z, y, x = np.unravel_index(np.arange(side**3), (side,) * 3)
     order = np.lexsort((np.arange(side**3), (z % 2) * 4 + (y % 2) * 2 + x % 2))
-    A = A[order][:, order].tocsr()
-    A.data = _values(rng, A.nnz)
-    return A
+    return _reordered(_box_stencil(side, 3), order, rng, order)
 
 
 def blockshuffled(side: int, rng: np.random.Generator, block: int = 512) -> sp.csr_matrix:
     """The 9-point stencil on a side x side grid, its rows (not its columns) in blocks of ``block`` consecutive
     rows, the blocks in random order (as a distributed assembly gathers them)."""
-    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    A = sp.kron(path, path, format="csr")
     starts = rng.permutation(np.arange(0, side * side, block))
     order = np.concatenate([np.arange(s, min(s + block, side * side)) for s in starts])
-    A = A[order].tocsr()
-    A.data = _values(rng, A.nnz)
-    return A
+    return _reordered(_box_stencil(side, 2), order, rng)
 
 
 def rowhash9(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     """The 9-point stencil on a side x side grid, its rows (not its columns) in the order of a multiplicative
     hash of their number (Knuth's, mod 2^32; as a hash-partitioned assembly emits them)."""
-    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
-    A = sp.kron(path, path, format="csr")
     key = (np.arange(side * side, dtype=np.uint64) * np.uint64(2654435761)) % np.uint64(1 << 32)
-    A = A[np.argsort(key, kind="stable")].tocsr()
-    A.data = _values(rng, A.nnz)
-    return A
+    return _reordered(_box_stencil(side, 2), np.argsort(key, kind="stable"), rng)
 
 
 def groupedrows(rows: int, rng: np.random.Generator, group: int = 32, per_row: int = 24) -> sp.csr_matrix:
