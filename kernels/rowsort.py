@@ -54,8 +54,8 @@ pages of it (8 KB of float64)."""
 OUT_OF_ORDER = 0.5
 """The share of pairs of neighbouring rows, both with entries, whose columns jump (:data:`JUMP`) at which the
 rows count as out of order (A's order: middle columns) and as scattered whatever their order (B's: first or last
-columns). On 10^6 rows (tests/test_rowsort.py's matrices): a 7-point stencil in order 0 (and 0); its rows in random
-order 0.998 and 0.0; ten random columns a row 0.996 and 1.0."""
+columns). On 10^6 rows (built with tests/test_rowsort.py's helpers): a 7-point stencil in order 0 (and 0); its
+rows in random order 0.998 and 0.0; ten random columns a row 0.996 and 1.0."""
 
 DIAGONAL = 0.5
 """A square matrix with at least this share of its diagonal stored has its rows in the order of its columns
