@@ -20,9 +20,13 @@ E: rcm (reverse Cuthill-McKee, then csr_vector) against csr_vector with the same
 F: csr_vector, rcm and merge_path with narrow columns (16-bit offsets from a row's or a tile's lowest,
    kernels/_narrow.py) against int32 columns, same configs otherwise: what the offsets gain on the local
    matrices.
+G: NuT past Nut.adapt's slabs, where x is several times the L2: 4 and 8 slabs, 1, 2 and 4 bands, 512 and 1024
+   threads, panels and tiles as adapt fits them: whether kernels/nut.py's FIT_SLABS (4) holds on matrices with
+   more entries a row than bursts, the matrix it was chosen on. MATRICES may name bench/unseen.py's or the
+   issue18 suite's (``issue18:lp``: its matrix whose name starts so), SCALE sizes them (default 1).
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
-    python bench/probe_unseen_configs.py PART MATRICES OUT                 # PART: A to F; MATRICES: a,b,...
+    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to G; MATRICES: a,b,...
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen import MATRICES  # noqa: E402
+from unseen import MATRICES, from_suite  # noqa: E402
 
 from kernels import get_family  # noqa: E402
 from kernels._cuda import c_type, grid  # noqa: E402
@@ -73,6 +77,17 @@ def rows_per_panel_configs(A: Any, l2_bytes: int) -> list[tuple[str, dict[str, A
         one = {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1}
         fitted = nut.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=l2_bytes)
         configs += [("nut", p) for p in (one, fitted) if p is not None]
+    return configs
+
+
+def slab_configs(A: Any, l2_bytes: int) -> list[tuple[str, dict[str, Any]]]:
+    """G's configs on A: cuSPARSE, then NuT as adapt fits it, at 4 and 8 slabs and 1, 2 and 4 bands."""
+    nut = get_family("nut")
+    configs = list(BASE)
+    for t, s, b in itertools.product((512, 1024), (4, 8), (1, 2, 4)):
+        one = {"rows_per_panel": 2048, "cols_per_tile": 16384, "threads": t, "slabs": 1}
+        fitted = nut.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=l2_bytes) or one
+        configs.append(("nut", {**fitted, "slabs": s, "bands": b}))
     return configs
 
 
@@ -133,23 +148,25 @@ def csr_vector_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
 
 def main() -> None:
     part, names, out_path = sys.argv[1], sys.argv[2].split(","), Path(sys.argv[3])
+    scale = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
     import cupy as cp
     import cupyx.scipy.sparse as cusp
 
     backend = GpuBackend()
-    chosen = {m.name: m for m in MATRICES}
+    chosen = {m.name: m for m in MATRICES} | {f"issue18:{m.name.split('-')[0]}": m for m in from_suite("issue18")}
     rows: list[dict] = []
     lines: list[str] = []
     for name in names:
-        H = chosen[name].make(1.0)
+        H = chosen[name].make(scale)
         for dtype in ("float64", "float32"):
             A = cusp.csr_matrix(H.astype(dtype))
             x = cp.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
-            head = f"== {name} {dtype} nnz={A.nnz}"
+            head = f"== {name} {dtype} {A.shape} nnz={A.nnz}"
             if part == "B":
                 lines += [head, *csr_vector_ab(backend, cp, A, x)]
             else:
-                configs = rows_per_panel_configs(A, backend.info.l2_bytes) if part == "D" else CONFIGS[part]
+                configs = ({"D": rows_per_panel_configs, "G": slab_configs}[part](A, backend.info.l2_bytes)
+                           if part in "DG" else CONFIGS[part])
                 found = sweep(backend, cp, A, x, configs)
                 rows += [{"matrix": name, "dtype": dtype, "nnz": A.nnz, **r} for r in found]
                 best = sorted(found, key=lambda r: r["time_s"])[:6]

@@ -96,7 +96,12 @@ FIT_SLABS = 4
 """The most slabs :meth:`Nut.adapt` gives (the space goes on to 8): past 4 the passes over y cost more than
 the gathers of x they keep in L2 (bursts of the unseen benchmark, x of 96 and 192 MB, on the H100: 4 slabs
 1.83x and 1.19x cuSPARSE cold in float32 and float64, 8 slabs 1.50x and 1.15x, each at its best of 8 configs;
-bench/probe_unseen_configs.py A, bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_unseen_nut.json)."""
+bench/probe_unseen_configs.py A, bench/results/2026-11-26_NVIDIA-H100-80GB-HBM3-sm-90_probe_unseen_nut.json).
+Held on the H200 (stop 66, probe G, ``..._probe_unseen_slabs.json``) where rows have more entries than bursts'
+0.8, best of 12 configs at 4 / 8 slabs: bursts 0.91x / 0.74x and 1.17x / 0.85x (float64 / float32), the issue's
+R-MAT at 131 M entries 1.07x / 0.98x and 1.19x / 1.15x, its LP (x of 128 MB) 2.41x / 2.37x and 1.97x / 1.96x;
+8 slabs ahead by 1-4 % on its 40 %-empty rows (x of 96 MB: 1.66x against 1.61x in float64), tallwide and
+scatterwide in float32: within what a second run moves."""
 FIT_PANEL_BYTES = 32 * 1024
 """The least shared y of a panel :meth:`Nut.adapt` gives a config it cuts into slabs: 8192 rows in float32,
 4096 in float64. Slabs split a panel's entries into one work item a slab, and a panel of the corpus's
