@@ -124,12 +124,8 @@ class Rcm(Family):
         cupy = require_cupy()
         A, n = prepared.A, prepared.shape[1]
         rows, cols = orders(A, cupy, gpu_search())
-        B = renumbered_on_gpu(A, rows, cols)
-        ex = prepared.extra
-        ex["inner"] = _INNER.prepare(B, prepared.params)
-        ex.update(indptr=B.indptr, indices=B.indices, data=B.data,  # counted in extra_bytes: B is a copy of A
-                  cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
-        keep_rows(prepared, rows)
+        keep_renumbered(prepared, rows, cols)
+        prepared.extra.update(cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         cupy = require_cupy()
@@ -139,23 +135,22 @@ class Rcm(Family):
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
-        rows, cols = orders(prepared.A)
-        prepared.extra.update(rows=rows, cols=cols, inner=_INNER.prepare_reference(
-            renumbered(prepared.A, rows, cols), prepared.params))
+        keep_renumbered_reference(prepared, *orders(prepared.A))
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        ex = prepared.extra
-        y = np.empty(prepared.shape[0], dtype=prepared.dtype)
-        y[ex["rows"]] = _INNER.run_reference(ex["inner"], x[ex["cols"]])
-        return y
+        return renumbered_reference_product(prepared, x)
 
 
-def keep_rows(prepared: Prepared, rows: Any) -> None:
-    """Keep in ``prepared.extra`` what :func:`renumbered_product` needs of B's rows (``rows``: the old number of
-    each, CuPy int32): ``rows`` itself where y is written in place (:func:`writes_in_place`), else a copy of y in
-    B's order and the new number of each old row (``inverse``), which gather y back in A's order."""
+def keep_renumbered(prepared: Prepared, rows: Any, cols: Any) -> None:
+    """Prepare csr_vector on B, A with its rows (and, unless ``cols`` is None, its columns) renumbered on the GPU
+    (``rows``, ``cols``: the old number of each, CuPy int32), and keep in ``prepared.extra`` what
+    :func:`renumbered_product` needs: B's arrays (counted in ``extra_bytes``: B is a copy of A) and B's rows,
+    as ``rows`` itself where y is written in place (:func:`writes_in_place`), else as a copy of y in B's order
+    and the new number of each old row (``inverse``), which gather y back in A's order."""
     cupy = require_cupy()
+    B = renumbered_on_gpu(prepared.A, rows, cols)
     ex = prepared.extra
+    ex.update(inner=_INNER.prepare(B, prepared.params), indptr=B.indptr, indices=B.indices, data=B.data)
     if writes_in_place(prepared.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
         ex["rows"] = rows
     else:
@@ -164,7 +159,7 @@ def keep_rows(prepared: Prepared, rows: Any) -> None:
 
 
 def renumbered_product(ex: dict[str, Any], x: Any, out: Any) -> None:
-    """y = A·x into ``out`` through B (csr_vector prepared as ``ex["inner"]``, :func:`keep_rows`), ``x`` in B's
+    """y = A·x into ``out`` through B (``ex``: what :func:`keep_renumbered` kept), ``x`` in B's
     numbering of the columns: each row's sum written to its old row, or to the copy of y in B's order, then
     gathered into ``out`` in A's (sequential writes, reads from a copy just written: on the unseen rowperm7 in
     float64, an H200, 130 us against 189 for a scatter ``out[rows] = copy``, stop 65's probe_rowsort)."""
@@ -173,6 +168,21 @@ def renumbered_product(ex: dict[str, Any], x: Any, out: Any) -> None:
         return
     _INNER.launch(ex["inner"], x, ex["y_renumbered"])
     require_cupy().take(ex["y_renumbered"], ex["inverse"], out=out)
+
+
+def keep_renumbered_reference(prepared: Prepared, rows: np.ndarray, cols: np.ndarray | None) -> None:
+    """:func:`keep_renumbered`'s CPU reference: csr_vector's reference on B, and B's rows and columns."""
+    B = renumbered(prepared.A, rows, cols)
+    prepared.extra.update(rows=rows, cols=cols, inner=_INNER.prepare_reference(B, prepared.params))
+
+
+def renumbered_reference_product(prepared: Prepared, x: np.ndarray) -> np.ndarray:
+    """:func:`renumbered_product`'s CPU reference: B's product (x renumbered where the columns are), each row's
+    sum put back in its row of A."""
+    ex = prepared.extra
+    y = np.empty(prepared.shape[0], dtype=prepared.dtype)
+    y[ex["rows"]] = _INNER.run_reference(ex["inner"], x if ex["cols"] is None else x[ex["cols"]])
+    return y
 
 
 def writes_in_place(nnz: int, itemsize: int, l2_bytes: int) -> bool:

@@ -43,7 +43,14 @@ from kernels._cuda import c_type, require_cupy
 from kernels._family import Family, Prepared
 from kernels._space import Value
 from kernels.csr_vector import CsrVector, threads_covering
-from kernels.rcm import REGULAR_CV, Rcm, keep_rows, renumbered, renumbered_on_gpu, renumbered_product
+from kernels.rcm import (
+    REGULAR_CV,
+    Rcm,
+    keep_renumbered,
+    keep_renumbered_reference,
+    renumbered_product,
+    renumbered_reference_product,
+)
 
 _INNER = CsrVector()
 
@@ -95,12 +102,7 @@ class Rowsort(Family):
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
         A = prepared.A
-        rows = row_order(A.indptr, A.indices, prepared.shape[1], cupy)
-        B = renumbered_on_gpu(A, rows, None)
-        ex = prepared.extra
-        ex["inner"] = _INNER.prepare(B, prepared.params)
-        ex.update(indptr=B.indptr, indices=B.indices, data=B.data)  # counted in extra_bytes: B is a copy of A
-        keep_rows(prepared, rows)
+        keep_renumbered(prepared, row_order(A.indptr, A.indices, prepared.shape[1], cupy), None)
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         renumbered_product(prepared.extra, x, out)
@@ -108,15 +110,10 @@ class Rowsort(Family):
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
         A = prepared.A
-        rows = row_order(A.indptr, A.indices, prepared.shape[1])
-        B = renumbered(A, rows, None)
-        prepared.extra.update(rows=rows, inner=_INNER.prepare_reference(B, prepared.params))
+        keep_renumbered_reference(prepared, row_order(A.indptr, A.indices, prepared.shape[1]), None)
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        ex = prepared.extra
-        y = np.empty(prepared.shape[0], dtype=prepared.dtype)
-        y[ex["rows"]] = _INNER.run_reference(ex["inner"], x)
-        return y
+        return renumbered_reference_product(prepared, x)
 
 
 def row_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
