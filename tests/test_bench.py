@@ -315,9 +315,30 @@ def test_convergence_times_the_best_cold_beside_both_cusparse_algorithms() -> No
     assert 0 < found["bandwidth_fraction"] < float("inf")
 
 
+def test_probe_g_tries_nut_past_its_fitted_slabs_with_configs_its_space_takes() -> None:
+    """bench/probe_unseen_configs.py G, where x is several times the L2: cuSPARSE's two algorithms, then NuT as
+    ``Nut.adapt`` fits it at 4 and 8 slabs, 1, 2 and 4 bands, 512 and 1024 threads, each a config NuT's space
+    takes as it is (one it refused would only show on the GPU)."""
+    import itertools
+
+    import scipy.sparse as sp
+
+    from kernels import get_family
+
+    module = _bench_module("probe_unseen_configs")
+    A = sp.csr_matrix((1000, 8_000_000), dtype=np.float64)  # x of 64 MB against an L2 of 50 MiB: 4 slabs fitted
+    configs = module.slab_configs(A, 50 << 20)
+    nut = [params for kernel, params in configs if kernel == "nut"]
+    assert configs[:2] == module.BASE and len(configs) == 2 + len(nut)
+    assert sorted((p["slabs"], p["bands"], p["threads"]) for p in nut) == \
+        sorted(itertools.product((4, 8), (1, 2, 4), (512, 1024)))
+    assert all(get_family("nut").space.validate(p, family="nut") == p for p in nut)
+    assert {(p["rows_per_panel"], p["cols_per_tile"]) for p in nut} == {(4096, 8192)}  # 32 KB of y, 96 KB in all
+
+
 @pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
-                                    "plan_timeline", "probe_reference", "profile_plan", "race_lofo", "race_lofo_gpu",
-                                    "spmspv", "unseen"])
+                                    "plan_timeline", "probe_reference", "probe_rowsort", "profile_plan", "race_lofo",
+                                    "race_lofo_gpu", "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
     import subprocess
