@@ -126,10 +126,10 @@ def _preparation(name: str, A, kernel: str, base: float | None) -> None:
             continue
         cupy.cuda.runtime.deviceSynchronize()
         t1 = time.perf_counter()
-        B = rowsort.renumbered_on_gpu(A, rows, None)
+        B = rcm.renumbered_on_gpu(A, rows, None)
         cupy.cuda.runtime.deviceSynchronize()
         t2 = time.perf_counter()
-        rowsort._INNER.prepare(B, {"threads_per_row": 2})
+        rcm._INNER.prepare(B, {"threads_per_row": 2})
         cupy.cuda.runtime.deviceSynchronize()
         t3 = time.perf_counter()
         for k, v in zip(steps, (t1 - t0, t2 - t1, t3 - t2), strict=True):
