@@ -124,6 +124,19 @@ Set ``i``, added at stop 65 after rowsort and set h, before anything else was ch
 - ``tallwide``: 1 M x 50 M, each row 10 columns near 50 times its number and 10 anywhere: half the gathers stream,
   half are random reads of an x of 400 MB (float64).
 
+Set ``j``, added at stop 67 before anything of that stop was changed, and measured as it came (at bba4a7f):
+
+- ``zipfrows``: 2 M x 2 M, the row of rank r (ranks at random) 2 M / r random columns long: a Zipf law of row
+  lengths, the longest 1.3 M entries, half the rows 1 or 2;
+- ``stencil125``: the 125-point stencil (a 5 x 5 x 5 box) of a 62^3 grid in order: 125 entries a row in 25 runs of 5;
+- ``vbr3d``: the 7-point pattern of a 70^3 grid of nodes in order, each node 1, 3 or 6 unknowns at random:
+  variable blocks, rows of 7 to 42 entries in 7 runs;
+- ``onehot``: 24 M x 3 M, one entry a row at a random column (a sampling or embedding-lookup matrix);
+- ``antiband``: a band of half-width 4 and the anti-diagonal band beside it: two streams of x in opposite
+  directions, 18 entries a row;
+- ``subsetcols``: 2 M x 2 M, 12 columns a row drawn from one random subset of 62,500 columns: random gathers
+  from a working set of 500 KB (float64) spread over x.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -749,6 +762,61 @@ def tallwide(rows: int, rng: np.random.Generator, ratio: int = 50, local: int = 
     return _csr(np.repeat(np.arange(rows), local + far), np.hstack([near, anywhere]).ravel(), (rows, cols), rng)
 
 
+def zipfrows(n: int, rng: np.random.Generator, exponent: float = 1.0) -> sp.csr_matrix:
+    """n x n, the row of rank r (ranks in random order) ``n / r ** exponent`` random columns long (a column drawn
+    twice counted once): a Zipf law of row lengths, the longest rows nearly dense, half the rows 1 or 2 long."""
+    lengths = np.maximum(1, n / np.arange(1, n + 1, dtype=np.float64) ** exponent).astype(np.int64)
+    lengths = lengths[rng.permutation(n)]
+    return _csr(np.repeat(np.arange(n), lengths), rng.integers(0, n, int(lengths.sum())), (n, n), rng)
+
+
+def stencil125(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """Each node of a side^3 grid coupled to every node of its 5 x 5 x 5 box (a fourth-order scheme's
+    125-point stencil), in order: 125 entries a row in 25 runs of 5."""
+    path = sp.diags([1.0] * 5, [-2, -1, 0, 1, 2], shape=(side, side), format="csr")
+    A = functools.reduce(lambda a, b: sp.kron(a, b, format="csr"), [path] * 3)
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def vbr3d(side: int, rng: np.random.Generator, dofs: tuple[int, ...] = (1, 3, 6)) -> sp.csr_matrix:
+    """The 7-point pattern of a side^3 grid of nodes in order, each node with one of ``dofs`` unknowns at random
+    (variable blocks, as a multiphysics mesh has): rows of 7 runs of 1 to 6 columns, their lengths changing
+    from node to node."""
+    nodes = generate("poisson3d", n=side).tocoo()
+    dof = rng.choice(np.asarray(dofs), side**3)
+    first = np.concatenate([[0], np.cumsum(dof)])
+    count = dof[nodes.row] * dof[nodes.col]  # the entries of each node pair's block
+    pair = np.repeat(np.arange(nodes.nnz), count)
+    k = np.arange(pair.size) - np.repeat(np.cumsum(count) - count, count)
+    width = dof[nodes.col][pair]
+    rows = first[nodes.row][pair] + k // width
+    return _csr(rows, first[nodes.col][pair] + k % width, (int(first[-1]),) * 2, rng)
+
+
+def onehot(rows: int, rng: np.random.Generator, ratio: int = 8) -> sp.csr_matrix:
+    """rows x rows / ``ratio``, one entry a row at a random column (a sampling or embedding-lookup matrix:
+    y = A x gathers x)."""
+    cols = max(1, rows // ratio)
+    return _csr(np.arange(rows), rng.integers(0, cols, rows), (rows, cols), rng)
+
+
+def antiband(n: int, rng: np.random.Generator, half_width: int = 4) -> sp.csr_matrix:
+    """n x n, row i reading the band i +- ``half_width`` and the anti-diagonal band n - 1 - i +- ``half_width``:
+    two streams of x, running in opposite directions."""
+    band = np.arange(-half_width, half_width + 1)
+    i = np.arange(n)[:, None]
+    cols = np.clip(np.hstack([i + band, n - 1 - i + band]), 0, n - 1)
+    return _csr(np.repeat(np.arange(n), cols.shape[1]), cols.ravel(), (n, n), rng)
+
+
+def subsetcols(n: int, rng: np.random.Generator, share: int = 32, per_row: int = 12) -> sp.csr_matrix:
+    """n x n, each row ``per_row`` columns drawn from one random subset of n / ``share`` columns (scattered over
+    x): random gathers from a working set a thirty-second of x."""
+    subset = rng.choice(n, max(1, n // share), replace=False)
+    return _csr(np.repeat(np.arange(n), per_row), subset[rng.integers(0, subset.size, n * per_row)], (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -759,7 +827,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" 67
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -816,6 +884,12 @@ MATRICES = (
     Unseen("hypersparse", hypersparse, 30_000_000, 94, "i"),       # ~15 M
     Unseen("globalcols", globalcols, 2_000_000, 95, "i"),          # ~42 M
     Unseen("tallwide", tallwide, 1_000_000, 96, "i"),              # ~20 M
+    Unseen("zipfrows", zipfrows, 2_000_000, 101, "j"),             # ~28 M
+    Unseen("stencil125", stencil125, 62, 102, "j", dims=3),        # ~28 M
+    Unseen("vbr3d", vbr3d, 70, 103, "j", dims=3),                  # ~28 M
+    Unseen("onehot", onehot, 24_000_000, 104, "j"),                # 24 M
+    Unseen("antiband", antiband, 1_500_000, 105, "j"),             # 27 M
+    Unseen("subsetcols", subsetcols, 2_000_000, 106, "j"),         # ~24 M
 )
 
 

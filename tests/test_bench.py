@@ -609,6 +609,26 @@ def test_the_unseen_benchmarks_ninth_set_builds_the_structures_it_names() -> Non
     assert 5 <= near.sum() <= 12
 
 
+def test_the_unseen_benchmarks_tenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set j at a small scale: each generator's defining trait."""
+    built = _unseen_set("j", {"zipfrows", "stencil125", "vbr3d", "onehot", "antiband", "subsetcols"})
+    zipf = np.diff(built["zipfrows"].indptr)  # 20,000 rows: the longest 20,000 draws, 63 % of them distinct
+    assert zipf.min() >= 1 and 10_000 < zipf.max() < 15_000 and np.median(zipf) <= 2
+    box = built["stencil125"]  # a 13^3 grid
+    assert box.shape == (13**3,) * 2 and np.diff(box.indptr).max() == 125
+    centre = box[6 * 169 + 6 * 13 + 6].indices
+    assert int((np.diff(centre) > 1).sum()) == 24  # 25 runs of 5
+    vbr = built["vbr3d"]  # a 15^3 grid of nodes
+    lengths = np.diff(vbr.indptr)
+    assert set(np.unique(lengths)) <= set(range(4, 43)) and {7, 42} <= set(np.unique(lengths).tolist())
+    picks = built["onehot"]  # 240,000 x 30,000
+    assert picks.shape == (240_000, 30_000) and np.all(np.diff(picks.indptr) == 1)
+    anti = built["antiband"]  # 15,000 rows
+    assert np.array_equal(anti[100].indices, np.r_[96:105, 14_895:14_904])
+    subset = built["subsetcols"]  # 20,000 rows, 625 columns read
+    assert np.unique(subset.indices).size <= 625 and np.diff(subset.indptr).max() == 12
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
