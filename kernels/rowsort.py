@@ -19,8 +19,8 @@ fast (:class:`~common.errors.NotApplicableError`, with the shares it measured) w
 (fewer than :data:`OUT_OF_ORDER` of the pairs of neighbouring rows have middle columns :data:`JUMP` or more apart)
 or where the order would not bring the rows together (as many pairs, in the new order, with first or last columns
 that far apart: a random graph, whose rows spread over all of x whatever their order). A race at plan time enters it
-unranked on such a matrix with rows regular enough for csr_vector, unless it is square with its diagonal stored
-(:meth:`Rowsort.unranked_config`).
+unranked on such a matrix with rows regular enough for csr_vector and of two entries or more, unless it is square
+with its diagonal stored (:meth:`Rowsort.unranked_config`).
 
 >>> import numpy as np, scipy.sparse as sp
 >>> from tuner.matrix.io import as_csr
@@ -71,6 +71,12 @@ away, and where the rows' other columns are scattered (a symmetric permutation: 
 fem3x3) no order of the rows brings them together either. Raced without this bound (stop 65, H200), rowsort
 was refused on every such unseen matrix, after a sort of its rows where their middle columns jumped."""
 
+MIN_ENTRIES = 2.0
+"""The fewest entries a row, on average, of a matrix a race enters rowsort on: the order turns each row's gathers
+of x into streams and its write of y into a scattered one, so rows of fewer entries have less to gain than that
+write costs them. On the unseen onehot (24 M rows of one entry, stop 67, H200) it ran at 888 us against csr_scalar's
+270 in float64 (1371 against 202 in float32), after 15-16 ms of preparation: a sixth of the race's cost."""
+
 CHECKED_ROWS = 1 << 16
 """From this many rows the preparation checks the order before it copies the matrix (a smaller one is sorted in
 well under a millisecond whatever its order, and its x sits in the L2)."""
@@ -89,10 +95,11 @@ class Rowsort(Family):
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced where A has at least :data:`CHECKED_ROWS` rows (its preparation checks their order) of regular
-        lengths (csr_vector's rows, as for rcm) and is not a square matrix with most of its diagonal stored
-        (:data:`DIAGONAL`), with the threads a row that cover an average row's first loads
-        (:func:`kernels.csr_vector.threads_covering`)."""
+        lengths (csr_vector's rows, as for rcm) and :data:`MIN_ENTRIES` entries or more on average, and is not a
+        square matrix with most of its diagonal stored (:data:`DIAGONAL`), with the threads a row that cover an
+        average row's first loads (:func:`kernels.csr_vector.threads_covering`)."""
         if (features is None or features["rows"] < CHECKED_ROWS or features["npr_cv"] >= REGULAR_CV
+                or features["npr_mean"] < MIN_ENTRIES
                 or (features["rows"] == features["cols"] and features["diag_frac"] >= DIAGONAL)):
             return None
         threads = threads_covering(features["npr_mean"], itemsize)

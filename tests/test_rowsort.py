@@ -11,7 +11,7 @@ import scipy.sparse as sp
 
 from common.errors import InvalidConfigError
 from kernels.rcm import renumbered
-from kernels.rowsort import CHECKED_ROWS, DIAGONAL, JUMP, Rowsort, row_order
+from kernels.rowsort import CHECKED_ROWS, DIAGONAL, JUMP, MIN_ENTRIES, Rowsort, row_order
 from tuner.matrix.io import as_csr
 
 
@@ -81,6 +81,9 @@ def test_a_race_enters_it_on_enough_regular_rows_not_in_the_order_of_a_stored_di
     assert f.unranked_config({**regular, "npr_mean": 27.0}, 8)["threads_per_row"] == 8
     assert f.unranked_config({**regular, "rows": CHECKED_ROWS - 1.0}, 8) is None
     assert f.unranked_config({**regular, "npr_cv": 1.5}, 8) is None and f.unranked_config(None, 8) is None
+    # a row of one entry gains nothing from the order (a scattered write of y for a scattered read of x)
+    assert f.unranked_config({**regular, "npr_mean": 1.0, "npr_cv": 0.0}, 8) is None
+    assert f.unranked_config({**regular, "npr_mean": MIN_ENTRIES}, 8) is not None
     # a square matrix with its diagonal stored reads x in its rows' order already; a rectangular one is raced
     assert f.unranked_config({**regular, "diag_frac": DIAGONAL}, 8) is None
     assert f.unranked_config({**regular, "diag_frac": 1.0, "cols": 2e5}, 8) is not None
