@@ -24,9 +24,12 @@ G: NuT past Nut.adapt's slabs, where x is several times the L2: 4 and 8 slabs, 1
    threads, panels and tiles as adapt fits them: whether kernels/nut.py's FIT_SLABS (4) holds on matrices with
    more entries a row than bursts, the matrix it was chosen on. MATRICES may name bench/unseen.py's or the
    issue18 suite's (``issue18:lp``: its matrix whose name starts so), SCALE sizes them (default 1).
+H: NuT of one slab where x fits the L2 (set j's subsetcols), beside the 4-slab config the race's join rule took
+   there before stop 67 (its best-ranked NuT config): panels of 1024 to 8192 rows, tiles, threads, and csr5.
+   Result: ..._probe_nut_subsetcols-67.json.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
-    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to G; MATRICES: a,b,...
+    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to H; MATRICES: a,b,...
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ CONFIGS = {
        for i, bs in itertools.product((4, 5, 6, 7, 9, 12, 16), (64, 128, 256))]
     + [("merge_path", {"loads": "thread", "items_per_thread": i, "block_size": bs})
        for i, bs in itertools.product((2, 3, 4), (128, 256))],
+    "H": BASE
+    + [("nut", {"rows_per_panel": r, "cols_per_tile": c, "slabs": s, "threads": t, **({"bands": 1} if s > 1 else {})})
+       for r, c, s, t in ((2048, 4096, 4, 512), (2048, 4096, 1, 512), (2048, 4096, 1, 1024), (8192, 16384, 1, 1024),
+                          (2048, 16384, 1, 1024), (1024, 4096, 1, 512), (4096, 8192, 1, 1024), (8192, 4096, 1, 512))]
+    + [("csr5", {"sigma": 8, "block_size": 128, "indices": "narrow"})],
     "E": BASE + [(k, {"threads_per_row": t, "block_size": 256}) for k in ("csr_vector", "rcm") for t in (2, 4, 8, 16)],
     "F": BASE + [("merge_path", {"indices": i}) for i in ("narrow", "int32")]
     + [("csr_vector", {"threads_per_row": t, "indices": i}) for t in TPR for i in ("narrow", "int32")]

@@ -336,6 +336,17 @@ def test_probe_g_tries_nut_past_its_fitted_slabs_with_configs_its_space_takes() 
     assert {(p["rows_per_panel"], p["cols_per_tile"]) for p in nut} == {(4096, 8192)}  # 32 KB of y, 96 KB in all
 
 
+def test_probe_h_times_configs_their_spaces_take() -> None:
+    """bench/probe_unseen_configs.py H: cuSPARSE's two algorithms, NuT at one slab and at the race's former 4, and
+    csr5, each a config its family's space takes as it is (one it refused would only show on the GPU)."""
+    from kernels import get_family
+
+    configs = _bench_module("probe_unseen_configs").CONFIGS["H"]
+    assert configs[:2] == _bench_module("probe_unseen_configs").BASE and len(configs) == 11
+    assert all(get_family(k).space.validate(p, family=k) == p for k, p in configs[2:])
+    assert sorted({p["slabs"] for k, p in configs if k == "nut"}) == [1, 4]
+
+
 @pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
                                     "plan_timeline", "probe_lofo_size", "probe_reference", "probe_rowsort",
                                     "probe_tune_scale", "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv",
