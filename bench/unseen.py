@@ -137,6 +137,18 @@ Set ``j``, added at stop 67 before anything of that stop was changed, and measur
 - ``subsetcols``: 2 M x 2 M, 12 columns a row drawn from one random subset of 62,500 columns: random gathers
   from a working set of 500 KB (float64) spread over x.
 
+Set ``k``, added at stop 67 after set j's two changes (rowsort's bound, NuT's join), before anything else, and
+measured as it came:
+
+- ``fewlongrows``: 64 rows of 250,000 random columns of 30 M: the work in the entries, not the rows;
+- ``degreesorted``: a Chung-Lu power-law graph (Pareto degrees) numbered by falling degree, rows and columns: the
+  longest rows first, the most read columns first;
+- ``ndgrid``: the 9-point stencil of a 1,600^2 grid in nested-dissection order (boxes of 32 x 32 in order, each
+  separator after the two halves it parts);
+- ``diagonal``: a 24 M x 24 M diagonal matrix (a scaling): one entry a row, everything streamed;
+- ``bitrev5``: the 5-point stencil of a 2,000^2 grid in bit-reversed order, rows and columns;
+- ``log2rows``: 150,000 rows, each a run of 2^k columns around its diagonal, k uniform in 0..10.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -817,6 +829,84 @@ def subsetcols(n: int, rng: np.random.Generator, share: int = 32, per_row: int =
     return _csr(np.repeat(np.arange(n), per_row), subset[rng.integers(0, subset.size, n * per_row)], (n, n), rng)
 
 
+def fewlongrows(rows: int, rng: np.random.Generator, cols: int = 30_000_000, length: int = 250_000
+                ) -> sp.csr_matrix:
+    """``rows`` rows of ``length`` random columns of ``cols`` (a column drawn twice counted once): very few, very
+    long rows of a very wide matrix, the work in the entries and not the rows."""
+    return _csr(np.repeat(np.arange(rows), length), rng.integers(0, cols, rows * length), (rows, cols), rng)
+
+
+def degreesorted(n: int, rng: np.random.Generator, shape: float = 1.5, minimum: int = 4) -> sp.csr_matrix:
+    """A Chung-Lu power-law graph (Pareto degrees, each edge's far end drawn in proportion to degree) with its
+    vertices numbered by falling degree, rows and columns alike (as graph frameworks number them): the longest
+    rows first, the most read columns first."""
+    degree = np.minimum(np.floor(minimum * (1.0 + rng.pareto(shape, n))), n // 16).astype(np.int64)
+    far = np.searchsorted(np.cumsum(degree), rng.random(int(degree.sum())) * degree.sum(), side="right")
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.argsort(-degree, kind="stable")] = np.arange(n)
+    return _csr(rank[np.repeat(np.arange(n), degree)], rank[np.minimum(far, n - 1)], (n, n), rng)
+
+
+def _nested_dissection(side: int, leaf: int = 32) -> np.ndarray:
+    """The nodes of a side x side grid (row-major numbers) in nested-dissection order: a box's two halves, each
+    ordered so, then the line between them; boxes of at most ``leaf`` x ``leaf`` row by row."""
+    grid = np.arange(side * side).reshape(side, side)
+    out: list[np.ndarray] = []
+
+    def order(r0: int, r1: int, c0: int, c1: int) -> None:
+        if r1 <= r0 or c1 <= c0:
+            return
+        if r1 - r0 <= leaf and c1 - c0 <= leaf:
+            out.append(grid[r0:r1, c0:c1].ravel())
+        elif r1 - r0 >= c1 - c0:
+            m = (r0 + r1) // 2
+            order(r0, m, c0, c1)
+            order(m + 1, r1, c0, c1)
+            out.append(grid[m, c0:c1])
+        else:
+            m = (c0 + c1) // 2
+            order(r0, r1, c0, m)
+            order(r0, r1, m + 1, c1)
+            out.append(grid[r0:r1, m])
+
+    order(0, side, 0, side)
+    return np.concatenate(out)
+
+
+def ndgrid(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 9-point stencil of a side x side grid in nested-dissection order (rows and columns; as a sparse direct
+    solver orders it): boxes local, each separator's rows reading the two boxes it parts, far apart."""
+    p = _nested_dissection(side)
+    return _reordered(_box_stencil(side, 2), p, rng, p)
+
+
+def diagonal(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """An n x n diagonal matrix (a scaling): one entry a row, x and y streamed."""
+    return _csr(np.arange(n), np.arange(n), (n, n), rng)
+
+
+def bitrev5(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 5-point stencil of a side x side grid with rows and columns in the order of their numbers' bits
+    reversed (an FFT's permutation): neighbouring rows half the matrix apart, rows 2^k apart near."""
+    n = side * side
+    bits = max(1, (n - 1).bit_length())
+    i = np.arange(n, dtype=np.int64)
+    key = np.zeros(n, dtype=np.int64)
+    for b in range(bits):
+        key |= ((i >> b) & 1) << (bits - 1 - b)
+    p = np.argsort(key, kind="stable")
+    return _reordered(generate("poisson2d", n=side), p, rng, p)
+
+
+def log2rows(n: int, rng: np.random.Generator, longest: int = 10) -> sp.csr_matrix:
+    """n x n, row i a run of 2^k consecutive columns around column i, k uniform in 0..``longest``: rows of every
+    length from 1 to 1,024 side by side, each reading x in one stream."""
+    lengths = np.minimum(1 << rng.integers(0, longest + 1, n), n).astype(np.int64)
+    starts = np.clip(np.arange(n) - lengths // 2, 0, n - lengths)
+    offset = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return _csr(np.repeat(np.arange(n), lengths), np.repeat(starts, lengths) + offset, (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -827,7 +917,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" 67
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -890,6 +980,12 @@ MATRICES = (
     Unseen("onehot", onehot, 24_000_000, 104, "j"),                # 24 M
     Unseen("antiband", antiband, 1_500_000, 105, "j"),             # 27 M
     Unseen("subsetcols", subsetcols, 2_000_000, 106, "j"),         # ~24 M
+    Unseen("fewlongrows", fewlongrows, 64, 111, "k"),              # 16 M
+    Unseen("degreesorted", degreesorted, 2_000_000, 112, "k"),     # ~24 M
+    Unseen("ndgrid", ndgrid, 1_600, 113, "k", dims=2),             # ~23 M
+    Unseen("diagonal", diagonal, 24_000_000, 114, "k"),            # 24 M
+    Unseen("bitrev5", bitrev5, 2_000, 115, "k", dims=2),           # ~20 M
+    Unseen("log2rows", log2rows, 150_000, 116, "k"),               # ~28 M
 )
 
 

@@ -640,6 +640,33 @@ def test_the_unseen_benchmarks_tenth_set_builds_the_structures_it_names() -> Non
     assert np.unique(subset.indices).size <= 625 and np.diff(subset.indptr).max() == 12
 
 
+def test_the_unseen_benchmarks_eleventh_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set k at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen")
+    built = _unseen_set("k", {"fewlongrows", "degreesorted", "ndgrid", "diagonal", "bitrev5", "log2rows"})
+    few = built["fewlongrows"]  # the 64 rows are not scaled below 8: 8 rows of 250,000 draws
+    assert few.shape == (8, 30_000_000) and np.diff(few.indptr).min() > 240_000
+    graph = built["degreesorted"]  # 20,000 vertices
+    lengths, reads = np.diff(graph.indptr), np.bincount(graph.indices, minlength=20_000)
+    assert lengths[:100].mean() > 5 * lengths[-10_000:].mean() and reads[:100].mean() > 5 * reads[-10_000:].mean()
+    order = module._nested_dissection(40, leaf=8)
+    assert np.array_equal(np.sort(order), np.arange(1_600)) and set(order[-40:]) == set(range(20 * 40, 21 * 40))
+    nd = built["ndgrid"]  # a 160 x 160 grid, one permutation of rows and columns: the 9-point pattern, symmetric
+    pattern = nd.copy()
+    pattern.data[:] = 1.0
+    assert nd.shape == (25_600, 25_600) and nd.nnz == (3 * 160 - 2) ** 2 and (pattern - pattern.T).nnz == 0
+    spans = [int(np.ptp(nd[i].indices)) for i in range(1_024)]  # the first 32 x 32 box: its own rows, mostly
+    assert np.median(spans) <= 2 * 32 + 2
+    assert built["diagonal"].nnz == 240_000 and np.array_equal(built["diagonal"].indices, np.arange(240_000))
+    rev = built["bitrev5"]  # a 200 x 200 grid
+    assert rev.shape == (40_000, 40_000) and np.diff(rev.indptr).max() == 5
+    assert abs(int(rev[0].indices.max()) - int(rev[1].indices.max())) > 10_000  # neighbouring rows far apart
+    runs = built["log2rows"]  # 1,500 rows
+    run_lengths = np.diff(runs.indptr)
+    assert set(np.unique(run_lengths).tolist()) <= {1 << k for k in range(11)}
+    assert all(np.all(np.diff(runs[i].indices) == 1) for i in range(0, 1_500, 97))
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
