@@ -23,7 +23,10 @@ has a narrow band and its gathers of x come back to the same lines.
   level (0.2-0.5 ms on the device hosts) it took seconds.
 - A large graph with no narrow order (a small-world graph: a random or power-law one, where some level holds
   a quarter of the vertices) makes the preparation fail (:class:`~common.errors.NotApplicableError`) as soon
-  as that level appears: renumbering it would not bring gathers together.
+  as that level appears: renumbering it would not bring gathers together. So does, before the search, a
+  large matrix whose rows are in order already (:func:`require_out_of_order`: neighbouring rows' middle
+  columns near, so a warp's rows gather x from the same lines; a diagonal matrix, a stencil in bit-reversed
+  order), as rowsort's preparation does.
 
 A product is then a gather of x into the new order and csr_vector on B (``threads_per_row``, ``block_size``:
 its parameters, declared there), each row's sum written to its old row, or, on a matrix that streams too much
@@ -63,6 +66,25 @@ mesh: 1.0-1.05). A 7-point stencil numbered naturally has 1.4 (a row's i - 1, i 
 four others do not) and a band already: renumbering would only copy it. (The bound was 1.5. The unseen kkt,
 such a stencil beside scattered constraint rows, has 1.38 at a tenth of its size and 1.16 at full size: it still
 races rcm, which there prepares in 8-12 ms and runs at 0.6x csr5.)"""
+
+JUMP = 1024
+"""Columns this far apart, or farther, sit on different lines of x and, on neighbouring rows, in different
+pages of it (8 KB of float64)."""
+
+OUT_OF_ORDER = 0.5
+"""The share of pairs of neighbouring rows, both with entries, whose columns jump (:data:`JUMP`) at which the
+rows count as out of order (A's order: middle columns; :func:`require_out_of_order`, where rcm and rowsort both
+refuse a matrix in order) and, for rowsort, as scattered whatever their order (its order's first or last columns).
+On 10^6 rows (built with tests/test_rowsort.py's helpers): a 7-point stencil in order 0 (and 0); its rows in random
+order 0.998 and 0.0; ten random columns a row 0.996 and 1.0. On the unseen matrices rcm is raced on (stop 67, a
+quarter of their size): perm27 0.98 and mesh2d 0.97 (where it wins), lowertri 0.83; diagonals, diagonal and bitrev5
+(the 5-point stencil in bit-reversed order, whose rows a warp reads together gather x from neighbouring lines)
+0.000-0.005, where it lost: bitrev5 in float32 135.6 us against csr_scalar's 65.8 after 37 ms of preparation, the
+diagonal matrix 568 us against csr5's 154 after 56 ms (a race of 537 and 374 SpMVs)."""
+
+CHECKED_ROWS = 1 << 16
+"""From this many rows a preparation checks the order before it reorders (a smaller matrix is reordered in well
+under a millisecond whatever its order, and its x sits in the L2)."""
 
 REGULAR_CV = 1.0
 """... and where the rows' lengths vary less than this (``npr_cv``): csr_vector, the kernel on B, suits
@@ -123,6 +145,7 @@ class Rcm(Family):
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
         A, n = prepared.A, prepared.shape[1]
+        require_out_of_order(A.indptr, A.indices, cupy)
         rows, cols = orders(A, cupy, gpu_search())
         keep_renumbered(prepared, rows, cols)
         prepared.extra.update(cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
@@ -135,6 +158,7 @@ class Rcm(Family):
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
+        require_out_of_order(prepared.A.indptr, prepared.A.indices)
         keep_renumbered_reference(prepared, *orders(prepared.A))
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
@@ -240,6 +264,33 @@ def orders(A: Any, xp: Any = np, search: Search | None = None) -> tuple[Any, Any
     if m == n:
         return order, order
     return order[order < m], order[order >= m] - np.int32(m)
+
+
+def require_out_of_order(indptr: Any, indices: Any, xp: Any = np) -> tuple[Any, Any]:
+    """Each row's middle column (its entry ``length // 2``; any for a row without entries) and whether it has
+    entries; on :data:`CHECKED_ROWS` rows or more, NotApplicableError where the rows are in order already (fewer
+    than :data:`OUT_OF_ORDER` of the pairs of neighbouring rows have middle columns :data:`JUMP` or more apart: the
+    rows a warp reads together gather x from the same lines, and a new order would only copy the matrix).
+    ``xp``: NumPy or CuPy, the same steps; one read-back."""
+    m = indptr.size - 1
+    lengths = xp.diff(indptr)
+    filled = lengths > 0
+    middle = indices[xp.minimum(indptr[:-1] + lengths // 2, max(int(indices.size) - 1, 0))]
+    if m >= CHECKED_ROWS and (in_order := jump_share((middle,), filled, xp)) < OUT_OF_ORDER:
+        raise NotApplicableError(f"rows in order already: {in_order:.1%} of neighbouring rows have middle columns "
+                                 f"{JUMP} or more apart (reordered where {OUT_OF_ORDER:.0%} or more)")
+    return middle, filled
+
+
+def jump_share(columns: tuple[Any, ...], filled: Any, xp: Any) -> float:
+    """Of the pairs of neighbouring rows both with entries, the share in which any of ``columns`` (one each a
+    row) are :data:`JUMP` or more apart (0 without pairs); one read-back."""
+    pairs = filled[1:] & filled[:-1]
+    jumps = xp.zeros(pairs.size, dtype=bool)
+    for c in columns:
+        jumps |= xp.abs(xp.diff(c.astype(np.int64))) >= JUMP
+    count, jumped = (int(v) for v in xp.stack([xp.count_nonzero(pairs), xp.count_nonzero(jumps & pairs)]).tolist())
+    return jumped / count if count else 0.0
 
 
 def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray | None) -> sp.csr_matrix:

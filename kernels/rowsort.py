@@ -44,25 +44,20 @@ from kernels._family import Family, Prepared
 from kernels._space import Value
 from kernels.csr_vector import CsrVector, threads_covering
 from kernels.rcm import (
+    CHECKED_ROWS,
+    JUMP,
+    OUT_OF_ORDER,
     REGULAR_CV,
     Rcm,
+    jump_share,
     keep_renumbered,
     keep_renumbered_reference,
     renumbered_product,
     renumbered_reference_product,
+    require_out_of_order,
 )
 
 _INNER = CsrVector()
-
-JUMP = 1024
-"""Columns this far apart, or farther, sit on different lines of x and, on neighbouring rows, in different
-pages of it (8 KB of float64)."""
-
-OUT_OF_ORDER = 0.5
-"""The share of pairs of neighbouring rows, both with entries, whose columns jump (:data:`JUMP`) at which the
-rows count as out of order (A's order: middle columns) and as scattered whatever their order (B's: first or last
-columns). On 10^6 rows (built with tests/test_rowsort.py's helpers): a 7-point stencil in order 0 (and 0); its
-rows in random order 0.998 and 0.0; ten random columns a row 0.996 and 1.0."""
 
 DIAGONAL = 0.5
 """A square matrix with at least this share of its diagonal stored has its rows in the order of its columns
@@ -76,10 +71,6 @@ MIN_ENTRIES = 2.0
 of x into streams and its write of y into a scattered one, so rows of fewer entries have less to gain than that
 write costs them. On the unseen onehot (24 M rows of one entry, stop 67, H200) it ran at 888 us against csr_scalar's
 270 in float64 (1371 against 202 in float32), after 15-16 ms of preparation: a sixth of the race's cost."""
-
-CHECKED_ROWS = 1 << 16
-"""From this many rows the preparation checks the order before it copies the matrix (a smaller one is sorted in
-well under a millisecond whatever its order, and its x sits in the L2)."""
 
 
 class Rowsort(Family):
@@ -129,34 +120,18 @@ def row_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
     :data:`CHECKED_ROWS` rows or more, raises NotApplicableError where the order is not worth a copy of the
     matrix (see the module's docstring): checked before the sort where the rows are in order already."""
     m = indptr.size - 1
-    lengths = xp.diff(indptr)
-    filled = lengths > 0
+    middle, filled = require_out_of_order(indptr, indices, xp)
     last = max(int(indices.size) - 1, 0)
-    middle = indices[xp.minimum(indptr[:-1] + lengths // 2, last)]
     checked = m >= CHECKED_ROWS
-    if checked and (in_order := _jump_share((middle,), filled, xp)) < OUT_OF_ORDER:
-        raise NotApplicableError(f"rows in order already: {in_order:.1%} of neighbouring rows have middle columns "
-                                 f"{JUMP} or more apart (reordered where {OUT_OF_ORDER:.0%} or more)")
     key = xp.where(filled, middle, n).astype(np.int64) * m + xp.arange(m, dtype=np.int64)
     rows = xp.argsort(key).astype(np.int32)
     if not checked:
         return rows
     starts, ends = indptr[:-1][rows], indptr[1:][rows]
     ends -= 1
-    scattered = _jump_share((indices[xp.minimum(starts, last)], indices[xp.maximum(ends, 0)]), filled[rows], xp)
+    scattered = jump_share((indices[xp.minimum(starts, last)], indices[xp.maximum(ends, 0)]), filled[rows], xp)
     if scattered >= OUT_OF_ORDER:
         raise NotApplicableError(f"no order of the rows brings them together: in the order of their middle columns "
                                  f"{scattered:.1%} of neighbouring rows still have first or last columns {JUMP} or "
                                  f"more apart")
     return rows
-
-
-def _jump_share(columns: tuple[Any, ...], filled: Any, xp: Any) -> float:
-    """Of the pairs of neighbouring rows both with entries, the share in which any of ``columns`` (one each a
-    row) are :data:`JUMP` or more apart (0 without pairs); one read-back."""
-    pairs = filled[1:] & filled[:-1]
-    jumps = xp.zeros(pairs.size, dtype=bool)
-    for c in columns:
-        jumps |= xp.abs(xp.diff(c.astype(np.int64))) >= JUMP
-    count, jumped = (int(v) for v in xp.stack([xp.count_nonzero(pairs), xp.count_nonzero(jumps & pairs)]).tolist())
-    return jumped / count if count else 0.0

@@ -5,12 +5,14 @@ case on the CPU and the GPU)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from common.errors import InvalidConfigError
-from kernels.rcm import DEEP_LEVELS, LARGE_GRAPH, Rcm, orders, renumbered, writes_in_place
+from kernels.rcm import CHECKED_ROWS, DEEP_LEVELS, LARGE_GRAPH, Rcm, orders, renumbered, writes_in_place
 from tests.kernel_cases import CASES, load_shared, shared_cases
 from tuner.matrix.features import extract_features
 from tuner.matrix.io import as_csr
@@ -120,6 +122,33 @@ def test_a_small_world_graph_fails_fast_with_the_reason():
     assert np.array_equal(np.sort(orders(small)[0]), np.arange(5000))
 
 
+def _bit_reversed(A: sp.csr_matrix) -> sp.csr_matrix:
+    """A with its rows and columns in the order of their numbers' bits reversed (an FFT's permutation)."""
+    n = A.shape[0]
+    bits = (n - 1).bit_length()
+    key = sum(((np.arange(n) >> b) & 1) << (bits - 1 - b) for b in range(bits))
+    p = np.argsort(key, kind="stable")
+    return as_csr(A[p][:, p])
+
+
+def test_a_large_matrix_whose_rows_gather_x_in_order_already_is_refused_before_the_search():
+    """A diagonal matrix and a grid in bit-reversed order (every row's columns far apart, but a warp's rows read
+    neighbouring entries of x): the preparation refuses them with the share it measured, as rowsort's does; the
+    same grid numbered at random is ordered, and below CHECKED_ROWS rows nothing is checked."""
+    diagonal = as_csr(sp.identity(CHECKED_ROWS + 100, format="csr"))
+    bit_reversed = _bit_reversed(_grid(260))
+    assert extract_features(bit_reversed)["cf_128"] < 1.2  # scattered rows, as the race's entry measures them
+    for A in (diagonal, bit_reversed):
+        with pytest.raises(InvalidConfigError, match=r"rows in order already: \d+\.\d% of neighbouring rows"):
+            Rcm().prepare_reference(A)
+    A = _shuffled(_grid(260), seed=3)
+    prepared = Rcm().prepare_reference(A)
+    x = np.random.default_rng(0).random(A.shape[1])
+    np.testing.assert_allclose(Rcm().run_reference(prepared, x), A @ x, rtol=1e-12, atol=1e-12)
+    small = as_csr(sp.identity(1_000, format="csr"))
+    np.testing.assert_allclose(Rcm().run_reference(Rcm().prepare_reference(small), x[:1_000]), x[:1_000])
+
+
 def test_the_reference_goes_through_the_renumbered_matrix_and_back():
     """y = A·x from B·x[cols] scattered to rows; the inner csr_vector sees B, not A."""
     A = _shuffled(_grid(20), seed=4)
@@ -215,11 +244,18 @@ def test_gpu_orders_as_the_reference_does(name):
     want_rows, want_cols = orders(A)
     np.testing.assert_array_equal(rows.get(), want_rows)
     np.testing.assert_array_equal(cols.get(), want_cols)
-    if A.nnz:
-        B = f.prepare(A_dev).extra["inner"].A
-        want = renumbered(A, want_rows, want_cols)
-        for got, expected in ((B.indptr, want.indptr), (B.indices, want.indices), (B.data, want.data)):
-            np.testing.assert_array_equal(got.get(), expected)
+    if not A.nnz:
+        return
+    try:
+        f.prepare_reference(A)
+    except InvalidConfigError as e:  # rows in order already (a large matrix): the GPU refuses it alike
+        with pytest.raises(InvalidConfigError, match=re.escape(str(e))):
+            f.prepare(A_dev)
+        return
+    B = f.prepare(A_dev).extra["inner"].A
+    want = renumbered(A, want_rows, want_cols)
+    for got, expected in ((B.indptr, want.indptr), (B.indices, want.indices), (B.data, want.data)):
+        np.testing.assert_array_equal(got.get(), expected)
 
 
 @pytest.mark.gpu

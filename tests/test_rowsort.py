@@ -10,8 +10,8 @@ import pytest
 import scipy.sparse as sp
 
 from common.errors import InvalidConfigError
-from kernels.rcm import renumbered
-from kernels.rowsort import CHECKED_ROWS, DIAGONAL, JUMP, MIN_ENTRIES, Rowsort, row_order
+from kernels.rcm import CHECKED_ROWS, JUMP, renumbered
+from kernels.rowsort import DIAGONAL, MIN_ENTRIES, Rowsort, row_order
 from tuner.matrix.io import as_csr
 
 
