@@ -267,11 +267,12 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       (:attr:`kernels.Family.adapt_first`: NuT's slabs) and has no entrant yet, the config of it the selector
       expects fastest, where that is within :data:`JOIN_SLACK` of the fastest entrant (expected fastest, not
       best-ranked: the ranking's order weighs the risk of a first config, and a config that joins the race is
-      judged by its time. Stop 67: the race's pick replayed on the four corpora, each family left out, 0.000-0.003
-      closer to the tuned best, worst 5 % 0.866 -> 0.884 on the H200's in float64, none lower; on the H200, the
+      judged by its time. Stop 67: the race's pick replayed on the four corpora, each family left out, 0.0000-0.0008
+      closer to the tuned best (0.0001-0.0030 on the matrices of 1 M nonzeros and more), worst 5 % 0.866 -> 0.884
+      on the H200's in float64, none lower; on the H200, the
       unseen subsetcols in float64 1.16x cuSPARSE (NuT of 8192-row panels; the best-ranked, of 4 slabs on an x
-      that fits the L2, ran 0.94x) against 1.09x, lowertri in float64 1.07x against 1.09x, 12 other races
-      within 1 %, ``..._joinv*.json``); where its default does not
+      that fits the L2, ran 0.94x) against 1.09x, lowertri in float64 1.07x against 1.09x, 12 of the A/B's 13
+      other races within 1 %, mesh2d's rcm 4 % apart, ``..._joinv*.json``); where its default does not
       fit this matrix (NuT where x outgrows its share of the L2), whatever it expects, the best-ranked that
       has that right, fitted further (NuT's panels), and also where no entrant of the family fits it: on a
       matrix like that, the one family that keeps the gathers of x out of DRAM races even where the
