@@ -275,7 +275,8 @@ def require_out_of_order(indptr: Any, indices: Any, xp: Any = np) -> tuple[Any, 
     m = indptr.size - 1
     lengths = xp.diff(indptr)
     filled = lengths > 0
-    middle = indices[xp.minimum(indptr[:-1] + lengths // 2, max(int(indices.size) - 1, 0))]
+    last = int(indices.size) - 1
+    middle = indices[xp.minimum(indptr[:-1] + lengths // 2, last)] if last >= 0 else xp.zeros(m, indices.dtype)
     if m >= CHECKED_ROWS and (in_order := jump_share((middle,), filled, xp)) < OUT_OF_ORDER:
         raise NotApplicableError(f"rows in order already: {in_order:.1%} of neighbouring rows have middle columns "
                                  f"{JUMP} or more apart (reordered where {OUT_OF_ORDER:.0%} or more)")

@@ -72,6 +72,10 @@ def test_the_reference_computes_a_x_on_rows_out_of_order_with_empty_ones():
     f = Rowsort()
     for params in ({}, {"threads_per_row": 2, "indices": "int32"}):
         np.testing.assert_allclose(f.run_reference(f.prepare_reference(P, params), x), P @ x, rtol=1e-12, atol=1e-12)
+    # no entries at all: below CHECKED_ROWS rows the rows keep their order, from it nothing is in need of one
+    assert np.array_equal(row_order(np.zeros(101, np.int64), np.zeros(0, np.int32), 50), np.arange(100))
+    with pytest.raises(InvalidConfigError, match=r"rows in order already: 0\.0%"):
+        row_order(np.zeros(CHECKED_ROWS + 1, np.int64), np.zeros(0, np.int32), 50)
 
 
 def test_a_race_enters_it_on_enough_regular_rows_not_in_the_order_of_a_stored_diagonal():
