@@ -149,6 +149,20 @@ measured as it came:
 - ``bitrev5``: the 5-point stencil of a 2,000^2 grid in bit-reversed order, rows and columns;
 - ``log2rows``: 150,000 rows, each a run of 2^k columns around its diagonal, k uniform in 0..10.
 
+Set ``l``, added at stop 68 before anything of that stop was changed, and measured as it came:
+
+- ``onedenserow``: the 5-point stencil of a 2,000^2 grid with its middle row reading all 4 M columns: one row of a
+  sixth of the entries amid rows of 5;
+- ``topheavy``: 5 M x 5 M, only the first 100,000 rows filled (100 to 300 columns near 50 times the row), the rest
+  empty;
+- ``lattice4d``: a periodic 12^4 lattice, 12 unknowns a site, each site coupled to itself and its 8 neighbours by
+  dense 12 x 12 blocks (a lattice QCD pattern): 108 entries a row in 9 runs of 12;
+- ``termdoc``: 1 M documents x 8 M terms, log-normal lengths, terms from a Zipf law numbered by frequency: wide, most
+  reads in x's head;
+- ``everyother``: 1.2 M rows, the even ones empty, each odd one a run of 40 columns around its diagonal;
+- ``cliques``: the clique expansion of a random hypergraph (each of 400,000 vertices in 2 hyperedges of 30): 59
+  entries a row at random columns, each set of 30 columns read by 30 rows far apart.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -907,6 +921,69 @@ def log2rows(n: int, rng: np.random.Generator, longest: int = 10) -> sp.csr_matr
     return _csr(np.repeat(np.arange(n), lengths), np.repeat(starts, lengths) + offset, (n, n), rng)
 
 
+def onedenserow(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 5-point stencil of a side x side grid in order with its middle row reading every column (a global
+    constraint, or one node tied to all the others): one row holding a sixth of the entries amid rows of 5."""
+    grid = generate("poisson2d", n=side).tocoo()
+    n = side * side
+    return _csr(np.concatenate([grid.row, np.full(n, n // 2)]), np.concatenate([grid.col, np.arange(n)]), (n, n),
+                rng)
+
+
+def topheavy(n: int, rng: np.random.Generator, share: int = 50, shortest: int = 100, longest: int = 300,
+             window: int = 2_000) -> sp.csr_matrix:
+    """n x n, only the first n / ``share`` rows filled, row i ``shortest`` to ``longest`` random columns within
+    ``window`` of ``share`` * i (a column drawn twice counted once): all the work in the first rows, the rest of
+    the matrix empty (as a problem padded to a larger size stores it)."""
+    lengths = rng.integers(shortest, longest + 1, n // share)
+    rows = np.repeat(np.arange(lengths.size), lengths)
+    return _csr(rows, np.minimum(rows * share + rng.integers(0, window, rows.size), n - 1), (n, n), rng)
+
+
+def lattice4d(side: int, rng: np.random.Generator, unknowns: int = 12) -> sp.csr_matrix:
+    """A periodic 4-D lattice of side^4 sites in order, ``unknowns`` a site (3 colours x 4 spins), each site
+    coupled to itself and its 8 neighbours by dense blocks (a lattice QCD Wilson-Dirac pattern): 108 entries a
+    row in 9 runs of 12, the neighbours across each wrap-around at the dimension's far end."""
+    ring = sp.diags([1.0] * 4, [-1, 1, side - 1, 1 - side], shape=(side, side), format="csr")
+    eye = sp.identity(side, format="csr")
+    sites = sp.identity(side**4, format="csr")
+    for d in range(4):
+        sites = sites + functools.reduce(lambda a, b: sp.kron(a, b, format="csr"),
+                                         [ring if k == d else eye for k in range(4)])
+    A = sp.kron(sites, sp.csr_matrix(np.ones((unknowns, unknowns))), format="csr")
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def termdoc(docs: int, rng: np.random.Generator, ratio: int = 8, median: float = 20.0, sigma: float = 1.0,
+            zipf: float = 1.05) -> sp.csr_matrix:
+    """A term-document matrix: ``docs`` rows x ``ratio`` times as many terms, log-normal document lengths
+    (median 20), each term drawn from a Zipf law and numbered by frequency as a vocabulary is (a term drawn twice
+    in a document counted once): wide, x far beyond the L2, most reads in its first columns."""
+    terms = ratio * docs
+    lengths = np.maximum(1, np.round(rng.lognormal(np.log(median), sigma, docs))).astype(np.int64)
+    cdf = np.cumsum(1.0 / np.arange(1, terms + 1, dtype=np.float64) ** zipf)
+    cols = np.searchsorted(cdf, rng.random(int(lengths.sum())) * cdf[-1], side="right")
+    return _csr(np.repeat(np.arange(docs), lengths), np.minimum(cols, terms - 1), (docs, terms), rng)
+
+
+def everyother(n: int, rng: np.random.Generator, width: int = 40) -> sp.csr_matrix:
+    """n x n, the even rows empty and each odd row a run of ``width`` columns around its diagonal: half the rows
+    empty in a regular pattern (one field of an interleaved pair, the other left out)."""
+    filled = np.arange(1, n, 2)
+    starts = np.clip(filled - width // 2, 0, n - width)
+    return _csr(np.repeat(filled, width), (starts[:, None] + np.arange(width)).ravel(), (n, n), rng)
+
+
+def cliques(n: int, rng: np.random.Generator, size: int = 30, per_vertex: int = 2) -> sp.csr_matrix:
+    """The clique expansion of a random hypergraph: n vertices, each dealt at random into ``per_vertex``
+    hyperedges of ``size``, each row the members of its hyperedges: about 60 entries a row at random columns,
+    each set of 30 columns read by 30 rows far apart."""
+    edges = n * per_vertex // size
+    members = np.concatenate([rng.permutation(n) for _ in range(per_vertex)])[: edges * size].reshape(edges, size)
+    return _csr(np.repeat(members, size, axis=1).ravel(), np.tile(members, (1, size)).ravel(), (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -917,7 +994,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" 68
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -986,6 +1063,12 @@ MATRICES = (
     Unseen("diagonal", diagonal, 24_000_000, 114, "k"),            # 24 M
     Unseen("bitrev5", bitrev5, 2_000, 115, "k", dims=2),           # ~20 M
     Unseen("log2rows", log2rows, 150_000, 116, "k"),               # ~28 M
+    Unseen("onedenserow", onedenserow, 2_000, 121, "l", dims=2),   # ~24 M
+    Unseen("topheavy", topheavy, 5_000_000, 122, "l"),             # ~19 M
+    Unseen("lattice4d", lattice4d, 12, 123, "l", dims=4),          # ~27 M
+    Unseen("termdoc", termdoc, 1_000_000, 124, "l"),               # ~30 M
+    Unseen("everyother", everyother, 1_200_000, 125, "l"),         # 24 M
+    Unseen("cliques", cliques, 400_000, 126, "l"),                 # ~24 M
 )
 
 

@@ -667,6 +667,29 @@ def test_the_unseen_benchmarks_eleventh_set_builds_the_structures_it_names() -> 
     assert all(np.all(np.diff(runs[i].indices) == 1) for i in range(0, 1_500, 97))
 
 
+def test_the_unseen_benchmarks_twelfth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set l at a small scale: each generator's defining trait."""
+    built = _unseen_set("l", {"onedenserow", "topheavy", "lattice4d", "termdoc", "everyother", "cliques"})
+    dense = built["onedenserow"]  # a 200 x 200 grid
+    lengths = np.diff(dense.indptr)
+    assert dense.shape == (40_000, 40_000) and lengths[20_000] == 40_000 and np.delete(lengths, 20_000).max() == 5
+    top = np.diff(built["topheavy"].indptr)  # 50,000 rows, the first 1,000 filled
+    assert top[1_000:].max() == 0 and top[:900].min() >= 90 and top[:1_000].max() <= 300  # the last clipped to n
+    lattice = built["lattice4d"]  # 8^4 sites of 12 unknowns
+    assert lattice.shape == (12 * 8**4,) * 2 and np.all(np.diff(lattice.indptr) == 108)
+    site = lattice[0].indices // 12  # site 0 and its 8 neighbours, the wrap-around ones at each dimension's far end
+    assert set(site.tolist()) == {0, 1, 7, 8, 56, 64, 448, 512, 3584}
+    terms = built["termdoc"]  # 10,000 documents x 80,000 terms
+    reads = np.bincount(terms.indices, minlength=80_000)
+    assert terms.shape == (10_000, 80_000) and reads[:100].sum() > 0.25 * terms.nnz and reads[0] > 50 * reads.mean()
+    other = built["everyother"]  # 12,000 rows
+    assert np.all(np.diff(other.indptr)[0::2] == 0) and np.all(np.diff(other.indptr)[1::2] == 40)
+    assert np.array_equal(other[101].indices, np.arange(81, 121))
+    hyper = built["cliques"]  # 4,000 vertices: each row its hyperedges' 30 members each
+    assert np.diff(hyper.indptr).max() <= 60 and np.diff(hyper.indptr).min() >= 30
+    members = hyper[17].indices  # its two hyperedges: every pair of one of them an entry
+    assert hyper[members][:, members].nnz >= 2 * 30 * 30 - members.size
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
