@@ -3,12 +3,12 @@ CSR-DU, Kourtis et al., 2008), for the families whose products read columns segm
 
 A segment is a run of consecutive entries, ``ptr[s] .. ptr[s+1]-1`` (csr_vector: a row; merge_path: a
 tile; csr5: a tile of its transposed copy of the columns). Where a segment's columns span fewer than
-:data:`OFFSET_LIMIT`, it keeps its lowest column in one 32-bit word (``base[s]``) and each entry's column as
-a 16-bit offset from it; a wider segment has ``base[s] == -1`` and its entries are read from the int32
-columns. A product of a local matrix (a
-mesh, a band, blocks, a renumbered graph) then reads 10 bytes an entry instead of 12 in float64 and 6
-instead of 8 in float32, and 4 more a segment; where that saves nothing (narrow segments holding fewer than
-2 entries for each segment of the matrix), no offsets are kept.
+:data:`OFFSET_LIMIT` and it holds no more entries than that, it keeps its lowest column in one 32-bit word
+(``base[s]``) and each entry's column as a 16-bit offset from it; another segment has ``base[s] == -1`` and its
+entries are read from the int32 columns. A product of a local matrix (a mesh, a band, blocks, a renumbered
+graph) then reads 10 bytes an entry instead of 12 in float64 and 6 instead of 8 in float32, and 4 more a segment;
+where that saves nothing (narrow segments holding fewer than 2 entries for each segment of the matrix), no
+offsets are kept.
 
 The GPU writes them with ``narrow_offsets`` (narrow.cu), the reference with NumPy; both give the same base
 and the same offsets in narrow segments (a wide segment's are 0 here, unwritten there).
@@ -180,7 +180,7 @@ def encode(ptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if indices.size:
         lo[filled] = np.minimum.reduceat(indices, ptr[:-1][filled])
         hi[filled] = np.maximum.reduceat(indices, ptr[:-1][filled])
-    fits = hi - lo < OFFSET_LIMIT
+    fits = (hi - lo < OFFSET_LIMIT) & (lengths <= OFFSET_LIMIT)  # longer ones are wide unread, as on the GPU
     owner = np.repeat(np.arange(segments), lengths)
     offsets = np.where(fits[owner], indices - lo[owner], 0).astype(np.uint16)
     return np.where(fits, lo, -1).astype(np.int32), offsets, int(lengths[fits].sum())

@@ -3,8 +3,9 @@
 // caller's pick for the mean segment): its lowest and highest column; where they are fewer than 65,536 apart
 // (or the segment is empty), base[s] = the lowest (0 for an empty one) and offsets[j] = indices[j] - base[s]
 // for its entries; otherwise base[s] = -1 and its offsets are left unwritten (never read). A segment's columns
-// need not be sorted. narrow_entries (zeroed by the caller; null where the caller knows the count) gets the
-// entries of the narrow segments: whether the offsets pay is then one read-back. With gate (not null) the kernel
+// need not be sorted; one of more than 65,536 entries is wide, unread. narrow_entries (zeroed by the caller; null
+// where the caller knows the count) gets the entries of the narrow segments: whether the offsets pay is then one
+// read-back. With gate (not null) the kernel
 // writes only where a config picked on the GPU before the host knows it takes the offsets: gate[gate_at] (a double)
 // names it (-1: none), and takes has a nonzero byte for each config that does (plan(effort="predict") queues it
 // behind its ranking kernel); elsewhere every thread returns at once.
@@ -38,7 +39,10 @@ __global__ void narrow_offsets(const int segments,
     for (long long s = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / lanes; s < segments; s += groups) {
         const int start = ptr[s], end = ptr[s + 1];
         int lo = 0x7fffffff, hi = -1;  // (NVRTC has no <climits>)
-        for (int j = start + lane; j < end; j += lanes) {
+        // A segment of more than 65,536 entries is wide unread (its distinct columns span at least that many);
+        // a thread stops reading one once its own columns span 65,536 (then so do the group's): one row of
+        // 4 M entries amid rows of 6 kept two threads 160 ms in one segment's loads, one after another.
+        for (int j = end - start > 65536 ? end : start + lane; j < end && (long long)hi - lo < 65536; j += lanes) {
             lo = min(lo, indices[j]);
             hi = max(hi, indices[j]);
         }
@@ -46,7 +50,7 @@ __global__ void narrow_offsets(const int segments,
             lo = min(lo, __shfl_xor_sync(group, lo, o, lanes));
             hi = max(hi, __shfl_xor_sync(group, hi, o, lanes));
         }
-        const bool fits = start == end || (long long)hi - lo < 65536;
+        const bool fits = start == end || (end - start <= 65536 && (long long)hi - lo < 65536);
         const int lowest = start == end ? 0 : lo;
         if (lane == 0) {
             base[s] = fits ? lowest : -1;

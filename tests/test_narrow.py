@@ -154,6 +154,45 @@ def _short(mean: int, seed: int) -> sp.csr_matrix:
     return as_csr(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(5000, COLS)))
 
 
+def _long_segments() -> tuple[np.ndarray, np.ndarray]:
+    """(ptr, indices) of segments around the entry limit: 65,537 and 65,536 entries of one column (a tile's
+    columns may repeat), rows of 65,536 and 65,537 consecutive columns, a row of 60,000 random columns, two
+    short rows."""
+    rng = np.random.default_rng(3)
+    segments = [np.full(OFFSET_LIMIT + 1, 5), np.full(OFFSET_LIMIT, 5), np.arange(OFFSET_LIMIT),
+                np.arange(OFFSET_LIMIT + 1), np.sort(rng.choice(COLS, 60_000, replace=False)), np.arange(9, 12),
+                np.array([70_000])]
+    ptr = np.concatenate([[0], np.cumsum([s.size for s in segments])]).astype(np.int32)
+    return ptr, np.concatenate(segments).astype(np.int32)
+
+
+def test_a_segment_of_more_entries_than_the_offsets_reach_is_wide_whatever_its_columns():
+    """More than 65,536 entries: wide, even where they repeat one column (the GPU does not read them); 65,536
+    consecutive columns are the longest narrow row."""
+    ptr, indices = _long_segments()
+    base, _, narrow_entries = encode(ptr, indices)
+    assert base.tolist() == [-1, 5, 0, -1, -1, 9, 70_000]
+    assert narrow_entries == 2 * OFFSET_LIMIT + 3 + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes", [1, 2, 32])
+def test_gpu_encodes_long_segments_as_the_reference_does(lanes):
+    """The segments around the entry limit, and a row of 60,000 random columns (its threads stop reading once
+    their own columns span too far): the GPU's base, offsets and count are the reference's."""
+    import cupy
+
+    from kernels._narrow import encode_on_gpu
+
+    ptr, indices = _long_segments()
+    base, offsets, narrow_entries = encode(ptr, indices)
+    narrow = np.repeat(base, np.diff(ptr)) >= 0
+    gpu = encode_on_gpu(cupy.asarray(ptr), cupy.asarray(indices), lanes)
+    np.testing.assert_array_equal(gpu[0].get(), base)
+    np.testing.assert_array_equal(gpu[1].get()[narrow], offsets[narrow])
+    assert gpu[2] == narrow_entries
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mean", [1, 2, 3, 6, 12, 40])
 def test_gpu_groups_of_any_size_encode_segments_as_the_reference_does(mean):
