@@ -27,9 +27,12 @@ G: NuT past Nut.adapt's slabs, where x is several times the L2: 4 and 8 slabs, 1
 H: NuT of one slab where x fits the L2 (set j's subsetcols), beside the 4-slab config the race's join rule took
    there before stop 67 (its best-ranked NuT config): panels of 1024 to 8192 rows, tiles, threads, and csr5.
    Result: ..._probe_nut_subsetcols-67.json.
+I: set l's races that fell short of a 40-trial search (cliques and termdoc in float64, topheavy): NuT of one slab
+   at every panel (2048 to 8192 rows), tile and thread count, csr5's sigma and block sizes, and the SURAA config
+   the search found on cliques, beside cuSPARSE. Result: ..._probe_unseen_l68.json.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
-    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to H; MATRICES: a,b,...
+    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to I; MATRICES: a,b,...
 """
 
 from __future__ import annotations
@@ -72,6 +75,13 @@ CONFIGS = {
        for r, c, s, t in ((2048, 4096, 4, 512), (2048, 4096, 1, 512), (2048, 4096, 1, 1024), (8192, 16384, 1, 1024),
                           (2048, 16384, 1, 1024), (1024, 4096, 1, 512), (4096, 8192, 1, 1024), (8192, 4096, 1, 512))]
     + [("csr5", {"sigma": 8, "block_size": 128, "indices": "narrow"})],
+    "I": BASE
+    + [("nut", {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1})
+       for r, c, t in itertools.product((2048, 4096, 8192), (4096, 8192, 16384), (512, 1024))]
+    + [("csr5", {"sigma": s, "block_size": b, "indices": "narrow"}) for s, b in itertools.product((8, 16, 24, 32),
+                                                                                                  (128, 256))]
+    + [("suraa", {"g1_mode": "block", "g3_entries": 4, "grouping": "row", "layout": layout, "scalar_block": 128,
+                  "threshold": 16}) for layout in ("sorted", "original")],
     "E": BASE + [(k, {"threads_per_row": t, "block_size": 256}) for k in ("csr_vector", "rcm") for t in (2, 4, 8, 16)],
     "F": BASE + [("merge_path", {"indices": i}) for i in ("narrow", "int32")]
     + [("csr_vector", {"threads_per_row": t, "indices": i}) for t in TPR for i in ("narrow", "int32")]
