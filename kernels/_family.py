@@ -96,6 +96,12 @@ class Family(ABC):
         selector learned from its corpus."""
         return None
 
+    def joined(self, params: Mapping[str, Any], *, itemsize: int) -> dict[str, Value]:
+        """The config a race enters where it adds ``params`` of this family to the selector's shortlist (a family
+        with :attr:`adapt_first`, on a matrix :meth:`adapt` leaves as it is: :func:`tuner.execute.race.adapted`),
+        for values of ``itemsize`` bytes. Here: ``params``, as the family's space reads them."""
+        return self.space.validate(params, family=self.name)
+
     def uncapturable(self, params: Mapping[str, Any]) -> str | None:
         """Why a product of ``params`` is not to be captured into a CUDA graph (``Executor.bind`` then runs it
         as it is); None where it may be."""

@@ -86,7 +86,7 @@ from common.errors import InvalidConfigError, NoDeviceError
 from kernels._arrays import argsort_unique, stable_argsort
 from kernels._cuda import c_type, device_attributes, get_kernels, grid, require_cupy, to_numpy
 from kernels._family import Family, Prepared
-from kernels._space import Param, Space
+from kernels._space import Param, Space, Value
 
 ROWS_PER_PANEL = (256, 512, 1024, 2048, 4096, 8192)
 COLS_PER_TILE = (1024, 2048, 4096, 8192, 16384)
@@ -118,6 +118,8 @@ ran 1.19x cuSPARSE with tiles of 4096 columns (96 KB) and 0.83x with 16384 (192 
 and 0.57x (48 and 144 KB); on the H200 communities-large in float64 took 1.03 ms and 1.12 ms (8192 rows, 4096 and
 16384 columns). In float32 8192 rows and 16384 columns fit it (96 KB) and were the fastest of 32 configs on
 communities-large (probes as for :data:`FIT_SLABS` and :data:`FIT_PANEL_BYTES`)."""
+JOIN_THREADS = 512
+"""The fewest threads of a config whose tile :meth:`Nut.joined` fits (the fewest probe I measured)."""
 BANDS = (1, 2, 4, 8, 16)
 DEFAULT_SMS = 132
 """SMs assumed when no GPU is visible (H100 SXM and H200)."""
@@ -205,6 +207,22 @@ class Nut(Family):
                                           default=COLS_PER_TILE[0])
         fitted = self.space.validate(fitted, family=self.name)
         return None if fitted == config else fitted
+
+    def joined(self, params: Mapping[str, Any], *, itemsize: int) -> dict[str, Value]:
+        """``params`` with the widest tile whose x fits beside the panel's y in the shared memory a block of
+        their threads has when the SM's threads are full (:data:`FIT_SHARED_BYTES` for 1024 threads, two blocks
+        an SM; half for 512): on an x that fits the L2, one slab, the tile sets how often a panel waits for its
+        next x. Probe I (bench/probe_unseen_configs.py, the H200, 7 unseen matrices, both dtypes, panels of 2048
+        to 8192 rows): with 1024 threads that tile ran 0.988 of the fastest of 4096, 8192 and 16384 columns
+        (geomean; 1.066x the three's time as given), with 512 threads 0.959 (1.058x); set l's cliques in float64
+        1.24x cuSPARSE with 8192 columns against 0.99x with the 4096 its race joined
+        (``bench/results/2026-11-29_NVIDIA-H200-sm-90_probe_unseen_l68.json``). Fewer threads, which the probe
+        did not measure, keep their tile."""
+        config = self.space.validate(params, family=self.name)
+        if config["threads"] < JOIN_THREADS:
+            return config
+        room = FIT_SHARED_BYTES * config["threads"] // THREADS[-1] // itemsize - config["rows_per_panel"]
+        return {**config, "cols_per_tile": max((c for c in COLS_PER_TILE if c <= room), default=COLS_PER_TILE[0])}
 
     def memory_ratio(self, prepared: Prepared) -> float:
         """Bytes of the NuT structure over the bytes of the CSR arrays (indptr + indices + data)."""

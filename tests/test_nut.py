@@ -704,3 +704,22 @@ def test_gpu_structure_where_the_sort_keys_need_64_bits(slabs: int, actives: str
     params = {"rows_per_panel": 256, "cols_per_tile": 1024, "threads": 128, "num_sms": 132, "slabs": slabs}
     assert (m // 256) * n > np.iinfo(np.int32).max
     _gpu_build_equals_numpy(A, params)
+
+
+@pytest.mark.parametrize(("rows", "threads", "itemsize", "given", "tile"), [
+    (2048, 1024, 8, 4096, 8192),    # 16 KB of y, 64 KB of x: 96 KB, two blocks an SM
+    (2048, 1024, 4, 4096, 16384),
+    (8192, 1024, 8, 16384, 4096),   # 64 KB of y leaves 32 KB
+    (8192, 1024, 4, 4096, 16384),
+    (2048, 512, 8, 16384, 4096),    # four blocks of 512 threads: 48 KB each
+    (2048, 512, 4, 4096, 8192),
+    (8192, 512, 8, 4096, 1024),     # no room at all: the narrowest
+    (256, 128, 8, 16384, 16384),    # fewer threads than JOIN_THREADS: the tile as given
+])
+def test_a_joined_config_takes_the_widest_tile_its_threads_share_of_shared_memory_holds(rows, threads, itemsize,
+                                                                                        given, tile):
+    """Nut.joined: FIT_SHARED_BYTES (96 KB) for 1,024 threads, half for 512, less the panel's y; the rest of the
+    config as given, and a config of fewer threads as given."""
+    asked = {"rows_per_panel": rows, "threads": threads, "cols_per_tile": given}
+    joined = Nut(num_sms=132).joined(asked, itemsize=itemsize)
+    assert joined == {**Nut.space.validate(asked, family="nut"), "cols_per_tile": tile}

@@ -469,12 +469,14 @@ def test_where_x_outgrows_the_l2_the_best_ranked_fitted_nut_races_though_ranked_
     assert len(nut) == 1 and nut[0].params == fitted
     assert nut[0].expected_s == 1.3 and raced[raced.index(nut[0]) + 1:] == entrants[-len(BASELINE_CONFIGS):]
     # x fits (or the L2 is unknown): the NuT config expected fastest as ranked, within JOIN_SLACK of the first,
-    # wherever the ranking put it (here behind another NuT config)
+    # wherever the ranking put it (here behind another NuT config), as NuT joins it (its tiles widened)
     behind = [*ranking[:2], ranking[3], ranking[2], *ranking[4:]]
+    wide = get_family("nut").joined(ranking[2].params, itemsize=8)
+    assert wide == {**get_family("nut").space.validate(ranking[2].params, family="nut"), "cols_per_tile": 8192}
     for cols, size in ((2_000_000, l2), (8_000_000, 0)):
         for order in (ranking, behind):
             joined = adapted(entrants, order, cols=cols, itemsize=8, l2_bytes=size)
-            assert [e.params for e in joined if e.kernel == "nut"] == [ranking[2].params]
+            assert [e.params for e in joined if e.kernel == "nut"] == [wide]
             assert [e for e in joined if e.kernel != "nut"] == entrants
     slow = [r if r.kernel != "nut" else dataclasses.replace(r, expected_s=r.expected_s * 1.05) for r in ranking]
     assert adapted(entrants, slow, cols=2_000_000, itemsize=8, l2_bytes=l2) == entrants  # 1.26x the first

@@ -272,7 +272,10 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       on the H200's in float64, none lower; on the H200, the
       unseen subsetcols in float64 1.16x cuSPARSE (NuT of 8192-row panels; the best-ranked, of 4 slabs on an x
       that fits the L2, ran 0.94x) against 1.09x, lowertri in float64 1.07x against 1.09x, 12 of the A/B's 13
-      other races within 1 %, mesh2d's rcm 4 % apart, ``..._joinv*.json``); where its default does not
+      other races within 1 %, mesh2d's rcm 4 % apart, ``..._joinv*.json``), as its family enters it
+      (:meth:`kernels.Family.joined`: NuT's tiles as wide as its threads' share of the shared memory takes; stop
+      68: set l's cliques in float64, a NuT join of 4096 columns a tile ran 0.99x cuSPARSE, of 8192 1.24x); where
+      its default does not
       fit this matrix (NuT where x outgrows its share of the L2), whatever it expects, the best-ranked that
       has that right, fitted further (NuT's panels), and also where no entrant of the family fits it: on a
       matrix like that, the one family that keeps the gathers of x out of DRAM races even where the
@@ -320,7 +323,8 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
             best = min((r for r in ranking or () if r.kernel == kernel), key=lambda r: r.expected_s, default=None)
         if best is not None and (outgrown or best.expected_s <= JOIN_SLACK * lead):
             at = next((i for i, e in enumerate(out) if e.kernel == BASELINE), len(out))
-            params = (fitted(kernel, best.params) if outgrown else None) or dict(best.params)
+            params = (fitted(kernel, best.params) or dict(best.params)) if outgrown else \
+                family.joined(best.params, itemsize=itemsize)
             if not any(e.params == params for e in entered):
                 out.insert(at, Entrant(best.kernel, params, best.expected_s, best.prepare_spmvs))
     return out
