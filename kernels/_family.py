@@ -79,11 +79,16 @@ class Family(ABC):
         ``itemsize`` bytes; None where the family does not race there. Here: its default, everywhere."""
         return self.space.defaults()
 
-    def unranked_seeds(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
-        """What a search measures first of a family no selector ranks (:func:`tuner.execute.race.search_seeds`):
-        here the config a race enters (:meth:`unranked_config`), none where it enters none."""
+    def unranked_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
+        """Every config a race at plan time enters where the selector ranks none of the family's
+        (:func:`tuner.execute.race.unranked_entrants`): here :meth:`unranked_config`, none where it is None."""
         config = self.unranked_config(features, itemsize)
         return [] if config is None else [config]
+
+    def unranked_seeds(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
+        """What a search measures first of a family no selector ranks (:func:`tuner.execute.race.search_seeds`):
+        here the configs a race enters (:meth:`unranked_configs`)."""
+        return self.unranked_configs(features, itemsize)
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""

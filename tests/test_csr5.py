@@ -153,11 +153,19 @@ def test_sigma_as_csr5_picks_it_from_the_mean_row(npr, sigma):
     assert FAMILY.unranked_config(None, 4) == FAMILY.space.defaults()
 
 
-def test_a_search_seeds_the_races_sigma_and_its_neighbours() -> None:
-    """setSigma is a rule of thumb: a search measures its sigma and the ones beside it in the space."""
-    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 2.0}, 8)] == [4, 6]
+def test_a_race_enters_setsigmas_config_and_the_same_with_sigma_8_or_16_where_that_is_setsigmas() -> None:
+    """setSigma is a rule of thumb: a race measures its sigma and 8 (16 where setSigma's is 8)."""
+    assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 27.0}, 8)] == [24, 8]
+    assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 8.5}, 4)] == [8, 16]
+    assert [p["sigma"] for p in FAMILY.unranked_configs(None, 8)] == [16, 8]
+    assert all(p["block_size"] == 128 and p["indices"] == "narrow" for p in FAMILY.unranked_configs(None, 8))
+
+
+def test_a_search_seeds_the_races_sigmas_and_those_beside_setsigmas() -> None:
+    """A search measures what the race enters and the sigmas beside setSigma's in the space, each once."""
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 2.0}, 8)] == [4, 8, 6]
     assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 12.0}, 8)] == [12, 8, 16]
-    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 100.0}, 8)] == [32, 24]
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 100.0}, 8)] == [32, 8, 24]
     assert all(FAMILY.space.validate(p, family="csr5") == p for p in FAMILY.unranked_seeds(None, 4))
 
 

@@ -136,14 +136,17 @@ def test_the_shortlist_races_what_covers_the_nearest_matrices_where_the_ranking_
 
 def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     """One added to the registry after the selector was trained (csr5, for the selectors shipped on
-    2026-11-24) cannot be ranked: the config its family races unranked is measured, beyond ``size``, with
-    what its family says a preparation costs. merge_path races only where a selector ranks it."""
+    2026-11-24) cannot be ranked: the configs its family races unranked are measured, beyond ``size``, with
+    what its family says a preparation costs (csr5: its default without features, and the same with sigma 8).
+    merge_path races only where a selector ranks it."""
     ranking = [r for r in RANKING if r.kernel not in ("merge_path", "csr5")]
     entrants = shortlist(ranking, size=2)
-    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "csr5", "cusparse", "cusparse"]
+    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "csr5", "csr5", "cusparse", "cusparse"]
     assert entrants[2].params == get_family("csr5").space.defaults() and entrants[2].expected_s is None
-    assert CHEAP_SPMVS < entrants[2].prepare_spmvs == get_family("csr5").prepare_spmvs <= EARLY_SPMVS
-    assert not waits(entrants[2])  # costlier than predict's bound, yet raced from the first round
+    assert entrants[3].params == {**entrants[2].params, "sigma": 8}
+    for csr5 in entrants[2:4]:
+        assert CHEAP_SPMVS < csr5.prepare_spmvs == get_family("csr5").prepare_spmvs <= EARLY_SPMVS
+        assert not waits(csr5)  # costlier than predict's bound, yet raced from the first round
     assert get_family("merge_path").unranked_config({}, 8) is None
     assert [e.kernel for e in shortlist(RANKING, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
     # families that race only on some matrices (rcm: square, regular rows, scattered gathers of x; rowsort:
@@ -418,8 +421,8 @@ def test_a_search_also_measures_first_what_a_race_enters_unranked() -> None:
     assert seeds[:2] == [("csr_vector", ranking[0].params), ("nut", ranking[1].params)]
     raced = [(e.kernel, e.params) for e in unranked_entrants(ranking, scattered, 4)]
     assert {k for k, _ in raced} >= {"csr5", "rcm"} and all(config in seeds[2:] for config in raced)
-    # csr5: the race's sigma (setSigma's: 24 for 27 a row) and the two beside it
-    assert [p["sigma"] for k, p in seeds if k == "csr5"] == [24, 16, 32]
+    # csr5: the race's sigmas (setSigma's: 24 for 27 a row, and 8) and the two beside setSigma's
+    assert [p["sigma"] for k, p in seeds if k == "csr5"] == [24, 8, 16, 32]
     without = search_seeds(ranking, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20)
     assert ("csr5", get_family("csr5").space.defaults()) in without and "rcm" not in [k for k, _ in without]
     assert search_seeds(None, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20, features=scattered) == []

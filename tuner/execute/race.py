@@ -332,10 +332,10 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
 
 def unranked_entrants(ranking: Sequence[RankedConfig], features: Mapping[str, float] | None,
                       itemsize: int) -> list[Entrant]:
-    """The config each family the ranking has none of races on a matrix of these ``features`` with values of
-    ``itemsize`` bytes (:meth:`kernels.Family.unranked_config`), with what its family says a preparation costs."""
+    """The configs each family the ranking has none of races on a matrix of these ``features`` with values of
+    ``itemsize`` bytes (:meth:`kernels.Family.unranked_configs`), with what its family says a preparation costs."""
     return [Entrant(k, params, prepare_spmvs=family.prepare_spmvs) for k, family in _unranked(ranking)
-            if (params := family.unranked_config(features, itemsize)) is not None]
+            for params in family.unranked_configs(features, itemsize)]
 
 
 def _unranked(ranking: Sequence[RankedConfig]) -> list[tuple[str, Family]]:
