@@ -163,6 +163,16 @@ Set ``l``, added at stop 68 before anything of that stop was changed, and measur
 - ``cliques``: the clique expansion of a random hypergraph (each of 400,000 vertices in 2 hyperedges of 30): 59
   entries a row at random columns, each set of 30 columns read by 30 rows far apart.
 
+Set ``m``, added at stop 68 after set l's three changes (narrow columns' long rows, NuT's join tile, csr5's second
+sigma), before anything else, and measured as it came:
+
+- ``blocktri``: block tridiagonal with dense 48 x 48 blocks (3,500 a side): each row one run of 144 columns;
+- ``randperm``: a 24 M x 24 M random permutation matrix: one entry a row, x of 192 MB (float64) read at random;
+- ``window``: 800,000 rows of 30 random columns within a window of 4,096 at a random place: narrow rows, scattered;
+- ``useritem``: 3 M users x 750,000 items, Pareto user degrees, Zipf item popularity, items numbered at random;
+- ``mediumwide``: 24,000 rows of 1,000 random columns of 20 M (fewlongrows' generator, shorter rows, more of them);
+- ``upper27``: the upper triangle of the 27-point stencil of a 120^3 grid in order (symmetric storage).
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -984,6 +994,51 @@ def cliques(n: int, rng: np.random.Generator, size: int = 30, per_vertex: int = 
     return _csr(np.repeat(members, size, axis=1).ravel(), np.tile(members, (1, size)).ravel(), (n, n), rng)
 
 
+def blocktri(blocks: int, rng: np.random.Generator, size: int = 48) -> sp.csr_matrix:
+    """Block tridiagonal, ``blocks`` dense ``size`` x ``size`` blocks a side (a 1-D chain of elements of many
+    unknowns each): every row one run of 3 x ``size`` columns (2 x ``size`` in the first and last blocks)."""
+    n = blocks * size
+    block = np.arange(n) // size
+    starts = np.maximum(block - 1, 0) * size
+    lengths = np.minimum(block + 2, blocks) * size - starts
+    offset = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return _csr(np.repeat(np.arange(n), lengths), np.repeat(starts, lengths) + offset, (n, n), rng)
+
+
+def randperm(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """An n x n random permutation matrix: one entry a row and a column, each row's anywhere (x of 192 MB in
+    float64 at 24 M rows: every gather a random read of DRAM)."""
+    return _csr(np.arange(n), rng.permutation(n), (n, n), rng)
+
+
+def window(n: int, rng: np.random.Generator, per_row: int = 30, width: int = 4_096) -> sp.csr_matrix:
+    """n x n, each row ``per_row`` random columns within a window of ``width`` at a random place (a column drawn
+    twice counted once): every row narrow (its columns fit 16-bit offsets), neighbouring rows far apart."""
+    starts = rng.integers(0, n - width + 1, n)
+    rows = np.repeat(np.arange(n), per_row)
+    return _csr(rows, starts[rows] + rng.integers(0, width, rows.size), (n, n), rng)
+
+
+def useritem(users: int, rng: np.random.Generator, ratio: int = 4, shape: float = 1.5, minimum: int = 3,
+             zipf: float = 1.0) -> sp.csr_matrix:
+    """A recommender's user x item matrix: ``users`` rows of Pareto degrees (at least ``minimum``) over
+    users / ``ratio`` items drawn from a Zipf law and numbered at random (a pair drawn twice counted once):
+    power-law rows and power-law columns, the popular columns scattered over x."""
+    items = max(1, users // ratio)
+    degree = np.minimum(np.floor(minimum * (1.0 + rng.pareto(shape, users))), items).astype(np.int64)
+    cdf = np.cumsum(1.0 / np.arange(1, items + 1, dtype=np.float64) ** zipf)
+    ranks = np.minimum(np.searchsorted(cdf, rng.random(int(degree.sum())) * cdf[-1], side="right"), items - 1)
+    return _csr(np.repeat(np.arange(users), degree), rng.permutation(items)[ranks], (users, items), rng)
+
+
+def upper27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The upper triangle (the diagonal in) of the 27-point stencil of a side^3 grid in order, as symmetric
+    storage keeps it: 14 entries a row inside, in 5 runs, every column at or right of the diagonal."""
+    A = sp.triu(_box_stencil(side, 3), format="csr")
+    A.data = _values(rng, A.nnz)
+    return A
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -994,7 +1049,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" 68
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1069,6 +1124,12 @@ MATRICES = (
     Unseen("termdoc", termdoc, 1_000_000, 124, "l"),               # ~30 M
     Unseen("everyother", everyother, 1_200_000, 125, "l"),         # 24 M
     Unseen("cliques", cliques, 400_000, 126, "l"),                 # ~24 M
+    Unseen("blocktri", blocktri, 3_500, 131, "m"),                 # ~24 M
+    Unseen("randperm", randperm, 24_000_000, 132, "m"),            # 24 M
+    Unseen("window", window, 800_000, 133, "m"),                   # ~24 M
+    Unseen("useritem", useritem, 3_000_000, 134, "m"),             # ~26 M
+    Unseen("mediumwide", functools.partial(fewlongrows, cols=20_000_000, length=1_000), 24_000, 135, "m"),  # ~24 M
+    Unseen("upper27", upper27, 120, 136, "m", dims=3),             # ~24 M
 )
 
 

@@ -690,6 +690,30 @@ def test_the_unseen_benchmarks_twelfth_set_builds_the_structures_it_names() -> N
     members = hyper[17].indices  # its two hyperedges: every pair of one of them an entry
     assert hyper[members][:, members].nnz >= 2 * 30 * 30 - members.size
 
+def test_the_unseen_benchmarks_thirteenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set m at a small scale: each generator's defining trait."""
+    built = _unseen_set("m", {"blocktri", "randperm", "window", "useritem", "mediumwide", "upper27"})
+    chain = built["blocktri"]  # 35 blocks of 48
+    lengths = np.diff(chain.indptr)
+    assert chain.shape == (35 * 48,) * 2 and lengths[0] == lengths[-1] == 96 and set(lengths[48:-48]) == {144}
+    assert np.array_equal(chain[100].indices, np.arange(48, 192))  # block 2: blocks 1 to 3
+    perm = built["randperm"]  # 240,000 rows
+    assert np.all(np.diff(perm.indptr) == 1) and np.array_equal(np.sort(perm.indices), np.arange(240_000))
+    narrow = built["window"]  # 8,000 rows
+    spans = np.array([np.ptp(narrow[i].indices) for i in range(0, 8_000, 7)])
+    assert spans.max() < 4_096 and np.diff(narrow.indptr).max() <= 30
+    assert np.std([narrow[i].indices.min() for i in range(100)]) > 1_000  # windows anywhere in 0 .. 3,904
+    likes = built["useritem"]  # 30,000 x 7,500
+    degrees, reads = np.diff(likes.indptr), np.bincount(likes.indices, minlength=7_500)
+    assert likes.shape == (30_000, 7_500) and np.median(degrees) >= 3 and degrees.max() > 20 * np.median(degrees)
+    assert reads.max() > 50 * np.median(reads) and np.argmax(reads) != 0  # popular items scattered
+    wide = built["mediumwide"]  # 240 rows of 1,000 draws from 20 M
+    assert wide.shape == (240, 20_000_000) and np.diff(wide.indptr).min() >= 990
+    upper = built["upper27"]  # a 26^3 grid
+    coo = upper.tocoo()
+    assert upper.shape == (26**3,) * 2 and np.all(coo.col >= coo.row) and np.diff(upper.indptr).max() == 14
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
