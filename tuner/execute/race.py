@@ -188,9 +188,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     or expected to miss beating cuSPARSE's faster ranked algorithm by ``margin`` (it could not win), and their
     preparation within ``prepare_budget`` SpMVs in all (the first's is not counted: it is raced whatever it
     costs); then, beyond ``size``, the default of every family the selector ranks no config of (one added to the
-    registry after it was trained: it cannot be ranked, so it is measured), or the config its family races on a
-    matrix of these ``features`` with values of ``itemsize`` bytes (:meth:`kernels.Family.unranked_config`: rcm
-    only where renumbering can pay), with what its family says a preparation costs
+    registry after it was trained: it cannot be ranked, so it is measured), or the configs its family races on a
+    matrix of these ``features`` with values of ``itemsize`` bytes (:meth:`kernels.Family.unranked_configs`: rcm
+    only where renumbering can pay, csr5 at two sigmas), with what its family says a preparation costs
     (:attr:`kernels.Family.prepare_spmvs`: rcm's waits for the roof in :func:`race`, csr5's does not). cuSPARSE's
     configs in the ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
