@@ -965,6 +965,13 @@ def lattice4d(side: int, rng: np.random.Generator, unknowns: int = 12) -> sp.csr
     return A
 
 
+def _zipf_ranks(count: int, size: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
+    """``count`` ranks in [0, ``size``) drawn from the discrete Zipf law of ``exponent`` (rank r with weight
+    1 / (r + 1) ** exponent; any exponent, 1 included), by a search of its cumulative weights."""
+    cdf = np.cumsum(1.0 / np.arange(1, size + 1, dtype=np.float64) ** exponent)
+    return np.minimum(np.searchsorted(cdf, rng.random(count) * cdf[-1], side="right"), size - 1)
+
+
 def termdoc(docs: int, rng: np.random.Generator, ratio: int = 8, median: float = 20.0, sigma: float = 1.0,
             zipf: float = 1.05) -> sp.csr_matrix:
     """A term-document matrix: ``docs`` rows x ``ratio`` times as many terms, log-normal document lengths
@@ -972,9 +979,8 @@ def termdoc(docs: int, rng: np.random.Generator, ratio: int = 8, median: float =
     in a document counted once): wide, x far beyond the L2, most reads in its first columns."""
     terms = ratio * docs
     lengths = np.maximum(1, np.round(rng.lognormal(np.log(median), sigma, docs))).astype(np.int64)
-    cdf = np.cumsum(1.0 / np.arange(1, terms + 1, dtype=np.float64) ** zipf)
-    cols = np.searchsorted(cdf, rng.random(int(lengths.sum())) * cdf[-1], side="right")
-    return _csr(np.repeat(np.arange(docs), lengths), np.minimum(cols, terms - 1), (docs, terms), rng)
+    cols = _zipf_ranks(int(lengths.sum()), terms, zipf, rng)
+    return _csr(np.repeat(np.arange(docs), lengths), cols, (docs, terms), rng)
 
 
 def everyother(n: int, rng: np.random.Generator, width: int = 40) -> sp.csr_matrix:
@@ -1026,8 +1032,7 @@ def useritem(users: int, rng: np.random.Generator, ratio: int = 4, shape: float 
     power-law rows and power-law columns, the popular columns scattered over x."""
     items = max(1, users // ratio)
     degree = np.minimum(np.floor(minimum * (1.0 + rng.pareto(shape, users))), items).astype(np.int64)
-    cdf = np.cumsum(1.0 / np.arange(1, items + 1, dtype=np.float64) ** zipf)
-    ranks = np.minimum(np.searchsorted(cdf, rng.random(int(degree.sum())) * cdf[-1], side="right"), items - 1)
+    ranks = _zipf_ranks(int(degree.sum()), items, zipf, rng)
     return _csr(np.repeat(np.arange(users), degree), rng.permutation(items)[ranks], (users, items), rng)
 
 
