@@ -146,6 +146,12 @@ _MAX_ROWS = 1 << (31 - _SLOT_BITS)
 _MAX_SLOTS = 1 << _SLOT_BITS
 
 
+def _widest_tile(columns: int) -> int:
+    """The widest ``cols_per_tile`` of the space within ``columns`` (the narrowest where none is):
+    :meth:`Nut.adapt`'s and :meth:`Nut.joined`'s fit of a tile to the shared memory left beside a panel's y."""
+    return max((c for c in COLS_PER_TILE if c <= columns), default=COLS_PER_TILE[0])
+
+
 def paper_defaults(dtype: Any, shared_bytes: int = 48 * 1024) -> tuple[int, int]:
     """(rows per panel, active columns per tile) by the paper's rule for ``shared_bytes`` per block.
 
@@ -203,8 +209,7 @@ class Nut(Family):
             rows = min(max(config["rows_per_panel"], FIT_PANEL_BYTES // itemsize), ROWS_PER_PANEL[-1])
             fitted["rows_per_panel"] = next(r for r in ROWS_PER_PANEL if r >= rows)
             room = FIT_SHARED_BYTES // itemsize - fitted["rows_per_panel"]
-            fitted["cols_per_tile"] = max((c for c in COLS_PER_TILE if c <= min(room, config["cols_per_tile"])),
-                                          default=COLS_PER_TILE[0])
+            fitted["cols_per_tile"] = _widest_tile(min(room, config["cols_per_tile"]))
         fitted = self.space.validate(fitted, family=self.name)
         return None if fitted == config else fitted
 
@@ -222,7 +227,7 @@ class Nut(Family):
         if config["threads"] < JOIN_THREADS:
             return config
         room = FIT_SHARED_BYTES * config["threads"] // THREADS[-1] // itemsize - config["rows_per_panel"]
-        return {**config, "cols_per_tile": max((c for c in COLS_PER_TILE if c <= room), default=COLS_PER_TILE[0])}
+        return {**config, "cols_per_tile": _widest_tile(room)}
 
     def memory_ratio(self, prepared: Prepared) -> float:
         """Bytes of the NuT structure over the bytes of the CSR arrays (indptr + indices + data)."""
