@@ -173,6 +173,19 @@ sigma), before anything else, and measured as it came:
 - ``mediumwide``: 24,000 rows of 1,000 random columns of 20 M (fewlongrows' generator, shorter rows, more of them);
 - ``upper27``: the upper triangle of the 27-point stencil of a 120^3 grid in order (symmetric storage).
 
+Set ``n``, added at stop 69 before anything of that stop was changed, and measured as it came:
+
+- ``widestencil``: each node of a 36^3 grid in order coupled to its whole 9^3 box (wide-support kernels, high-order
+  elements): about 600 entries a row in runs of 9;
+- ``morton27``: the 27-point stencil of a 100^3 grid in Z (Morton) order, rows and columns;
+- ``colperm27``: the same stencil in order, the columns alone randomly permuted: 27 random columns a row,
+  neighbouring rows sharing 18;
+- ``invertedindex``: the transpose of a term-document matrix (4.8 M terms by frequency x 1.2 M documents): a row of
+  770,000 entries first, more than half the rows empty;
+- ``cutoff3d``: 80,000 points in a cube, each coupled to the ~270 within a cutoff radius, numbered by cell;
+- ``groupby``: a group-by sum, 360,000 groups of log-normal sizes over 24 M records sorted by group: each row one
+  run, each column read once.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -319,10 +332,11 @@ def blockdiag(n: int, rng: np.random.Generator, largest: int = 400) -> sp.csr_ma
     return A
 
 
-def _box_stencil(side: int, dims: int) -> sp.csr_matrix:
-    """Each node of a side^dims grid coupled to every node of its 3^dims box (the 9-point pattern in 2-D, the
-    27-point one in 3-D), in order."""
-    path = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(side, side), format="csr")
+def _box_stencil(side: int, dims: int, radius: int = 1) -> sp.csr_matrix:
+    """Each node of a side^dims grid coupled to every node of its (2 ``radius`` + 1)^dims box (with radius 1 the
+    9-point pattern in 2-D, the 27-point one in 3-D), in order."""
+    offsets = list(range(-radius, radius + 1))
+    path = sp.diags([1.0] * len(offsets), offsets, shape=(side, side), format="csr")
     return functools.reduce(lambda a, b: sp.kron(a, b, format="csr"), [path] * dims)
 
 
@@ -1044,6 +1058,66 @@ def upper27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     return A
 
 
+def widestencil(side: int, rng: np.random.Generator, radius: int = 4) -> sp.csr_matrix:
+    """Each node of a side^3 grid in order coupled to every node of its 9^3 box (a wide-support kernel, or the
+    pattern of high-order elements): 729 entries a row inside, in 81 runs of 9."""
+    A = _box_stencil(side, 3, radius)
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def _morton(side: int, dims: int) -> np.ndarray:
+    """The nodes of a side^dims grid (numbered in order, the last coordinate fastest) in Z order: by the bits of
+    their coordinates interleaved."""
+    coords = np.indices((side,) * dims).reshape(dims, -1)
+    key = np.zeros(coords.shape[1], dtype=np.int64)
+    for bit in range(int(side - 1).bit_length()):
+        for d in range(dims):
+            key |= ((coords[d] >> bit) & 1) << (bit * dims + (dims - 1 - d))
+    return np.argsort(key, kind="stable")
+
+
+def morton27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 27-point stencil on a side^3 grid in Z (Morton) order, rows and columns (as octree and particle codes
+    number cells): neighbours mostly near, a jump at every power-of-two boundary."""
+    order = _morton(side, 3)
+    return _reordered(_box_stencil(side, 3), order, rng, order)
+
+
+def colperm27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 27-point stencil on a side^3 grid, rows in order and the columns alone under a random permutation
+    (unknowns numbered apart from the equations): 27 random columns a row, neighbouring rows sharing 18."""
+    return _reordered(_box_stencil(side, 3), np.arange(side**3), rng, rng.permutation(side**3))
+
+
+def invertedindex(docs: int, rng: np.random.Generator, ratio: int = 4, median: float = 12.0) -> sp.csr_matrix:
+    """The transpose of :func:`termdoc` (an inverted index: a row a term, its documents in order): terms
+    numbered by frequency, the first rows holding up to a document each, most rows empty or of one entry."""
+    return termdoc(docs, rng, ratio=ratio, median=median).T.tocsr()
+
+
+def cutoff3d(n: int, rng: np.random.Generator, degree: float = 300.0) -> sp.csr_matrix:
+    """n points in the unit cube, each coupled to every point within the radius holding ``degree`` of them on
+    average (a molecular-dynamics or overlap matrix), points numbered by cell of that radius: long rows of
+    nearby columns in a few dozen short runs."""
+    from scipy.spatial import cKDTree
+
+    r = (3.0 * degree / (4.0 * math.pi * n)) ** (1.0 / 3.0)
+    pts = rng.random((n, 3))
+    cell = np.floor(pts / r).astype(np.int64)
+    pts = pts[np.lexsort((cell[:, 0], cell[:, 1], cell[:, 2]))]
+    pairs = cKDTree(pts).query_pairs(r, output_type="ndarray")
+    i, j, diag = pairs[:, 0], pairs[:, 1], np.arange(n)
+    return _csr(np.concatenate([i, j, diag]), np.concatenate([j, i, diag]), (n, n), rng)
+
+
+def groupby(groups: int, rng: np.random.Generator, median: float = 40.0, sigma: float = 1.0) -> sp.csr_matrix:
+    """A group-by sum: ``groups`` rows over records sorted by group, log-normal group sizes (median 40): each row
+    one run of its records, each column read once (x streamed, far beyond the L2)."""
+    sizes = np.maximum(1, np.round(rng.lognormal(np.log(median), sigma, groups))).astype(np.int64)
+    return _csr(np.repeat(np.arange(groups), sizes), np.arange(int(sizes.sum())), (groups, int(sizes.sum())), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1054,7 +1128,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1135,6 +1209,12 @@ MATRICES = (
     Unseen("useritem", useritem, 3_000_000, 134, "m"),             # ~26 M
     Unseen("mediumwide", functools.partial(fewlongrows, cols=20_000_000, length=1_000), 24_000, 135, "m"),  # ~24 M
     Unseen("upper27", upper27, 120, 136, "m", dims=3),             # ~24 M
+    Unseen("widestencil", widestencil, 36, 141, "n", dims=3),      # ~28 M
+    Unseen("morton27", morton27, 100, 142, "n", dims=3),           # ~26 M
+    Unseen("colperm27", colperm27, 100, 143, "n", dims=3),         # ~26 M
+    Unseen("invertedindex", invertedindex, 1_200_000, 144, "n"),   # ~24 M
+    Unseen("cutoff3d", cutoff3d, 80_000, 145, "n"),                # ~24 M
+    Unseen("groupby", groupby, 360_000, 146, "n"),                 # ~24 M
 )
 
 

@@ -714,6 +714,32 @@ def test_the_unseen_benchmarks_thirteenth_set_builds_the_structures_it_names() -
     assert upper.shape == (26**3,) * 2 and np.all(coo.col >= coo.row) and np.diff(upper.indptr).max() == 14
 
 
+def test_the_unseen_benchmarks_fourteenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set n at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen")
+    built = _unseen_set("n", {"widestencil", "morton27", "colperm27", "invertedindex", "cutoff3d", "groupby"})
+    wide = built["widestencil"]  # an 8^3 grid: the middle node's row its whole 9^3 box, in 81 runs of 9
+    middle = wide[4 * 64 + 4 * 8 + 4].indices
+    assert wide.shape == (512, 512) and middle.size == 8**3 and np.diff(wide.indptr).max() == 8**3
+    assert module._box_stencil(12, 3, 4)[6 * 144 + 6 * 12 + 6].indices.size == 729
+    assert np.array_equal(module._morton(4, 2), [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15])
+    z, perm = built["morton27"], built["colperm27"]  # a 22^3 grid each
+    pattern = z.copy()
+    pattern.data[:] = 1.0
+    assert z.nnz == perm.nnz == (3 * 22 - 2) ** 3 and (pattern - pattern.T).nnz == 0
+    assert np.median([np.ptp(z[i].indices) for i in range(0, 10_648, 11)]) < 22**2  # near, mostly
+    spans = [np.ptp(perm[i].indices) for i in range(0, 10_648, 11)]
+    shared = np.intersect1d(perm[5_000].indices, perm[5_001].indices).size
+    assert np.median(spans) > 5_000 and shared == 18  # scattered columns, neighbouring rows sharing 18
+    index = built["invertedindex"]  # 48,000 terms x 12,000 documents
+    lengths = np.diff(index.indptr)
+    assert index.shape == (48_000, 12_000) and lengths[0] > 0.3 * 12_000 and np.mean(lengths == 0) > 0.3
+    near = built["cutoff3d"]  # 800 points: each row itself and the points within its radius
+    assert near.shape == (800, 800) and near.diagonal().all() and np.diff(near.indptr).mean() > 100
+    group = built["groupby"]  # 3,600 groups: each column read once, each row one run
+    assert np.array_equal(group.indices, np.arange(group.shape[1])) and np.all(np.diff(group.indptr) >= 1)
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
