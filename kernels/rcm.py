@@ -144,17 +144,12 @@ class Rcm(Family):
     # -- GPU path ---------------------------------------------------------------
     def _prepare(self, prepared: Prepared) -> None:
         cupy = require_cupy()
-        A, n = prepared.A, prepared.shape[1]
+        A = prepared.A
         require_out_of_order(A.indptr, A.indices, cupy)
-        rows, cols = orders(A, cupy, gpu_search())
-        keep_renumbered(prepared, rows, cols)
-        prepared.extra.update(cols=cols, x_renumbered=cupy.empty(n, dtype=prepared.dtype))
+        keep_renumbered(prepared, *orders(A, cupy, gpu_search()))
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
-        cupy = require_cupy()
-        ex = prepared.extra
-        cupy.take(x, ex["cols"], out=ex["x_renumbered"])
-        renumbered_product(ex, ex["x_renumbered"], out)
+        renumbered_product(prepared.extra, x, out)
 
     # -- CPU reference ----------------------------------------------------------
     def _prepare_reference(self, prepared: Prepared) -> None:
@@ -166,16 +161,19 @@ class Rcm(Family):
 
 
 def keep_renumbered(prepared: Prepared, rows: Any, cols: Any) -> None:
-    """Prepare csr_vector on B, A with its rows (and, unless ``cols`` is None, its columns) renumbered on the GPU
-    (``rows``, ``cols``: the old number of each, CuPy int32), and keep in ``prepared.extra`` what
-    :func:`renumbered_product` needs: B's arrays (counted in ``extra_bytes``: B is a copy of A) and B's rows,
-    as ``rows`` itself where y is written in place (:func:`writes_in_place`), else as a copy of y in B's order
-    and the new number of each old row (``inverse``), which gather y back in A's order."""
+    """Prepare csr_vector on B, A with its rows and its columns renumbered on the GPU (``rows``, ``cols``: the
+    old number of each, CuPy int32; None: those keep their numbers), and keep in ``prepared.extra`` what
+    :func:`renumbered_product` needs: B's arrays (counted in ``extra_bytes``: B is a copy of A), the columns' order
+    and a vector for x in it, and B's rows, as ``rows`` itself where y is written in place (rows kept, or
+    :func:`writes_in_place`), else as a copy of y in B's order and the new number of each old row (``inverse``),
+    which gather y back in A's order."""
     cupy = require_cupy()
     B = renumbered_on_gpu(prepared.A, rows, cols)
     ex = prepared.extra
     ex.update(inner=_INNER.prepare(B, prepared.params), indptr=B.indptr, indices=B.indices, data=B.data)
-    if writes_in_place(prepared.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
+    if cols is not None:
+        ex.update(cols=cols, x_renumbered=cupy.empty(prepared.shape[1], dtype=prepared.dtype))
+    if rows is None or writes_in_place(prepared.nnz, prepared.dtype.itemsize, device_attributes()["L2CacheSize"]):
         ex["rows"] = rows
     else:
         ex["y_renumbered"] = cupy.empty(prepared.shape[0], dtype=prepared.dtype)
@@ -183,18 +181,21 @@ def keep_renumbered(prepared: Prepared, rows: Any, cols: Any) -> None:
 
 
 def renumbered_product(ex: dict[str, Any], x: Any, out: Any) -> None:
-    """y = A·x into ``out`` through B (``ex``: what :func:`keep_renumbered` kept), ``x`` in B's
-    numbering of the columns: each row's sum written to its old row, or to the copy of y in B's order, then
+    """y = A·x into ``out`` through B (``ex``: what :func:`keep_renumbered` kept): x gathered into B's numbering of
+    the columns where it has one, each row's sum written to its old row, or to the copy of y in B's order, then
     gathered into ``out`` in A's (sequential writes, reads from a copy just written: on the unseen rowperm7 in
     float64, an H200, 130 us against 189 for a scatter ``out[rows] = copy``, stop 65's probe_rowsort)."""
+    cupy = require_cupy()
+    if "cols" in ex:
+        x = cupy.take(x, ex["cols"], out=ex["x_renumbered"])
     if "y_renumbered" not in ex:
         _INNER.launch(ex["inner"], x, out, rows=ex["rows"])
         return
     _INNER.launch(ex["inner"], x, ex["y_renumbered"])
-    require_cupy().take(ex["y_renumbered"], ex["inverse"], out=out)
+    cupy.take(ex["y_renumbered"], ex["inverse"], out=out)
 
 
-def keep_renumbered_reference(prepared: Prepared, rows: np.ndarray, cols: np.ndarray | None) -> None:
+def keep_renumbered_reference(prepared: Prepared, rows: np.ndarray | None, cols: np.ndarray | None) -> None:
     """:func:`keep_renumbered`'s CPU reference: csr_vector's reference on B, and B's rows and columns."""
     B = renumbered(prepared.A, rows, cols)
     prepared.extra.update(rows=rows, cols=cols, inner=_INNER.prepare_reference(B, prepared.params))
@@ -202,11 +203,14 @@ def keep_renumbered_reference(prepared: Prepared, rows: np.ndarray, cols: np.nda
 
 def renumbered_reference_product(prepared: Prepared, x: np.ndarray) -> np.ndarray:
     """:func:`renumbered_product`'s CPU reference: B's product (x renumbered where the columns are), each row's
-    sum put back in its row of A."""
+    sum put back in its row of A (where the rows are)."""
     ex = prepared.extra
-    y = np.empty(prepared.shape[0], dtype=prepared.dtype)
-    y[ex["rows"]] = _INNER.run_reference(ex["inner"], x if ex["cols"] is None else x[ex["cols"]])
-    return y
+    y = _INNER.run_reference(ex["inner"], x if ex["cols"] is None else x[ex["cols"]])
+    if ex["rows"] is None:
+        return y
+    out = np.empty(prepared.shape[0], dtype=prepared.dtype)
+    out[ex["rows"]] = y
+    return out
 
 
 def writes_in_place(nnz: int, itemsize: int, l2_bytes: int) -> bool:
@@ -294,9 +298,11 @@ def jump_share(columns: tuple[Any, ...], filled: Any, xp: Any) -> float:
     return jumped / count if count else 0.0
 
 
-def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray | None) -> sp.csr_matrix:
+def renumbered(A: sp.csr_matrix, rows: np.ndarray | None, cols: np.ndarray | None) -> sp.csr_matrix:
     """``A[rows][:, cols]`` as ``rcm_renumber`` builds it: each row's entries in A's order (so not sorted by
-    their new columns), int32 indices; ``cols=None``: the columns keep their numbers (``A[rows]``)."""
+    their new columns), int32 indices; None: those keep their numbers (``A[rows]``, ``A[:, cols]``)."""
+    if rows is None:
+        rows = np.arange(A.shape[0], dtype=np.int32)
     lengths = np.diff(A.indptr)[rows]
     indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     pos = np.repeat(A.indptr[rows].astype(np.int64) - indptr[:-1], lengths) + np.arange(indptr[-1])
@@ -305,12 +311,14 @@ def renumbered(A: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray | None) -> s
 
 
 def renumbered_on_gpu(A: Any, rows: Any, cols: Any) -> Any:
-    """:func:`renumbered` of a cupyx CSR matrix with CuPy orders (``cols`` may be None), on the GPU
+    """:func:`renumbered` of a cupyx CSR matrix with CuPy orders (either may be None), on the GPU
     (``rcm_renumber``, a warp a row)."""
     cupy = require_cupy()
     import cupyx.scipy.sparse as cusp
 
     m = A.shape[0]
+    if rows is None:
+        rows = cupy.arange(m, dtype=np.int32)
     lengths = cupy.diff(A.indptr)[rows]
     indptr = cupy.zeros(m + 1, dtype=np.int32)
     cupy.cumsum(lengths, out=indptr[1:])

@@ -150,18 +150,22 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     assert get_family("merge_path").unranked_config({}, 8) is None
     assert [e.kernel for e in shortlist(RANKING, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
     # families that race only on some matrices (rcm: square, regular rows, scattered gathers of x; rowsort:
-    # regular rows, enough of them for its preparation to check their order) race where their features say so,
-    # and not without features
-    unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm", "rowsort")]
+    # regular rows, enough of them for its preparation to check their order; firsttouch: scattered gathers of
+    # regular rows and columns, enough rows) race where their features say so, and not without features
+    unranked = [r for r in RANKING if r.kernel not in ("merge_path", "rcm", "rowsort", "firsttouch")]
     assert [e.kernel for e in shortlist(unranked, size=2)] == ["nut", "csr_vector", "cusparse", "cusparse"]
     scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0,
                  "diag_frac": 0.0}
     entrants = shortlist(unranked, size=2, features=scattered, itemsize=4)
-    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "rcm", "rowsort", "cusparse", "cusparse"]
-    # Rcm.unranked_config, float32, costly to prepare as its family says; rowsort the same threads a row
-    assert entrants[2].params == entrants[3].params == {"threads_per_row": 4, "block_size": 256, "indices": "narrow"}
+    assert [e.kernel for e in entrants] == ["nut", "csr_vector", "rcm", "rowsort", "firsttouch", "cusparse",
+                                            "cusparse"]
+    # Rcm.unranked_config, float32, costly to prepare as its family says; rowsort and firsttouch the same threads
+    # a row
+    assert entrants[2].params == entrants[3].params == entrants[4].params == {
+        "threads_per_row": 4, "block_size": 256, "indices": "narrow"}
     assert entrants[2].prepare_spmvs == get_family("rcm").prepare_spmvs > CHEAP_SPMVS
     assert waits(entrants[3]) and entrants[3].prepare_spmvs == get_family("rowsort").prepare_spmvs
+    assert waits(entrants[4]) and entrants[4].prepare_spmvs == get_family("firsttouch").prepare_spmvs
     local = {**scattered, "cf_128": 6.0}
     assert [e.kernel for e in shortlist(unranked, size=2, features=local)][2:4] == ["rowsort", "cusparse"]
     few, skewed = {**local, "rows": 60_000.0}, {**local, "npr_cv": 1.5}
