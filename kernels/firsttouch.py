@@ -14,8 +14,9 @@ On :data:`~kernels.rcm.CHECKED_ROWS` rows or more the preparation fails fast
 (:class:`~common.errors.NotApplicableError`, with the share it measured) where the rows are in order already
 (:func:`kernels.rcm.require_out_of_order`: neighbouring rows' middle columns near) or where the new numbering
 would not bring them together (:data:`~kernels.rcm.OUT_OF_ORDER` of the pairs of neighbouring rows, renumbered,
-with middle columns :data:`~kernels.rcm.JUMP` or more apart: rows in random order, whose first reads scatter
-the numbers, or random columns no two rows share). A race enters it unranked where the gathers are scattered and
+with lowest columns :data:`~kernels.rcm.JUMP` or more apart: rows in random order, whose first reads scatter
+the numbers, or random columns no two rows share; the lowest, as a row's entries keep A's order, in which its
+middle one is any of its columns). A race enters it unranked where the gathers are scattered and
 the rows and columns regular, each read twice or more, unless A is square with its diagonal stored
 (:meth:`Firsttouch.unranked_config`).
 
@@ -111,23 +112,21 @@ def column_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
     (checked first) or where neighbouring rows, renumbered, still read far apart (see the module's docstring)."""
     middle, filled = require_out_of_order(indptr, indices, xp)
     nnz = int(indices.size)
-    first = xp.full(n, nnz, dtype=np.int32)
     entries = xp.arange(nnz, dtype=np.int32)
-    if xp is np:
-        np.minimum.at(first, indices, entries)
-    else:
-        import cupyx
-
-        cupyx.scatter_min(first, indices, entries)
+    first = xp.full(n, nnz, dtype=np.int32)
+    xp.minimum.at(first, indices, entries)
     key = xp.where(first < nnz, first.astype(np.int64), nnz + xp.arange(n, dtype=np.int64))
     cols = xp.argsort(key).astype(np.int32)
-    if indptr.size - 1 < CHECKED_ROWS:
+    m = indptr.size - 1
+    if m < CHECKED_ROWS:
         return cols
     new = xp.empty(n, dtype=np.int32)
     new[cols] = xp.arange(n, dtype=np.int32)
-    scattered = jump_share((new[middle],), filled, xp)
+    lowest = xp.full(m, n, dtype=np.int32)  # each row's lowest new column
+    xp.minimum.at(lowest, (xp.searchsorted(indptr, entries, side="right") - 1).astype(np.int32), new[indices])
+    scattered = jump_share((lowest,), filled, xp)
     if scattered >= OUT_OF_ORDER:
         raise NotApplicableError(f"no numbering of the columns brings the rows together: in the order the rows "
-                                 f"first read them {scattered:.1%} of neighbouring rows still have middle columns "
+                                 f"first read them {scattered:.1%} of neighbouring rows still have lowest columns "
                                  f"{JUMP} or more apart")
     return cols
