@@ -226,6 +226,12 @@ it take (once an iteration, not once a product), and the renumbering's seconds a
 
     python bench/unseen.py --renumbered --only hubcols,communities,bursts --effort race --label renumbered
 
+``--permute-columns`` measures each matrix with its columns alone under a random permutation (named ``NAME-colperm``):
+the rows keep their order and their lengths, each row's columns scattered over x (as set n's colperm27 is the
+27-point stencil's), what firsttouch is for.
+
+    python bench/unseen.py --permute-columns --only rgg,sawtooth,prolong3d --effort race --label colperm
+
 ``--suite NAME`` measures a named suite of :mod:`tuner.matrix.suites` instead, the same way: ``issue18`` is the
 six structures issue #18 names, at its sizes. Those are kinds the selector's corpus has (at smaller sizes, most
 of them), so they are not unseen structures: they say how ``plan()`` does on what the issue measured.
@@ -1229,6 +1235,16 @@ def _suite_matrix(m: SuiteMatrix, size: int, rng: np.random.Generator) -> sp.csr
     return replace(m, size=size).build()
 
 
+def columns_permuted(m: Unseen) -> Unseen:
+    """``m`` with its columns alone under a random permutation (``--permute-columns``), named ``NAME-colperm``."""
+    return replace(m, name=f"{m.name}-colperm", build=functools.partial(_columns_permuted, m.build))
+
+
+def _columns_permuted(build: Callable[..., sp.csr_matrix], size: int, rng: np.random.Generator) -> sp.csr_matrix:
+    A = build(size, rng)
+    return _reordered(A, np.arange(A.shape[0]), rng, rng.permutation(A.shape[1]))
+
+
 # --------------------------------------------------------------------------- measuring
 
 def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
@@ -1420,11 +1436,15 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")
     ap.add_argument("--renumbered", action="store_true", help="plan_renumbered() instead of plan(): products in "
                     "the degree numbering (square matrices only)")
+    ap.add_argument("--permute-columns", action="store_true", help="each matrix with its columns alone randomly "
+                    "permuted (named NAME-colperm)")
     ap.add_argument("--label", default="", help="added to the result file's name (runs of a day kept apart)")
     ap.add_argument("--workers", type=int, default=4, help="processes generating the matrices (before any is measured)")
     args = ap.parse_args()
     chosen = from_suite(args.suite) if args.suite else \
         [m for m in MATRICES if m.group in args.set and (not args.only or m.name in args.only.split(","))]
+    if args.permute_columns:
+        chosen = [columns_permuted(m) for m in chosen]
     import cupyx.scipy.sparse as cusp
 
     backend = GpuBackend()

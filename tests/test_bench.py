@@ -740,6 +740,18 @@ def test_the_unseen_benchmarks_fourteenth_set_builds_the_structures_it_names() -
     assert np.array_equal(group.indices, np.arange(group.shape[1])) and np.all(np.diff(group.indptr) >= 1)
 
 
+def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
+    """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
+    module = _bench_module("unseen")
+    sawtooth = next(m for m in module.MATRICES if m.name == "sawtooth")
+    A, P = sawtooth.make(0.01), module.columns_permuted(sawtooth).make(0.01)
+    assert module.columns_permuted(sawtooth).name == "sawtooth-colperm" and P.has_canonical_format
+    assert P.shape == A.shape and np.array_equal(P.indptr, A.indptr)
+    reads = np.bincount(A.indices, minlength=A.shape[1])
+    moved = np.bincount(P.indices, minlength=A.shape[1])
+    assert np.array_equal(np.sort(reads), np.sort(moved)) and not np.array_equal(reads, moved)
+
+
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
     module = _bench_module("unseen")
