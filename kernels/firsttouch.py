@@ -110,7 +110,7 @@ def column_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
     of each; columns no row reads last, by number); ``xp``: NumPy (the reference) or CuPy, the same steps. On
     :data:`~kernels.rcm.CHECKED_ROWS` rows or more, NotApplicableError where the rows are in order already
     (checked first) or where neighbouring rows, renumbered, still read far apart (see the module's docstring)."""
-    middle, filled = require_out_of_order(indptr, indices, xp)
+    _, filled = require_out_of_order(indptr, indices, xp)
     nnz = int(indices.size)
     entries = xp.arange(nnz, dtype=np.int32)
     first = xp.full(n, nnz, dtype=np.int32)
