@@ -48,6 +48,7 @@ from kernels.rcm import (
     REGULAR_CV,
     SCATTERED_CF,
     Rcm,
+    inverse,
     jump_share,
     keep_renumbered,
     keep_renumbered_reference,
@@ -120,10 +121,9 @@ def column_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
     m = indptr.size - 1
     if m < CHECKED_ROWS:
         return cols
-    new = xp.empty(n, dtype=np.int32)
-    new[cols] = xp.arange(n, dtype=np.int32)
     lowest = xp.full(m, n, dtype=np.int32)  # each row's lowest new column
-    xp.minimum.at(lowest, (xp.searchsorted(indptr, entries, side="right") - 1).astype(np.int32), new[indices])
+    xp.minimum.at(lowest, (xp.searchsorted(indptr, entries, side="right") - 1).astype(np.int32),
+                  inverse(cols, xp)[indices])
     scattered = jump_share((lowest,), filled, xp)
     if scattered >= OUT_OF_ORDER:
         raise NotApplicableError(f"no numbering of the columns brings the rows together: in the order the rows "

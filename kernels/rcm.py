@@ -177,7 +177,7 @@ def keep_renumbered(prepared: Prepared, rows: Any, cols: Any) -> None:
         ex["rows"] = rows
     else:
         ex["y_renumbered"] = cupy.empty(prepared.shape[0], dtype=prepared.dtype)
-        ex["inverse"] = _inverse(rows, cupy)
+        ex["inverse"] = inverse(rows, cupy)
 
 
 def renumbered_product(ex: dict[str, Any], x: Any, out: Any) -> None:
@@ -306,7 +306,7 @@ def renumbered(A: sp.csr_matrix, rows: np.ndarray | None, cols: np.ndarray | Non
     lengths = np.diff(A.indptr)[rows]
     indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     pos = np.repeat(A.indptr[rows].astype(np.int64) - indptr[:-1], lengths) + np.arange(indptr[-1])
-    indices = A.indices[pos] if cols is None else _inverse(cols, np)[A.indices[pos]]
+    indices = A.indices[pos] if cols is None else inverse(cols, np)[A.indices[pos]]
     return sp.csr_matrix((A.data[pos], indices.astype(np.int32, copy=False), indptr), shape=A.shape)
 
 
@@ -326,12 +326,12 @@ def renumbered_on_gpu(A: Any, rows: Any, cols: Any) -> Any:
     renumber = f"rcm_renumber<{c_type(A.dtype)}>"
     get_kernels(Rcm.cu_file, (renumber,))[renumber](
         (grid(32 * m, 256),), (256,), (np.int32(m), rows, indptr, A.indptr, A.indices, A.data,
-                                       None if cols is None else _inverse(cols, cupy),
+                                       None if cols is None else inverse(cols, cupy),
                                        indices, data))
     return cusp.csr_matrix((data, indices, indptr), shape=A.shape)
 
 
-def _inverse(order: Any, xp: Any) -> Any:
+def inverse(order: Any, xp: Any) -> Any:
     """new[old]: the new number of each old one."""
     new = xp.empty(order.size, dtype=np.int32)
     new[order] = xp.arange(order.size, dtype=np.int32)
