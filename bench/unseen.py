@@ -1093,7 +1093,12 @@ def morton27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
 def colperm27(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     """The 27-point stencil on a side^3 grid, rows in order and the columns alone under a random permutation
     (unknowns numbered apart from the equations): 27 random columns a row, neighbouring rows sharing 18."""
-    return _reordered(_box_stencil(side, 3), np.arange(side**3), rng, rng.permutation(side**3))
+    return _columns_permuted_of(_box_stencil(side, 3), rng)
+
+
+def _columns_permuted_of(A: sp.spmatrix, rng: np.random.Generator) -> sp.csr_matrix:
+    """``A`` with its columns alone under a random permutation (rows kept), values drawn from ``rng``."""
+    return _reordered(A, np.arange(A.shape[0]), rng, rng.permutation(A.shape[1]))
 
 
 def invertedindex(docs: int, rng: np.random.Generator, ratio: int = 4, median: float = 12.0) -> sp.csr_matrix:
@@ -1241,8 +1246,7 @@ def columns_permuted(m: Unseen) -> Unseen:
 
 
 def _columns_permuted(build: Callable[..., sp.csr_matrix], size: int, rng: np.random.Generator) -> sp.csr_matrix:
-    A = build(size, rng)
-    return _reordered(A, np.arange(A.shape[0]), rng, rng.permutation(A.shape[1]))
+    return _columns_permuted_of(build(size, rng), rng)
 
 
 # --------------------------------------------------------------------------- measuring
