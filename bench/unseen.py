@@ -186,6 +186,18 @@ Set ``n``, added at stop 69 before anything of that stop was changed, and measur
 - ``groupby``: a group-by sum, 360,000 groups of log-normal sizes over 24 M records sorted by group: each row one
   run, each column read once.
 
+Set ``o``, added at stop 70 before anything of that stop was changed, and measured as it came:
+
+- ``prunedlayer``: a 16,384^2 weight matrix pruned at random to 10 % (a neural network layer): rows of about 1,560
+  random columns, all within an x of 128 KB (float64);
+- ``twofour``: a 7,168^2 weight matrix in 2:4 structured sparsity: rows of 3,584, 2 of every 4 neighbouring columns;
+- ``spectralz``: an 80 x 80 x 64 grid, finite differences in x and y and a spectral method along z (fastest): a run
+  of 64 and 4 far singles a row;
+- ``erdos``: 100,000 vertices, 250 uniformly random columns a row: long rows, random gathers within the L2;
+- ``wideband``: a fully stored band of half-width 400 on 30,000 rows: one run of 801 columns a row;
+- ``randblocks``: dense blocks of 4 to 64 rows at random places (7,200 block rows, each its diagonal block and 6
+  others): a few runs of 4 to 64 columns a row, far apart.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -1129,6 +1141,77 @@ def groupby(groups: int, rng: np.random.Generator, median: float = 40.0, sigma: 
     return _csr(np.repeat(np.arange(groups), sizes), np.arange(int(sizes.sum())), (groups, int(sizes.sum())), rng)
 
 
+def prunedlayer(n: int, rng: np.random.Generator, density: float = 0.1) -> sp.csr_matrix:
+    """An n x n weight matrix pruned at random to ``density`` (a neural network layer's unstructured sparsity):
+    rows of about density n random columns, all of them in an x of n entries (128 KB in float64 at n = 16,384)."""
+    rows = np.repeat(np.arange(n), rng.binomial(n, density, n))
+    return _csr(rows, rng.integers(0, n, rows.size), (n, n), rng)
+
+
+_TWO_OF_FOUR = np.array([(a, b) for a in range(4) for b in range(a + 1, 4)], dtype=np.int32)
+"""The six ways to keep 2 of 4 neighbouring columns."""
+
+
+def twofour(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """An n x n weight matrix in 2:4 structured sparsity (2 of every 4 neighbouring columns of a row kept, the
+    pattern sparse tensor cores take): every row n / 2 entries over its whole width, in pairs a quad."""
+    quads = n // 4
+    kept = _TWO_OF_FOUR[rng.integers(0, len(_TWO_OF_FOUR), (n, quads))] + 4 * np.arange(quads, dtype=np.int32)[:, None]
+    indptr = np.arange(n + 1, dtype=np.int64) * 2 * quads
+    return sp.csr_matrix((_values(rng, 2 * n * quads), kept.reshape(-1), indptr), shape=(n, n))
+
+
+def spectralz(side: int, rng: np.random.Generator, depth: int = 64) -> sp.csr_matrix:
+    """A side x side x ``depth`` grid, z fastest, with finite differences in x and y (the 4 neighbours) and a
+    spectral method along z (every point of a node's z line): 68 entries a row, a run of 64 and 4 far singles."""
+    path = sp.diags([1.0, 1.0], [-1, 1], shape=(side, side), format="csr")
+    plane = sp.kron(path, sp.identity(side), format="csr") + sp.kron(sp.identity(side), path, format="csr")
+    A = (sp.kron(plane, sp.identity(depth), format="csr")
+         + sp.kron(sp.identity(side * side), sp.csr_matrix(np.ones((depth, depth))), format="csr")).tocsr()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def erdos(n: int, rng: np.random.Generator, degree: int = 250) -> sp.csr_matrix:
+    """A dense-ish Erdos-Renyi graph: ``degree`` uniformly random columns a row (a column drawn twice counted once)
+    (at scale 1, of an x of 800 KB in float64): long rows, every gather random but within the L2."""
+    rows = np.repeat(np.arange(n), degree)
+    return _csr(rows, rng.integers(0, n, rows.size), (n, n), rng)
+
+
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenated runs ``starts[k], starts[k] + 1, ..., starts[k] + lengths[k] - 1``."""
+    first = np.cumsum(lengths) - lengths
+    return np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))
+
+
+def wideband(n: int, rng: np.random.Generator, half_width: int = 400) -> sp.csr_matrix:
+    """A band of half-width ``half_width`` with every entry stored (an integral operator's near field): each row one
+    run of up to 801 columns around its diagonal, x of 240 KB (float64)."""
+    rows = np.arange(n)
+    starts, ends = np.maximum(rows - half_width, 0), np.minimum(rows + half_width + 1, n)
+    indptr = np.concatenate([[0], np.cumsum(ends - starts)])
+    return sp.csr_matrix((_values(rng, int(indptr[-1])), _runs(starts, ends - starts), indptr), shape=(n, n))
+
+
+def randblocks(blocks: int, rng: np.random.Generator, smallest: int = 4, largest: int = 64, per_row: int = 6
+               ) -> sp.csr_matrix:
+    """Dense blocks of variable sizes at random places: ``blocks`` block rows of 4 to 64 rows (log-uniform), each
+    coupled to its diagonal block and ``per_row`` others at random (a graph of multi-unknown nodes numbered at
+    random): each row a few runs of 4 to 64 columns far apart."""
+    sizes = np.exp(rng.uniform(np.log(smallest), np.log(largest + 1), blocks)).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    partners = np.column_stack([np.arange(blocks), rng.integers(0, blocks, (blocks, per_row))])
+    partners.sort(axis=1)
+    block_of_row = np.repeat(np.arange(blocks), sizes)
+    mine = partners[block_of_row]  # each row's block columns, its block row's
+    lengths = sizes[mine].reshape(-1)
+    cols = _runs(starts[mine].reshape(-1), lengths)
+    rows = np.repeat(np.repeat(np.arange(block_of_row.size), mine.shape[1]), lengths)
+    n = int(sizes.sum())
+    return _csr(rows, cols, (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1139,7 +1222,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1226,6 +1309,12 @@ MATRICES = (
     Unseen("invertedindex", invertedindex, 1_200_000, 144, "n"),   # ~24 M
     Unseen("cutoff3d", cutoff3d, 80_000, 145, "n"),                # ~24 M
     Unseen("groupby", groupby, 360_000, 146, "n"),                 # ~24 M
+    Unseen("prunedlayer", prunedlayer, 16_384, 151, "o", dims=2),  # ~26 M
+    Unseen("twofour", twofour, 7_168, 152, "o", dims=2),           # ~26 M
+    Unseen("spectralz", spectralz, 80, 153, "o", dims=2),          # ~28 M
+    Unseen("erdos", erdos, 100_000, 154, "o"),                     # ~25 M
+    Unseen("wideband", wideband, 30_000, 155, "o"),                # ~24 M
+    Unseen("randblocks", randblocks, 7_200, 156, "o"),             # ~25 M
 )
 
 

@@ -740,6 +740,28 @@ def test_the_unseen_benchmarks_fourteenth_set_builds_the_structures_it_names() -
     assert np.array_equal(group.indices, np.arange(group.shape[1])) and np.all(np.diff(group.indptr) >= 1)
 
 
+def test_the_unseen_benchmarks_fifteenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set o at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen")
+    built = _unseen_set("o", {"prunedlayer", "twofour", "spectralz", "erdos", "wideband", "randblocks"})
+    pruned = built["prunedlayer"]  # 1,638^2 at 10 %
+    assert pruned.shape == (1_638, 1_638) and 0.08 < pruned.nnz / 1_638**2 < 0.1
+    quads = built["twofour"]  # 717^2: 179 quads a row, 2 kept of each
+    assert np.all(np.diff(quads.indptr) == 358) and np.all(np.bincount(quads[5].indices // 4) == 2)
+    spectral = built["spectralz"]  # an 8 x 8 x 64 grid: row (1, 1, 0) its z line and its 4 neighbours' points
+    row = spectral[(1 * 8 + 1) * 64].indices
+    assert spectral.shape == (4_096, 4_096) and np.diff(spectral.indptr).max() == 68
+    assert set(row.tolist()) == set(range(9 * 64, 10 * 64)) | {64, 17 * 64, 8 * 64, 10 * 64}
+    graph = built["erdos"]  # 1,000 vertices, 250 draws a row
+    assert np.diff(graph.indptr).min() > 200 and np.median([np.ptp(graph[i].indices) for i in range(50)]) > 900
+    band = built["wideband"]  # 300 rows: the band is wider than the matrix
+    assert band.nnz == 300 * 300
+    assert np.array_equal(module.wideband(1_000, np.random.default_rng(0))[500].indices, np.arange(100, 901))
+    assert np.array_equal(module._runs(np.array([5, 0]), np.array([2, 3])), [5, 6, 0, 1, 2])
+    blocky = built["randblocks"]  # 72 block rows: each row runs of whole blocks, equal within a block row
+    lengths = np.diff(blocky.indptr)
+    assert lengths.min() >= 4 and len(set(lengths[:4].tolist())) == 1 and blocky.shape[0] >= 72 * 4
+
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
     module = _bench_module("unseen")
