@@ -10,6 +10,12 @@ columns. One loop a kind of row, so that no branch splits a batch's loads (with 
 offsets lost to int32 everywhere). On the H200: a random geometric graph 1.33x -> 1.51x cuSPARSE in float64,
 1.11x -> 1.51x in float32; dense diagonal blocks 1.28x -> 1.34x in float64 (probe F of
 bench/probe_unseen_configs.py).
+
+Mostly empty rows (at least :data:`EMPTY_SHARE` of them, beyond the baseline): the product runs over the nonempty
+rows alone, y zeroed first, each group's sum written to its row (csr_vector.cu's ROWS): a matrix padded to a larger
+size otherwise spends a group of threads on each empty row, reading its two row pointers and writing a zero. The
+nonempty rows' entries are A's own arrays, in the same order (an empty row holds none), so the matrix they make
+needs only its row pointer (A's at those rows, then nnz): no copy of the entries.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels._cuda import c_type, get_kernels, grid
+from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._narrow import attach, indices_param, launch_columns, narrow_rows, reference_columns
 from kernels._reference import products, row_ids, segment_sums
@@ -27,6 +33,11 @@ from kernels._space import Param, Space
 THREADS_PER_ROW = (2, 4, 8, 16, 32)
 BATCH_BYTES = 32
 """What a lane loads of its entries' values before it gathers their x (csr_vector.cu: 4 doubles, 8 floats)."""
+EMPTY_SHARE = 0.5
+"""csr_vector runs over the nonempty rows alone (:func:`listed_rows`) where at least this share of the rows is
+empty."""
+_EMPTY_ROWS = "_spmv_empty_rows"
+"""The attribute :func:`note_empty_rows` keeps its count in."""
 
 
 def threads_covering(npr_mean: float, itemsize: int) -> int:
@@ -37,7 +48,37 @@ def threads_covering(npr_mean: float, itemsize: int) -> int:
     return next((t for t in THREADS_PER_ROW if t * t >= lanes * lanes / 2), THREADS_PER_ROW[-1])
 
 
+def note_empty_rows(A: Any, count: int) -> None:
+    """Keep on the CSR matrix object ``A`` how many of its rows are empty, as a pass over it counted them
+    (``plan()``'s structure pass, :mod:`tuner.matrix.structure_gpu`), so that a preparation need not count and wait
+    for the count. A stale count costs speed, never a wrong product: the rows listed are found from the row
+    pointer itself."""
+    setattr(A, _EMPTY_ROWS, int(count))
+
+
+def empty_rows(A: Any, xp: Any) -> int:
+    """The empty rows of ``A`` (a CSR matrix of ``xp``: NumPy or CuPy): what :func:`note_empty_rows` kept, else
+    counted (on the GPU, a reduction and a read-back)."""
+    noted = getattr(A, _EMPTY_ROWS, None)
+    return noted if noted is not None else int(A.shape[0] - xp.count_nonzero(xp.diff(A.indptr)))
+
+
+def listed_rows(xp: Any, indptr: Any, empty: int) -> tuple[Any, Any] | None:
+    """Where at least :data:`EMPTY_SHARE` of the rows of ``indptr`` are ``empty``: the nonempty rows (int32) and
+    the row pointer of the matrix they make of the same entries (``indptr`` at those rows, then nnz); else
+    None."""
+    m = indptr.size - 1
+    if m == 0 or empty < EMPTY_SHARE * m:
+        return None
+    rows = xp.flatnonzero(xp.diff(indptr)).astype(np.int32)
+    return rows, xp.concatenate([indptr[rows], indptr[-1:]])
+
+
 class CsrVector(Family):
+    """``lists_rows``: list the nonempty rows where most are empty (the registry's); rcm, rowsort and firsttouch
+    run it on their renumbered matrices without (their products write each row's sum through rows of their own,
+    :meth:`launch`)."""
+
     name = "csr_vector"
     summary = "a group of threads per row, warp-shuffle reduction"
     source = "baseline (Bell & Garland, 2008: CSR vector); narrow columns after CSR-DU (Kourtis et al., 2008)"
@@ -55,10 +96,23 @@ class CsrVector(Family):
         v = c_type(dtype)
         return tuple(f"csr_vector<{v}, {t}, {n}>" for t in THREADS_PER_ROW for n in ("true", "false"))
 
+    def __init__(self, *, lists_rows: bool = True) -> None:
+        self.lists_rows = lists_rows
+
+    def _listed(self, prepared: Prepared, xp: Any) -> Any:
+        """The row pointer the product runs over: A's, or its nonempty rows' (those rows kept as ``listed``)."""
+        A, ex = prepared.A, prepared.extra
+        listed = listed_rows(xp, A.indptr, empty_rows(A, xp)) if self.lists_rows else None
+        if listed is None:
+            return A.indptr
+        ex["listed"], ex["listed_ptr"] = listed
+        return ex["listed_ptr"]
+
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        narrow = "true" if attach(ex, p, A.indptr, A.indices, narrow_rows(A)) else "false"
+        ptr = self._listed(prepared, require_cupy())
+        narrow = "true" if attach(ex, p, ptr, A.indices, narrow_rows(A)) else "false"
         ex["kernel"] = kernels[f"csr_vector<{c_type(prepared.dtype)}, {p['threads_per_row']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
@@ -66,29 +120,40 @@ class CsrVector(Family):
 
     def launch(self, prepared: Prepared, x: Any, out: Any, rows: Any = None) -> None:
         """The product into ``out``; with ``rows`` (int32, a row's number in ``out``), row i's sum is
-        ``out[rows[i]]`` (rcm's and rowsort's matrices, reordered, writing y in A's order)."""
+        ``out[rows[i]]`` (rcm's and rowsort's matrices, reordered, writing y in A's order; prepared without
+        ``lists_rows``). Over listed rows: ``out`` zeroed, then the nonempty rows' sums written to their rows."""
         A, p, ex = prepared.A, prepared.params, prepared.extra
-        m, block = prepared.shape[0], p["block_size"]
+        ptr, block = A.indptr, p["block_size"]
+        if "listed" in ex:
+            out.data.memset_async(0, out.nbytes)
+            ptr, rows = ex["listed_ptr"], ex["listed"]
+        m = ptr.size - 1
         ex["kernel"](
             (grid(m * p["threads_per_row"], block),),
             (block,),
-            (np.int32(m), A.indptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out, rows),
+            (np.int32(m), ptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out, rows),
         )
 
     def _prepare_reference(self, prepared: Prepared) -> None:
-        indptr, tpr = prepared.A.indptr, prepared.params["threads_per_row"]
-        rows = row_ids(indptr)
-        lane = (np.arange(prepared.nnz, dtype=np.int64) - indptr[rows]) % tpr
+        tpr = prepared.params["threads_per_row"]
+        ptr = self._listed(prepared, np)
+        rows = row_ids(ptr)
+        lane = (np.arange(prepared.nnz, dtype=np.int64) - ptr[rows]) % tpr
         prepared.extra["slot"] = rows.astype(np.int64) * tpr + lane
-        attach(prepared.extra, prepared.params, indptr, prepared.A.indices)
+        attach(prepared.extra, prepared.params, ptr, prepared.A.indices)
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra
-        m, tpr = prepared.shape[0], prepared.params["threads_per_row"]
-        partial = segment_sums(ex["slot"], products(A, x, reference_columns(ex, A.indptr, A.indices)),
+        ptr, tpr = ex.get("listed_ptr", A.indptr), prepared.params["threads_per_row"]
+        m = ptr.size - 1
+        partial = segment_sums(ex["slot"], products(A, x, reference_columns(ex, ptr, A.indices)),
                                m * tpr).reshape(m, tpr)
         offset = tpr // 2
         while offset:
             partial[:, :offset] += partial[:, offset : 2 * offset]
             offset //= 2
-        return partial[:, 0]
+        if "listed" not in ex:
+            return partial[:, 0]
+        y = np.zeros(prepared.shape[0])
+        y[ex["listed"]] = partial[:, 0]
+        return y

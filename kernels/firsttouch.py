@@ -58,7 +58,7 @@ from kernels.rcm import (
 )
 from kernels.rowsort import DIAGONAL, MIN_ENTRIES
 
-_INNER = CsrVector()
+_INNER = CsrVector(lists_rows=False)
 
 
 class Firsttouch(Family):

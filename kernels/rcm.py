@@ -57,7 +57,7 @@ from kernels._family import Family, Prepared
 from kernels._space import Value
 from kernels.csr_vector import CsrVector, threads_covering
 
-_INNER = CsrVector()
+_INNER = CsrVector(lists_rows=False)
 
 SCATTERED_CF = 1.2
 """A race enters rcm unranked where fewer than this many of a row's entries, on average, fall in one window

@@ -57,7 +57,7 @@ from kernels.rcm import (
     require_out_of_order,
 )
 
-_INNER = CsrVector()
+_INNER = CsrVector(lists_rows=False)
 
 DIAGONAL = 0.5
 """A square matrix with at least this share of its diagonal stored has its rows in the order of its columns

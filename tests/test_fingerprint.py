@@ -121,7 +121,8 @@ def test_plans_first_step_queues_the_pass_and_the_features_then_waits_once(monke
         read_backs.append(into)
         sums = [*fp_module._sums_numpy(indptr, fp_module._TAGS[0]), *fp_module._sums_numpy(indices, fp_module._TAGS[1])]
         return lambda: log.append("read pass") or Structure(canonical_reference(indptr, indices), sums, 0,
-                                                            encode(indptr, indices)[2])
+                                                            encode(indptr, indices)[2],
+                                                            int(np.count_nonzero(np.diff(indptr))))
 
     def queue_features(A, checked_apart=False, into=None):
         assert checked_apart  # CuPy's own check (a kernel and a wait) is not asked: the pass answers it

@@ -133,6 +133,37 @@ def test_csr_vector_reference_reproduces_lane_partials_and_the_tree():
     assert f.run_reference(f.prepare_reference(B, {"threads_per_row": 2}), np.ones(3, np.float32))[0] == 2.0**24 + 2
 
 
+def test_csr_vector_runs_over_the_nonempty_rows_alone_where_most_rows_are_empty():
+    """At least EMPTY_SHARE of the rows empty: the reference lists the nonempty rows, its row pointer is A's at
+    those rows then nnz, and y is the same as without the list (empty rows 0); fewer empty: no list. A noted count
+    decides (plan()'s structure pass counts them), and a stale one costs no wrong product."""
+    from kernels.csr_vector import EMPTY_SHARE, note_empty_rows
+
+    A, x = case("empty_rows", "float64"), np.linspace(-1.0, 1.0, 400)
+    filled = np.flatnonzero(np.diff(A.indptr))
+    assert filled.size <= (1 - EMPTY_SHARE) * A.shape[0]
+    f = REGISTRY["csr_vector"]
+    for params in ({"threads_per_row": 2}, {"threads_per_row": 32, "indices": "int32"}):
+        listed = f.prepare_reference(A, params)
+        np.testing.assert_array_equal(listed.extra["listed"], filled)
+        np.testing.assert_array_equal(listed.extra["listed_ptr"], np.append(A.indptr[filled], A.nnz))
+        y = f.run_reference(listed, x)
+        whole = CsrVector(lists_rows=False).prepare_reference(A, params)
+        assert "listed" not in whole.extra
+        np.testing.assert_allclose(y, f.run_reference(whole, x), rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(y, A @ x, rtol=1e-12, atol=1e-12)
+        assert not y[np.diff(A.indptr) == 0].any()
+    assert "listed" not in f.prepare_reference(case("rectangular_tall", "float64"), {}).extra  # 12 % empty
+    stale = A.copy()
+    note_empty_rows(stale, 0)
+    assert "listed" not in f.prepare_reference(stale, {}).extra
+    full = case("random", "float64").copy()
+    note_empty_rows(full, full.shape[0])
+    every = f.prepare_reference(full, {})
+    assert every.extra["listed"].size == full.shape[0]
+    np.testing.assert_allclose(f.run_reference(every, np.ones(1000)), full @ np.ones(1000), rtol=1e-12)
+
+
 # -- GPU against the CPU references -------------------------------------------------
 def _gpu_check(family: str, A, dtype: str, params: dict) -> None:
     import cupy
@@ -173,6 +204,42 @@ def test_gpu_on_every_shared_matrix(family, dtype, shared_dir):
     for name in shared_cases():
         for params in (f.space.defaults(), *configs(family)[:: max(1, len(configs(family)) // 4)]):
             _gpu_check(family, case(name, dtype), dtype, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_csr_vector_lists_the_rows_the_structure_pass_found_filled(dtype):
+    """A matrix padded to 10 times its rows (90 % empty), put on the GPU as plan() puts it: its empty rows noted
+    by the structure pass, csr_vector runs over the filled rows alone and gives its reference's y, every empty
+    row's entry 0 whatever ``out`` held; a count noted as 0 keeps every row."""
+    import cupy
+    import cupyx.scipy.sparse as cusp
+    import scipy.sparse as sp
+
+    from kernels.csr_vector import note_empty_rows
+    from tuner.matrix.io import as_device_csr
+
+    rng = np.random.default_rng(11)
+    filled = np.sort(rng.choice(200_000, 20_000, replace=False))
+    lengths = rng.integers(1, 300, filled.size)
+    rows = np.repeat(filled, lengths)
+    A = sp.csr_matrix((rng.standard_normal(rows.size), (rows, rng.integers(0, 50_000, rows.size))),
+                      shape=(200_000, 50_000)).astype(dtype)
+    A.sum_duplicates()
+    B = as_device_csr(cusp.csr_matrix(A))
+    f, x = REGISTRY["csr_vector"], Reference.build(A, dtype, seed=3).x
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for params in ({"threads_per_row": 4}, {"threads_per_row": 32, "indices": "int32"}):
+        prepared = f.prepare(B, params)
+        assert prepared.extra["listed"].size == filled.size
+        out = cupy.full(A.shape[0], cupy.nan, dtype=dtype)
+        y = f.run(prepared, cupy.asarray(x), out).get()
+        expected = f.run_reference(f.prepare_reference(A, params), x)
+        np.testing.assert_allclose(y, expected, rtol=tol, atol=tol * np.abs(expected).max())
+        assert not y[np.setdiff1d(np.arange(A.shape[0]), filled)].any()
+    C = cusp.csr_matrix(A)
+    note_empty_rows(C, 0)
+    assert "listed" not in f.prepare(C, {}).extra
 
 
 @pytest.mark.gpu

@@ -77,8 +77,9 @@ def test_the_gpu_count_agrees_with_the_reference_and_plan_keeps_a_canonical_matr
     swapped[[big.indptr[row], big.indptr[row] + 1]] = swapped[[big.indptr[row] + 1, big.indptr[row]]]
     cases["big, one row's first two swapped"] = (big.indptr, swapped)
     for name, (indptr, indices) in cases.items():
-        canonical = structure_pass(cupy.asarray(indptr, dtype=cupy.int32), cupy.asarray(indices, dtype=cupy.int32))[0]
-        assert canonical == canonical_reference(indptr, indices), name
+        found = structure_pass(cupy.asarray(indptr, dtype=cupy.int32), cupy.asarray(indices, dtype=cupy.int32))
+        assert found.canonical == canonical_reference(indptr, indices), name
+        assert found.nonempty_rows == np.count_nonzero(np.diff(indptr)), name
     A = cusp.csr_matrix(big)
     assert as_device_csr(A) is A and A.has_canonical_format
     A.indices[:] = cupy.asarray(swapped)  # changed in place: checked again, as every plan() checks its matrix

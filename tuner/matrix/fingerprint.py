@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from kernels._narrow import note_narrow_rows
+from kernels.csr_vector import note_empty_rows
 from tuner.matrix.features import QueuedFeatures, csr_arrays, queue_features
 from tuner.matrix.io import as_device_csr, dtype_name, kept_on_device, stays_on_device, value_dtype
 from tuner.matrix.readback import ReadBack
@@ -97,7 +98,8 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
     the queued features and the matrix they describe once they are queued, before that wait (``plan()`` finds the
     selector while the GPU works, and queues the ranking behind the features). Where it is not
     canonical, its canonical form is fingerprinted and described. The matrix returned carries the pass's count of
-    entries in rows narrow enough for 16-bit columns (:func:`kernels._narrow.note_narrow_rows`)."""
+    entries in rows narrow enough for 16-bit columns (:func:`kernels._narrow.note_narrow_rows`) and its empty rows
+    (:func:`kernels.csr_vector.note_empty_rows`)."""
     if stays_on_device(A):
         check, features = _queued(A, dtype=dtype, values=A.data, describe_if=describe_if, meanwhile=meanwhile)
         found = check()
@@ -108,6 +110,7 @@ def device_csr_and_fingerprint(A: Any, *, dtype: Any = None,
     check, features = _queued(B, dtype=dtype, values=None, describe_if=describe_if, meanwhile=meanwhile)
     found = check()
     note_narrow_rows(B, found.narrow_rows)
+    note_empty_rows(B, B.shape[0] - found.nonempty_rows)
     return B, _name(*B.shape, int(B.indices.size), found.sums), features()
 
 

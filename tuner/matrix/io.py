@@ -34,6 +34,7 @@ import scipy.sparse as sp
 
 from common.errors import InvalidConfigError, MatrixFormatError
 from kernels._narrow import note_narrow_rows
+from kernels.csr_vector import note_empty_rows
 from tuner.matrix.bounds import GZIP_MAGIC, ReadLimits, scan_mtx
 
 if TYPE_CHECKING:
@@ -357,8 +358,9 @@ def kept_on_device(A: Any, dtype: Any, found: Structure) -> Any:
     """``A``, a CuPy CSR matrix of int32 indices that :func:`~tuner.matrix.structure_gpu.structure_pass` found
     canonical (``found``), as :func:`as_device_csr` gives it: in ``dtype`` (its values converted on the GPU where
     they are of another type), flagged canonical, with the pass's count of narrow rows
-    (:func:`kernels._narrow.note_narrow_rows`); MatrixFormatError where its values are not real, it holds more
-    entries than int32 can count, or NaN or Inf values (naming the first)."""
+    (:func:`kernels._narrow.note_narrow_rows`) and of empty rows (:func:`kernels.csr_vector.note_empty_rows`);
+    MatrixFormatError where its values are not real, it holds more entries than int32 can count, or NaN or Inf
+    values (naming the first)."""
     import cupyx.scipy.sparse as cusp
 
     wanted = value_dtype(np.dtype(A.dtype), dtype)
@@ -368,6 +370,7 @@ def kept_on_device(A: Any, dtype: Any, found: Structure) -> Any:
     B = A if wanted == A.dtype else cusp.csr_matrix((A.data.astype(wanted), A.indices, A.indptr), shape=A.shape)
     B.has_canonical_format = True
     note_narrow_rows(B, found.narrow_rows)
+    note_empty_rows(B, B.shape[0] - found.nonempty_rows)
     return B
 
 

@@ -26,7 +26,8 @@ remembered of a matrix between two). It also counts the entries of the rows whos
 columns span fewer than :data:`kernels._narrow.OFFSET_LIMIT` (a sorted row's span is
 its last column less its first, both read for the check): whether a row family's
 16-bit columns pay is then known before its preparation, which launches their
-kernel without waiting for a count of its own (:func:`kernels._narrow.attach`).
+kernel without waiting for a count of its own (:func:`kernels._narrow.attach`); and
+the nonempty rows, for csr_vector's the same way (:func:`kernels.csr_vector.note_empty_rows`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class Structure(NamedTuple):
     narrow_rows: int
     """Entries of the nonempty rows whose last column is less than :data:`~kernels._narrow.OFFSET_LIMIT` past
     their first: those of the rows that span fewer columns where the matrix is canonical."""
+    nonempty_rows: int
+    """Rows holding an entry (csr_vector runs over those alone where most are empty,
+    :func:`kernels.csr_vector.note_empty_rows`)."""
 
 _SOURCE = r"""
 __device__ __forceinline__ unsigned long long mix(unsigned long long z) {  // splitmix64's finalizer
@@ -83,14 +87,14 @@ __device__ __forceinline__ bool nonfinite(const unsigned int* __restrict__ words
 // nonempty row (the pair spans two rows). With hash != 0 also the fingerprint's sums: out[2], out[3] over
 // indptr (lanes tagged p0, p1), out[4], out[5] over indices (i0, i1). With words (not null), out[6] += the
 // values that are NaN or Inf. out[7] += the entries of the nonempty rows whose last column is less than
-// limit past their first.
+// limit past their first; out[8] += the nonempty rows.
 extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const int* __restrict__ indices,
                                          long long m, long long nnz, int hash,
                                          unsigned long long p0, unsigned long long p1,
                                          unsigned long long i0, unsigned long long i1,
                                          const unsigned int* __restrict__ words, int step, unsigned int mask,
                                          int limit, unsigned long long* __restrict__ out) {
-    unsigned long long pairs = 0, across = 0, sp0 = 0, sp1 = 0, si0 = 0, si1 = 0, bad = 0, narrow = 0;
+    unsigned long long pairs = 0, across = 0, sp0 = 0, sp1 = 0, si0 = 0, si1 = 0, bad = 0, narrow = 0, filled = 0;
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     for (; j + 3 * stride + 1 < nnz; j += 4 * stride) {  // four entries and their right neighbours in flight
@@ -119,6 +123,7 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
         if (i < m) {
             const int e = indptr[i + 1];
             if (s < e) {
+                ++filled;
                 const int first = indices[s];
                 across += s > 0 && first <= indices[s - 1];
                 if ((long long)indices[e - 1] - first < limit) narrow += e - s;
@@ -129,6 +134,7 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
     across = warp_sum(across);
     bad = warp_sum(bad);
     narrow = warp_sum(narrow);
+    filled = warp_sum(filled);
     if (hash) {
         sp0 = warp_sum(sp0); sp1 = warp_sum(sp1); si0 = warp_sum(si0); si1 = warp_sum(si1);
     }
@@ -139,6 +145,7 @@ extern "C" __global__ void csr_structure(const int* __restrict__ indptr, const i
         }
         if (bad) atomicAdd(&out[6], bad);
         if (narrow) atomicAdd(&out[7], narrow);
+        if (filled) atomicAdd(&out[8], filled);
         if (hash) {
             atomicAdd(&out[2], sp0); atomicAdd(&out[3], sp1); atomicAdd(&out[4], si0); atomicAdd(&out[5], si1);
         }
@@ -173,7 +180,8 @@ def structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None = None,
     """Whether the CSR structure of CuPy int32 arrays ``indptr`` (nondecreasing from 0 to nnz) and ``indices``
     is canonical; with ``tags`` (indptr's two lanes, then indices') the fingerprint's four sums (else none);
     with ``values`` (one a column index) how many of them are NaN or Inf (else, and for values neither float32
-    nor float64, 0); the entries of the rows narrow enough for 16-bit columns (:class:`Structure`): one
+    nor float64, 0); the entries of the rows narrow enough for 16-bit columns and the nonempty rows
+    (:class:`Structure`): one
     kernel, one read-back. The values' check reads each value's exponent where the entry is read anyway:
     a CuPy reduction of ``isfinite`` took 0.38 ms of an H100's time on two unseen matrices of 32-46 M entries
     (``bench/results/..._prof48-9891656.txt``)."""
@@ -188,7 +196,7 @@ def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None =
     import cupy
 
     nnz, m = int(indices.size), int(indptr.size) - 1
-    part = part_of(into, 8)
+    part = part_of(into, 9)
     out = part.device
     if nnz > 0 or tags is not None:
         blocks = max(1, min(-(-max(nnz, m + 1) // 256), 16 * device_attributes()["MultiProcessorCount"]))
@@ -199,8 +207,8 @@ def queue_structure_pass(indptr: Any, indices: Any, tags: Sequence[int] | None =
                                 mask, _LIMIT, out))
 
     def result() -> Structure:
-        pairs, across, *sums, nonfinite, narrow = part.read().tolist()
-        return Structure(pairs == across, sums if tags is not None else [], nonfinite, narrow)
+        pairs, across, *sums, nonfinite, narrow, filled = part.read().tolist()
+        return Structure(pairs == across, sums if tags is not None else [], nonfinite, narrow, filled)
 
     return result
 
