@@ -99,20 +99,24 @@ class CsrVector(Family):
     def __init__(self, *, lists_rows: bool = True) -> None:
         self.lists_rows = lists_rows
 
-    def _listed(self, prepared: Prepared, xp: Any) -> Any:
-        """The row pointer the product runs over: A's, or its nonempty rows' (those rows kept as ``listed``)."""
-        A, ex = prepared.A, prepared.extra
+    def _listed(self, prepared: Prepared, xp: Any, narrow_entries: int | None = None) -> tuple[Any, bool]:
+        """The row pointer the product runs over, A's or its nonempty rows' (those rows kept as ``listed``), and
+        whether narrow columns were attached: A's rows' (those :func:`~kernels._narrow.rows_written_once` wrote,
+        where it did), the listed rows taking their bases (their entries' offsets are the same)."""
+        A, p, ex = prepared.A, prepared.params, prepared.extra
+        narrow = attach(ex, p, A.indptr, A.indices, narrow_entries)
         listed = listed_rows(xp, A.indptr, empty_rows(A, xp)) if self.lists_rows else None
         if listed is None:
-            return A.indptr
+            return A.indptr, narrow
         ex["listed"], ex["listed_ptr"] = listed
-        return ex["listed_ptr"]
+        if narrow:
+            ex["base"] = ex["base"][ex["listed"]]
+        return ex["listed_ptr"], narrow
 
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        ptr = self._listed(prepared, require_cupy())
-        narrow = "true" if attach(ex, p, ptr, A.indices, narrow_rows(A)) else "false"
+        narrow = "true" if self._listed(prepared, require_cupy(), narrow_rows(A))[1] else "false"
         ex["kernel"] = kernels[f"csr_vector<{c_type(prepared.dtype)}, {p['threads_per_row']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
@@ -136,11 +140,10 @@ class CsrVector(Family):
 
     def _prepare_reference(self, prepared: Prepared) -> None:
         tpr = prepared.params["threads_per_row"]
-        ptr = self._listed(prepared, np)
+        ptr = self._listed(prepared, np)[0]
         rows = row_ids(ptr)
         lane = (np.arange(prepared.nnz, dtype=np.int64) - ptr[rows]) % tpr
         prepared.extra["slot"] = rows.astype(np.int64) * tpr + lane
-        attach(prepared.extra, prepared.params, ptr, prepared.A.indices)
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra

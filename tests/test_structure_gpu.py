@@ -104,7 +104,7 @@ def test_the_pass_counts_nan_and_inf_values_as_numpy_does(dtype: str) -> None:
     values[at] = np.array(special, dtype=dtype)
     values[-1] = np.inf  # the last entry: the tail loop's
     indptr, indices = cupy.asarray(big.indptr), cupy.asarray(big.indices)
-    canonical, sums, nonfinite, _ = structure_pass(indptr, indices, values=cupy.asarray(values))
+    canonical, sums, nonfinite, *_ = structure_pass(indptr, indices, values=cupy.asarray(values))
     assert canonical and sums == [] and nonfinite == int(np.count_nonzero(~np.isfinite(values))) == 5
     assert structure_pass(indptr, indices)[2] == 0
     assert structure_pass(indptr, indices, values=cupy.asarray(values.astype(np.complex128)))[2] == 0
