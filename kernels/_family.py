@@ -90,6 +90,13 @@ class Family(ABC):
         here the configs a race enters (:meth:`unranked_configs`)."""
         return self.unranked_configs(features, itemsize)
 
+    def fitted_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
+        """Configs a race at plan time enters beside those the selector ranks of this family, on a matrix of these
+        ``features`` with values of ``itemsize`` bytes: where the family knows a config that fits such a matrix
+        and its corpus taught the selector none (the ranked family's counterpart of :meth:`unranked_configs`;
+        :func:`tuner.execute.race.fitted_entrants`). Here: none."""
+        return []
+
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         """Template instantiations compiled from ``cu_file`` for ``dtype`` (empty: no CUDA source)."""
         return ()

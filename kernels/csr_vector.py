@@ -20,6 +20,7 @@ needs only its row pointer (A's at those rows, then nnz): no copy of the entries
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._narrow import attach, indices_param, launch_columns, narrow_rows, reference_columns
 from kernels._reference import products, row_ids, segment_sums
-from kernels._space import Param, Space
+from kernels._space import Param, Space, Value
 
 THREADS_PER_ROW = (2, 4, 8, 16, 32)
 BATCH_BYTES = 32
@@ -36,6 +37,9 @@ BATCH_BYTES = 32
 EMPTY_SHARE = 0.5
 """csr_vector runs over the nonempty rows alone (:func:`listed_rows`) where at least this share of the rows is
 empty."""
+LISTED_SPREAD = 8.0
+"""A race enters csr_vector fitted to the nonempty rows (:meth:`CsrVector.fitted_configs`) only where the longest is
+at most this many times their mean: one group size fits them all."""
 _EMPTY_ROWS = "_spmv_empty_rows"
 """The attribute :func:`note_empty_rows` keeps its count in."""
 
@@ -98,6 +102,21 @@ class CsrVector(Family):
 
     def __init__(self, *, lists_rows: bool = True) -> None:
         self.lists_rows = lists_rows
+
+    def fitted_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
+        """Where at least :data:`EMPTY_SHARE` of the rows are empty (the product runs over the others alone) and the
+        others are alike (the longest at most :data:`LISTED_SPREAD` times their mean): the threads a row that cover
+        their mean's first loads (:func:`threads_covering`), which the selector's corpus did not teach it. On the
+        unseen topheavy (98 % of 5 M rows empty, the others of 100 to 300 entries) it ranks 8 (float64) or 4
+        (float32) threads a row, and 32 run 1.19x and 1.39x faster, listed (1.28x and 1.29x cuSPARSE;
+        ``bench/results/2026-11-29_probe_listed-70.txt``)."""
+        if not features or not self.lists_rows or features.get("empty_row_frac", 0.0) < EMPTY_SHARE:
+            return []
+        filled = features["rows"] * (1.0 - features["empty_row_frac"])
+        mean = features["nnz"] / max(filled, 1.0)
+        if features["npr_max"] > LISTED_SPREAD * mean:
+            return []
+        return [self.space.validate({"threads_per_row": threads_covering(mean, itemsize)}, family=self.name)]
 
     def _listed(self, prepared: Prepared, xp: Any, narrow_entries: int | None = None) -> tuple[Any, bool]:
         """The row pointer the product runs over, A's or its nonempty rows' (those rows kept as ``listed``), and

@@ -20,6 +20,7 @@ from tuner.execute.race import (
     STUDY,
     Entrant,
     adapted,
+    fitted_entrants,
     race,
     record_race,
     search_seeds,
@@ -171,6 +172,35 @@ def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     few, skewed = {**local, "rows": 60_000.0}, {**local, "npr_cv": 1.5}
     assert all("rowsort" not in [e.kernel for e in shortlist(unranked, size=2, features=f)] for f in (few, skewed))
 
+
+def test_where_most_rows_are_empty_csr_vector_races_with_the_threads_the_filled_rows_take() -> None:
+    """A matrix padded to 50 times its rows (topheavy: 98 % of 5 M rows empty, the others of 100 to 300 entries):
+    csr_vector, which runs over the filled rows alone there, races beside its ranked configs with the threads a
+    row their mean's first loads take (32: 190 entries of 8 or 4 bytes), and a search measures it too; none where
+    most rows are filled, where one row is far longer than their mean (an inverted index's first), or where the
+    selector ranks no csr_vector."""
+    from kernels.csr_vector import LISTED_SPREAD
+
+    ranking = [ranked("nut", {}, 1.0, 150.0), ranked("csr_vector", {"threads_per_row": 8}, 1.1, 0.5)]
+    padded = {"rows": 5e6, "cols": 5e6, "nnz": 19e6, "empty_row_frac": 0.98, "npr_max": 300.0, "npr_mean": 3.8,
+              "npr_cv": 7.0, "col_cv": 0.5, "cf_128": 5.0, "diag_frac": 0.0}
+    fitted = get_family("csr_vector").space.validate({"threads_per_row": 32}, family="csr_vector")
+    for itemsize in (8, 4):
+        assert [(e.kernel, e.params) for e in fitted_entrants(ranking, padded, itemsize)] == [("csr_vector", fitted)]
+        entrants = shortlist(ranking, size=2, features=padded, itemsize=itemsize)
+        assert ("csr_vector", fitted) in [(e.kernel, e.params) for e in entrants[:-2]]
+        assert [e.kernel for e in entrants[-2:]] == ["cusparse", "cusparse"]
+        seeds = search_seeds(ranking, size=2, cols=5_000_000, itemsize=itemsize, l2_bytes=50 << 20, features=padded)
+        assert ("csr_vector", fitted) in seeds
+    half = {**padded, "empty_row_frac": 0.5, "nnz": 100e6}  # rows of 40: 8 threads in float64
+    assert fitted_entrants(ranking, half, 8)[0].params["threads_per_row"] == 8
+    filled = {**padded, "empty_row_frac": 0.3}
+    one_long = {**padded, "npr_max": LISTED_SPREAD * 190.0 * 1.5}
+    for features in (filled, one_long, None):
+        assert fitted_entrants(ranking, features, 8) == []
+    assert fitted_entrants(ranking[:1], padded, 8) == []
+    already = [ranked("csr_vector", {"threads_per_row": 32}, 1.0, 0.5)]  # ranked as it fits: not twice
+    assert [e.kernel for e in shortlist(already, size=2, features=padded)].count("csr_vector") == 1
 
 def test_without_a_ranking_the_default_entrants_race() -> None:
     entrants = shortlist(None, size=4)

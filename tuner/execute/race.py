@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "JOIN_SLACK", "ROOF", "SEED_CONFIGS",
            "STUDY", "Entrant", "Lap", "RaceResult", "adapted", "race", "record_race", "search_seeds", "shortlist",
-           "unranked_entrants", "waits"]
+           "fitted_entrants", "unranked_entrants", "waits"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -191,7 +191,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     registry after it was trained: it cannot be ranked, so it is measured), or the configs its family races on a
     matrix of these ``features`` with values of ``itemsize`` bytes (:meth:`kernels.Family.unranked_configs`: rcm
     only where renumbering can pay, csr5 at two sigmas), with what its family says a preparation costs
-    (:attr:`kernels.Family.prepare_spmvs`: rcm's waits for the roof in :func:`race`, csr5's does not). cuSPARSE's
+    (:attr:`kernels.Family.prepare_spmvs`: rcm's waits for the roof in :func:`race`, csr5's does not); and the
+    configs each family the ranking holds fits to a matrix of these ``features`` beyond it (:func:`fitted_entrants`:
+    csr_vector's threads a row for the nonempty rows where most are empty). cuSPARSE's
     configs in the ranking are left for the two always raced. Without a ranking (no selector for this GPU):
     :data:`DEFAULT_ENTRANTS`.
     """
@@ -228,6 +230,8 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
         picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         picked += unranked_entrants(ranking, features, itemsize)
+        picked += [e for e in fitted_entrants(ranking, features, itemsize)
+                   if not any(p.kernel == e.kernel and p.params == e.params for p in picked)]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or () if r.kernel == BASELINE}
     for kernel, params in BASELINE_CONFIGS:
         r = expected.get((kernel, _key(params)))
@@ -338,6 +342,16 @@ def unranked_entrants(ranking: Sequence[RankedConfig], features: Mapping[str, fl
             for params in family.unranked_configs(features, itemsize)]
 
 
+def fitted_entrants(ranking: Sequence[RankedConfig], features: Mapping[str, float] | None,
+                    itemsize: int) -> list[Entrant]:
+    """The configs each family the ranking holds fits to a matrix of these ``features`` with values of ``itemsize``
+    bytes beyond what the selector learned (:meth:`kernels.Family.fitted_configs`), with what its family says a
+    preparation costs."""
+    return [Entrant(k, params, prepare_spmvs=REGISTRY[k].prepare_spmvs)
+            for k in dict.fromkeys(r.kernel for r in ranking) if k != BASELINE
+            for params in REGISTRY[k].fitted_configs(features, itemsize)]
+
+
 def _unranked(ranking: Sequence[RankedConfig]) -> list[tuple[str, Family]]:
     """The families of the registry (cuSPARSE aside) of which ``ranking`` holds no config."""
     known = {r.kernel for r in ranking}
@@ -350,14 +364,16 @@ def search_seeds(ranking: Sequence[RankedConfig] | None, *, size: int, cols: int
     selector's first ``size`` configs with the configs fitted to the matrix that a race adds (:func:`adapted`),
     then, of each family the selector does not rank, what it names for a matrix of ``features``
     (:meth:`kernels.Family.unranked_seeds`: the config a race enters, csr5 with its neighbouring sigmas too; rcm
-    only where it can pay); nothing without a selector. (Without the latter, a search of 30 trials on the unseen
+    only where it can pay), and the configs a race fits beyond the ranking (:func:`fitted_entrants`); nothing
+    without a selector. (Without the unranked seeds, a search of 30 trials on the unseen
     incidence matrix in float64 ended on csr_scalar at 1.24x cuSPARSE, where the race had csr5 at 1.42x.)"""
     if not ranking:
         return []
     first = [Entrant(r.kernel, dict(r.params), r.expected_s) for r in ranking[:size]]
     seeds = [(e.kernel, e.params) for e in adapted(first, ranking, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)]
-    return seeds + [(k, params) for k, family in _unranked(ranking) for params in family.unranked_seeds(features,
-                                                                                                       itemsize)]
+    seeds += [(k, params) for k, family in _unranked(ranking) for params in family.unranked_seeds(features, itemsize)]
+    return seeds + [(e.kernel, e.params) for e in fitted_entrants(ranking, features, itemsize)
+                    if (e.kernel, e.params) not in seeds]
 
 
 def _cost(r: RankedConfig | Entrant) -> float:
