@@ -22,14 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
+import probing  # noqa: E402
 import unseen  # noqa: E402
 
-from kernels import BASELINE, BASELINE_CONFIGS, get_family  # noqa: E402
+from kernels import get_family  # noqa: E402
 from kernels.csr_vector import THREADS_PER_ROW  # noqa: E402
 from kernels.firsttouch import column_order  # noqa: E402
 from kernels.rcm import renumbered_on_gpu  # noqa: E402
 from tuner.matrix.features import extract_features  # noqa: E402
-from tuner.measure.evaluate import round_robin  # noqa: E402
 
 ON_B = [("csr_vector", {"threads_per_row": t}) for t in THREADS_PER_ROW] + [("csr_scalar", {}), ("csr5", {}),
                                                                             ("csr5", {"sigma": 8})]
@@ -39,17 +39,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="stencil125,upper27,sawtooth,prolong3d,knn3d,bandnoise,rgg,colperm27")
     args = ap.parse_args()
-    import cupyx.scipy.sparse as cusp
-
     from tuner.measure.backend import GpuBackend
 
     backend = GpuBackend()
-    for m in unseen.MATRICES:
-        if m.name in args.only.split(","):
-            permuted = m if m.name == "colperm27" else unseen.columns_permuted(m)
-            host = permuted.make(1.0)
-            for dtype in ("float64", "float32"):
-                probe(backend, permuted.name, cusp.csr_matrix(host.astype(dtype)), dtype)
+    for name, A, dtype in probing.each_unseen(args.only, _columns_permuted):
+        probe(backend, name, A, dtype)
+
+
+def _columns_permuted(m: unseen.Unseen) -> unseen.Unseen:
+    """``m`` with its columns alone permuted (``--permute-columns``'s), colperm27 as it is (permuted already)."""
+    return m if m.name == "colperm27" else unseen.columns_permuted(m)
 
 
 def probe(backend, name: str, A, dtype: str) -> None:
@@ -57,32 +56,22 @@ def probe(backend, name: str, A, dtype: str) -> None:
     import cupy
 
     x = cupy.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
-    cus = get_family(BASELINE)
-    base = [cus.prepare(A, params) for _, params in BASELINE_CONFIGS]
-    y_ref = cus.run(base[0], x).copy()
     cols = column_order(A.indptr, A.indices, A.shape[1], cupy)
     B = renumbered_on_gpu(A, None, cols)
     B.sort_indices()
     xb = cupy.take(x, cols)
     ft = get_family("firsttouch")
     entered = ft.unranked_config(extract_features(A), A.dtype.itemsize) or ft.space.defaults()
-    runs: list[tuple[str, object]] = [(f"cusparse {params}", lambda p=p: cus.run(p, x))
-                                      for (_, params), p in zip(BASELINE_CONFIGS, base, strict=True)]
     prepared_ft = ft.prepare(A, entered)
-    runs.append((f"firsttouch {entered['threads_per_row']} a row on A", lambda: ft.run(prepared_ft, x)))
-    runs.append(("gather of x alone", lambda: cupy.take(x, cols, out=xb)))
+    runs: list[tuple[str, object]] = [(f"firsttouch {entered['threads_per_row']} a row on A",
+                                       lambda: ft.run(prepared_ft, x)),
+                                      ("gather of x alone", lambda: cupy.take(x, cols, out=xb))]
     for kernel, params in ON_B:
         family = get_family(kernel)
         prepared = family.prepare(B, params)
         runs.append((f"{kernel} {params} on B", lambda f=family, p=prepared: f.run(p, xb)))
-    times = round_robin(backend, [fn for _, fn in runs], rounds=3, repeats=20, flush_l2=True)
-    best = min(t.median_s for t in times[:2])
-    print(f"{name} {dtype}: {A.shape[0]} x {A.shape[1]}, {A.nnz} nonzeros; cuSPARSE's best {best * 1e6:.1f} us")
-    for (label, fn), t in zip(runs, times, strict=True):
-        y = fn()
-        error = "" if label.startswith("gather") else \
-            f"  error {float(cupy.abs(y - y_ref).max() / max(float(cupy.abs(y_ref).max()), 1e-30)):.1e}"
-        print(f"  {label:48s} {t.median_s * 1e6:8.1f} us  {best / t.median_s:5.2f}x{error}", flush=True)
+    probing.against_cusparse(backend, A, x, runs, f"{name} {dtype}: {A.shape[0]} x {A.shape[1]}, {A.nnz} nonzeros",
+                             unchecked=("gather of x alone",))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-import unseen  # noqa: E402
+import probing  # noqa: E402
 
 import kernels.rcm as rcm  # noqa: E402
 import kernels.rowsort as rowsort  # noqa: E402
@@ -40,16 +40,11 @@ def main() -> None:
     ap.add_argument("--only", default="rowperm7,tallshuffled,rowhash9,twofield")
     ap.add_argument("--family", default="rowsort", choices=("rowsort", "rcm"))
     args = ap.parse_args()
-    import cupyx.scipy.sparse as cusp
-
     from tuner.measure.backend import GpuBackend
 
     backend = GpuBackend()
-    for m in unseen.MATRICES:
-        if m.name in args.only.split(","):
-            host = m.make(1.0)
-            for dtype in ("float64", "float32"):
-                probe(backend, m.name, cusp.csr_matrix(host.astype(dtype)), dtype, args.family)
+    for name, A, dtype in probing.each_unseen(args.only):
+        probe(backend, name, A, dtype, args.family)
 
 
 def probe(backend, name: str, A, dtype: str, kernel: str) -> None:
