@@ -96,12 +96,12 @@ class CsrVector(Family):
         )
     )
 
+    def __init__(self, *, lists_rows: bool = True) -> None:
+        self.lists_rows = lists_rows
+
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
         return tuple(f"csr_vector<{v}, {t}, {n}>" for t in THREADS_PER_ROW for n in ("true", "false"))
-
-    def __init__(self, *, lists_rows: bool = True) -> None:
-        self.lists_rows = lists_rows
 
     def fitted_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
         """Where at least :data:`EMPTY_SHARE` of the rows are empty (the product runs over the others alone) and the
@@ -148,6 +148,9 @@ class CsrVector(Family):
         A, p, ex = prepared.A, prepared.params, prepared.extra
         ptr, block = A.indptr, p["block_size"]
         if "listed" in ex:
+            if rows is not None:
+                raise ValueError("csr_vector with its nonempty rows listed writes them itself: prepare it with "
+                                 "CsrVector(lists_rows=False) to give rows of your own")
             out.data.memset_async(0, out.nbytes)
             ptr, rows = ex["listed_ptr"], ex["listed"]
         m = ptr.size - 1
