@@ -37,40 +37,27 @@ from typing import Any
 import numpy as np
 
 from common.errors import NotApplicableError
-from kernels._cuda import c_type, require_cupy
-from kernels._family import Family, Prepared
 from kernels._space import Value
-from kernels.csr_vector import CsrVector, threads_covering
+from kernels.csr_vector import threads_covering
 from kernels.rcm import (
     CHECKED_ROWS,
     JUMP,
     OUT_OF_ORDER,
     REGULAR_CV,
     SCATTERED_CF,
-    Rcm,
+    Renumbered,
     inverse,
     jump_share,
-    keep_renumbered,
-    keep_renumbered_reference,
-    renumbered_product,
-    renumbered_reference_product,
     require_out_of_order,
 )
 from kernels.rowsort import DIAGONAL, MIN_ENTRIES
 
-_INNER = CsrVector(lists_rows=False)
 
-
-class Firsttouch(Family):
+class Firsttouch(Renumbered):
     name = "firsttouch"
     summary = "columns renumbered in the order the rows first read them, then csr_vector on the renumbered matrix"
     source = "beyond the papers: the columns alone renumbered for the locality of x's gathers; csr_vector on the result"
-    cu_file = Rcm.cu_file
     prepare_spmvs = 20.0  # as rowsort's: an order of the columns, one copy of the matrix
-    space = _INNER.space
-
-    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return (f"rcm_renumber<{c_type(dtype)}>",)
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced where A has at least :data:`~kernels.rcm.CHECKED_ROWS` rows (its preparation checks the order),
@@ -89,21 +76,9 @@ class Firsttouch(Family):
         return self.space.validate({"threads_per_row": threads_covering(features["npr_mean"], itemsize)},
                                    family=self.name)
 
-    # -- GPU path ---------------------------------------------------------------
-    def _prepare(self, prepared: Prepared) -> None:
-        A = prepared.A
-        keep_renumbered(prepared, None, column_order(A.indptr, A.indices, prepared.shape[1], require_cupy()))
-
-    def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
-        renumbered_product(prepared.extra, x, out)
-
-    # -- CPU reference ----------------------------------------------------------
-    def _prepare_reference(self, prepared: Prepared) -> None:
-        A = prepared.A
-        keep_renumbered_reference(prepared, None, column_order(A.indptr, A.indices, prepared.shape[1]))
-
-    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        return renumbered_reference_product(prepared, x)
+    def renumbering(self, A: Any, xp: Any) -> tuple[Any, Any]:
+        """A's columns in the order the rows first read them (:func:`column_order`), its rows kept."""
+        return None, column_order(A.indptr, A.indices, A.shape[1], xp)
 
 
 def column_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:

@@ -45,6 +45,7 @@ True
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -114,18 +115,48 @@ and the scatter of y into the new order cost what the band saved. A 27-point ste
 levels (7 ms)."""
 
 
-class Rcm(Family):
-    name = "rcm"
-    summary = "rows and columns renumbered by reverse Cuthill-McKee, then csr_vector on the renumbered matrix"
-    source = "Cuthill & McKee, 1969; George, 1971 (reverse Cuthill-McKee); csr_vector on the result"
+class Renumbered(Family):
+    """What rcm, rowsort and firsttouch share: A renumbered (its rows, its columns or both:
+    :meth:`renumbering`), then csr_vector on the result, each product through it (:func:`keep_renumbered`,
+    :func:`renumbered_product`), and the CPU reference the same way."""
+
     cu_file = "rcm.cu"
-    # H100 (stop 45): 6-8 ms on the unseen perm27 (46 M nonzeros, products of 200-280 us), 4-6 ms on kkt (19 M,
-    # 120-160 us), 21 ms on mesh2d (13 M, 1,200 levels, 130-140 us)
-    prepare_spmvs = 50.0
     space = _INNER.space
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return SEARCH, f"rcm_renumber<{c_type(dtype)}>"
+        return (f"rcm_renumber<{c_type(dtype)}>",)
+
+    @abstractmethod
+    def renumbering(self, A: Any, xp: Any) -> tuple[Any, Any]:
+        """(rows, cols): the old number of each new row and each new column (int32; None where they keep their
+        numbers) of A, a SciPy matrix with ``xp`` NumPy (the reference) or a CuPy one with CuPy; NotApplicableError
+        where no renumbering pays."""
+
+    # -- GPU path ---------------------------------------------------------------
+    def _prepare(self, prepared: Prepared) -> None:
+        keep_renumbered(prepared, *self.renumbering(prepared.A, require_cupy()))
+
+    def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
+        renumbered_product(prepared.extra, x, out)
+
+    # -- CPU reference ----------------------------------------------------------
+    def _prepare_reference(self, prepared: Prepared) -> None:
+        keep_renumbered_reference(prepared, *self.renumbering(prepared.A, np))
+
+    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
+        return renumbered_reference_product(prepared, x)
+
+
+class Rcm(Renumbered):
+    name = "rcm"
+    summary = "rows and columns renumbered by reverse Cuthill-McKee, then csr_vector on the renumbered matrix"
+    source = "Cuthill & McKee, 1969; George, 1971 (reverse Cuthill-McKee); csr_vector on the result"
+    # H100 (stop 45): 6-8 ms on the unseen perm27 (46 M nonzeros, products of 200-280 us), 4-6 ms on kkt (19 M,
+    # 120-160 us), 21 ms on mesh2d (13 M, 1,200 levels, 130-140 us)
+    prepare_spmvs = 50.0
+
+    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
+        return SEARCH, *super().name_expressions(dtype)
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced where A is square with regular rows and columns whose gathers of x are scattered (a mesh or a
@@ -141,23 +172,11 @@ class Rcm(Family):
         return self.space.validate({"threads_per_row": threads_covering(features["npr_mean"], itemsize)},
                                    family=self.name)
 
-    # -- GPU path ---------------------------------------------------------------
-    def _prepare(self, prepared: Prepared) -> None:
-        cupy = require_cupy()
-        A = prepared.A
-        require_out_of_order(A.indptr, A.indices, cupy)
-        keep_renumbered(prepared, *orders(A, cupy, gpu_search()))
-
-    def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
-        renumbered_product(prepared.extra, x, out)
-
-    # -- CPU reference ----------------------------------------------------------
-    def _prepare_reference(self, prepared: Prepared) -> None:
-        require_out_of_order(prepared.A.indptr, prepared.A.indices)
-        keep_renumbered_reference(prepared, *orders(prepared.A))
-
-    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        return renumbered_reference_product(prepared, x)
+    def renumbering(self, A: Any, xp: Any) -> tuple[Any, Any]:
+        """Reverse Cuthill-McKee's rows and columns (:func:`orders`; the GPU's search on the GPU), where the rows are
+        out of order (:func:`require_out_of_order`)."""
+        require_out_of_order(A.indptr, A.indices, xp)
+        return orders(A) if xp is np else orders(A, xp, gpu_search())
 
 
 def keep_renumbered(prepared: Prepared, rows: Any, cols: Any) -> None:

@@ -39,25 +39,17 @@ from typing import Any
 import numpy as np
 
 from common.errors import NotApplicableError
-from kernels._cuda import c_type, require_cupy
-from kernels._family import Family, Prepared
 from kernels._space import Value
-from kernels.csr_vector import CsrVector, threads_covering
+from kernels.csr_vector import threads_covering
 from kernels.rcm import (
     CHECKED_ROWS,
     JUMP,
     OUT_OF_ORDER,
     REGULAR_CV,
-    Rcm,
+    Renumbered,
     jump_share,
-    keep_renumbered,
-    keep_renumbered_reference,
-    renumbered_product,
-    renumbered_reference_product,
     require_out_of_order,
 )
-
-_INNER = CsrVector(lists_rows=False)
 
 DIAGONAL = 0.5
 """A square matrix with at least this share of its diagonal stored has its rows in the order of its columns
@@ -73,16 +65,11 @@ write costs them. On the unseen onehot (24 M rows of one entry, stop 67, H200) i
 270 in float64 (1371 against 202 in float32), after 15-16 ms of preparation: a sixth of the race's cost."""
 
 
-class Rowsort(Family):
+class Rowsort(Renumbered):
     name = "rowsort"
     summary = "rows reordered by their middle columns, then csr_vector on the reordered matrix"
     source = "beyond the papers: the rows alone reordered for the locality of x's gathers; csr_vector on the result"
-    cu_file = Rcm.cu_file
     prepare_spmvs = 20.0  # H200 (stop 65's probe_rowsort): 16-24 SpMVs on rowperm7 and rowhash9, 23-30 tallshuffled
-    space = _INNER.space
-
-    def name_expressions(self, dtype: Any) -> tuple[str, ...]:
-        return (f"rcm_renumber<{c_type(dtype)}>",)
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced where A has at least :data:`CHECKED_ROWS` rows (its preparation checks their order) of regular
@@ -96,22 +83,9 @@ class Rowsort(Family):
         threads = threads_covering(features["npr_mean"], itemsize)
         return self.space.validate({"threads_per_row": threads}, family=self.name)
 
-    # -- GPU path ---------------------------------------------------------------
-    def _prepare(self, prepared: Prepared) -> None:
-        cupy = require_cupy()
-        A = prepared.A
-        keep_renumbered(prepared, row_order(A.indptr, A.indices, prepared.shape[1], cupy), None)
-
-    def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
-        renumbered_product(prepared.extra, x, out)
-
-    # -- CPU reference ----------------------------------------------------------
-    def _prepare_reference(self, prepared: Prepared) -> None:
-        A = prepared.A
-        keep_renumbered_reference(prepared, row_order(A.indptr, A.indices, prepared.shape[1]), None)
-
-    def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
-        return renumbered_reference_product(prepared, x)
+    def renumbering(self, A: Any, xp: Any) -> tuple[Any, Any]:
+        """A's rows by their middle columns (:func:`row_order`), its columns kept."""
+        return row_order(A.indptr, A.indices, A.shape[1], xp), None
 
 
 def row_order(indptr: Any, indices: Any, n: int, xp: Any = np) -> Any:
