@@ -13,13 +13,8 @@ from common.errors import InvalidConfigError
 from kernels.firsttouch import Firsttouch, column_order
 from kernels.rcm import CHECKED_ROWS, JUMP, renumbered
 from kernels.rowsort import DIAGONAL, MIN_ENTRIES
+from tests.test_rowsort import _csr, _emptied, _stencil
 from tuner.matrix.io import as_csr
-
-
-def _stencil(side: int) -> sp.csr_matrix:
-    """The 3-D 7-point Laplacian on side**3 points, rows in order."""
-    one = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(side, side))
-    return as_csr(sp.kronsum(sp.kronsum(one, one), one, format="csr"))
 
 
 def _box27(side: int) -> sp.csr_matrix:
@@ -31,10 +26,6 @@ def _box27(side: int) -> sp.csr_matrix:
 def _cols_shuffled(A: sp.csr_matrix, seed: int) -> tuple[sp.csr_matrix, np.ndarray]:
     p = np.random.default_rng(seed).permutation(A.shape[1])
     return as_csr(A[:, p]), p
-
-
-def _csr(A: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, int]:
-    return A.indptr, A.indices, A.shape[1]
 
 
 def test_a_stencil_with_its_columns_shuffled_gets_its_order_back():
@@ -75,9 +66,7 @@ def test_rows_in_order_already_or_that_no_numbering_brings_together_fail_fast_wi
 
 def test_the_reference_computes_a_x_with_empty_rows_and_columns_no_row_reads():
     A, _ = _cols_shuffled(_stencil(20), seed=5)
-    keep = np.ones(A.shape[0])
-    keep[::7] = 0
-    A = as_csr(sp.hstack([sp.diags(keep) @ A, sp.csr_matrix((A.shape[0], 30))]))  # empty rows, unread columns
+    A = as_csr(sp.hstack([_emptied(A, 7), sp.csr_matrix((A.shape[0], 30))]))  # empty rows, unread columns
     x = np.random.default_rng(0).random(A.shape[1])
     f = Firsttouch()
     for params in ({}, {"threads_per_row": 2, "indices": "int32"}):
