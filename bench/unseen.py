@@ -307,6 +307,12 @@ def _csr(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], rng: np.ran
     return A
 
 
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenated runs ``starts[k], starts[k] + 1, ..., starts[k] + lengths[k] - 1``."""
+    first = np.cumsum(lengths) - lengths
+    return np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))
+
+
 def rgg(n: int, rng: np.random.Generator, degree: float = 14.0) -> sp.csr_matrix:
     """Random geometric graph: n points in the unit square, an edge within radius sqrt(degree / (pi n))."""
     from scipy.spatial import cKDTree
@@ -384,10 +390,7 @@ def skyline(n: int, rng: np.random.Generator, typical: int = 12, tail: float = 1
     lengths = np.minimum(np.floor(typical * (1.0 + rng.pareto(tail, n))).astype(np.int64), longest)
     lengths = np.minimum(lengths, np.arange(n) + 1)
     rows = np.repeat(np.arange(n), lengths)
-    starts = np.cumsum(lengths) - lengths
-    offset = np.arange(rows.size) - np.repeat(starts, lengths)
-    cols = rows - np.repeat(lengths, lengths) + 1 + offset
-    return _csr(rows, cols, (n, n), rng)
+    return _csr(rows, _runs(np.arange(n) - lengths + 1, lengths), (n, n), rng)
 
 
 def bursts(n: int, rng: np.random.Generator, filled: float = 0.1, tail: float = 1.3, longest: int = 50_000
@@ -726,9 +729,7 @@ def lengthsorted(n: int, rng: np.random.Generator, shortest: int = 3, longest: i
     lengths = np.exp(rng.uniform(np.log(shortest), np.log(longest + 1), n)).astype(np.int64)
     start = np.clip(np.arange(n) - lengths // 2, 0, None)
     rows = np.repeat(np.arange(n), lengths)
-    cols = np.minimum(np.repeat(start, lengths) + np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths,
-                                                                                     lengths), n - 1)
-    A = _csr(rows, cols, (n, n), rng)
+    A = _csr(rows, np.minimum(_runs(start, lengths), n - 1), (n, n), rng)
     return A[np.argsort(-np.diff(A.indptr), kind="stable")].tocsr()
 
 
@@ -959,8 +960,7 @@ def log2rows(n: int, rng: np.random.Generator, longest: int = 10) -> sp.csr_matr
     length from 1 to 1,024 side by side, each reading x in one stream."""
     lengths = np.minimum(1 << rng.integers(0, longest + 1, n), n).astype(np.int64)
     starts = np.clip(np.arange(n) - lengths // 2, 0, n - lengths)
-    offset = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return _csr(np.repeat(np.arange(n), lengths), np.repeat(starts, lengths) + offset, (n, n), rng)
+    return _csr(np.repeat(np.arange(n), lengths), _runs(starts, lengths), (n, n), rng)
 
 
 def onedenserow(side: int, rng: np.random.Generator) -> sp.csr_matrix:
@@ -1039,8 +1039,7 @@ def blocktri(blocks: int, rng: np.random.Generator, size: int = 48) -> sp.csr_ma
     block = np.arange(n) // size
     starts = np.maximum(block - 1, 0) * size
     lengths = np.minimum(block + 2, blocks) * size - starts
-    offset = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return _csr(np.repeat(np.arange(n), lengths), np.repeat(starts, lengths) + offset, (n, n), rng)
+    return _csr(np.repeat(np.arange(n), lengths), _runs(starts, lengths), (n, n), rng)
 
 
 def randperm(n: int, rng: np.random.Generator) -> sp.csr_matrix:
@@ -1177,12 +1176,6 @@ def erdos(n: int, rng: np.random.Generator, degree: int = 250) -> sp.csr_matrix:
     (at scale 1, of an x of 800 KB in float64): long rows, every gather random but within the L2."""
     rows = np.repeat(np.arange(n), degree)
     return _csr(rows, rng.integers(0, n, rows.size), (n, n), rng)
-
-
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The concatenated runs ``starts[k], starts[k] + 1, ..., starts[k] + lengths[k] - 1``."""
-    first = np.cumsum(lengths) - lengths
-    return np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))
 
 
 def wideband(n: int, rng: np.random.Generator, half_width: int = 400) -> sp.csr_matrix:
