@@ -1205,6 +1205,95 @@ def randblocks(blocks: int, rng: np.random.Generator, smallest: int = 4, largest
     return _csr(rows, cols, (n, n), rng)
 
 
+def hmatrix(n: int, rng: np.random.Generator, near: int = 32, first: int = 5) -> sp.csr_matrix:
+    """A hierarchical (H-matrix or fast-multipole) pattern: each row a run of ``near`` columns about its diagonal
+    (the near field) and one column at each distance 2^k, k >= ``first``, on either side (one far-field entry a
+    level): about 32 + 2 log2(n / 32) entries a row, one run and singles ever further apart."""
+    rows = np.arange(n)
+    starts = np.clip(rows - near // 2, 0, max(n - near, 0))
+    lengths = np.full(n, min(near, n))
+    offsets = 2 ** np.arange(first, max(first, int(np.log2(max(n, 2)))) + 1)
+    far = rows[:, None] + np.concatenate([-offsets, offsets])[None, :]
+    kept = (far >= 0) & (far < n)
+    cols = np.concatenate([_runs(starts, lengths), far[kept]])
+    return _csr(np.concatenate([np.repeat(rows, lengths), np.broadcast_to(rows[:, None], far.shape)[kept]]), cols,
+                (n, n), rng)
+
+
+def circuit(n: int, rng: np.random.Generator, nets: int = 20, local: int = 4, width: int = 1_000) -> sp.csr_matrix:
+    """A circuit's modified nodal analysis pattern: each node its diagonal and ``local`` random nodes within
+    ``width`` (devices wired nearby), and each attached to one of ``nets`` supply nets numbered at random places,
+    whose rows and columns hold every node on them (about n / nets entries each): short rows, a few dense rows and
+    dense columns scattered through the matrix."""
+    rows = np.arange(n)
+    near = np.clip(rows[:, None] + rng.integers(-width, width + 1, (n, local)), 0, n - 1)
+    supply = rng.choice(n, nets, replace=False)[rng.integers(0, nets, n)]
+    r = np.concatenate([rows, np.repeat(rows, local), rows, supply])
+    c = np.concatenate([rows, near.reshape(-1), supply, rows])
+    return _csr(r, c, (n, n), rng)
+
+
+def tridiag(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """A tridiagonal matrix (a 1-D operator, an implicit time step, a line of a line solver): three entries a row,
+    x read once in order, the shortest rows a PDE gives."""
+    rows = np.arange(n)
+    starts = np.maximum(rows - 1, 0)
+    lengths = np.minimum(rows + 2, n) - starts
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    return sp.csr_matrix((_values(rng, int(indptr[-1])), _runs(starts, lengths), indptr), shape=(n, n))
+
+
+def dgblocks(side: int, rng: np.random.Generator, order: int = 3) -> sp.csr_matrix:
+    """A discontinuous Galerkin operator on a side^3 grid of hexahedra of ``order`` (64 unknowns an element at 3,
+    numbered x fastest): each row its element's whole dense block and, for each of the 6 face neighbours, that
+    neighbour's unknowns on the shared face (a run of 16 across z, 4 runs of 4 across y, 16 singles 4 apart across
+    x): about 160 entries a row in up to 27 runs."""
+    k = order + 1
+    per = k**3
+    local = np.arange(per)
+    e = np.arange(side**3)
+    r, c = [], []
+
+    def couple(elements: np.ndarray, targets: np.ndarray, unknowns: np.ndarray) -> None:
+        """Every unknown of each of ``elements`` to ``unknowns`` of its element of ``targets``."""
+        r.append(np.repeat((elements[:, None] * per + local).reshape(-1), unknowns.size))
+        c.append(np.repeat(targets[:, None] * per + unknowns, per, axis=0).reshape(-1))
+
+    couple(e, e, local)
+    for axis in range(3):
+        at = e // side**axis % side
+        on = local // k**axis % k
+        for step, shared in ((1, 0), (-1, k - 1)):  # the neighbour above shares its low face, below its high one
+            inside = (at + step >= 0) & (at + step < side)
+            couple(e[inside], e[inside] + step * side**axis, local[on == shared])
+    return _csr(np.concatenate(r), np.concatenate(c), (side**3 * per, side**3 * per), rng)
+
+
+def transposed5(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """A 2-D 5-point stencil whose rows are numbered by grid row and its columns by grid column (an ADI sweep or
+    an FFT's transpose fused into the operator): each row a run of 3 and 2 singles side apart, and neighbouring rows
+    side columns apart (x gathered at a stride, not in order)."""
+    A = _box_stencil(side, 2).tocoo()  # 9-point box; keep its 5-point cross
+    cross = (np.abs(A.row - A.col) <= 1) | (np.abs(A.row - A.col) == side)
+    cross &= ~((np.abs(A.row - A.col) == 1) & (A.row // side != A.col // side))
+    col = A.col[cross]
+    return _csr(A.row[cross], (col % side) * side + col // side, (side * side, side * side), rng)
+
+
+def bigbird(n: int, rng: np.random.Generator, window: int = 64, hubs: int = 8, random: int = 48) -> sp.csr_matrix:
+    """A sparse attention mask (BigBird): each token a window of ``window`` about itself, the first ``hubs``
+    (global) tokens and ``random`` tokens at random; the global tokens' rows whole: a band, dense first columns,
+    a few full rows, random gathers."""
+    rows = np.arange(n)
+    starts = np.clip(rows - window // 2, 0, max(n - window, 0))
+    lengths = np.full(n, min(window, n))
+    r = np.concatenate([np.repeat(rows, lengths), np.repeat(rows, hubs), np.repeat(rows, random),
+                        np.repeat(np.arange(hubs), n)])
+    c = np.concatenate([_runs(starts, lengths), np.tile(np.arange(hubs), n), rng.integers(0, n, n * random),
+                        np.tile(rows, hubs)])
+    return _csr(r, c, (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1215,7 +1304,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1308,6 +1397,12 @@ MATRICES = (
     Unseen("erdos", erdos, 100_000, 154, "o"),                     # ~25 M
     Unseen("wideband", wideband, 30_000, 155, "o"),                # ~24 M
     Unseen("randblocks", randblocks, 7_200, 156, "o"),             # ~25 M
+    Unseen("hmatrix", hmatrix, 400_000, 161, "p"),                 # ~24 M
+    Unseen("circuit", circuit, 3_500_000, 162, "p"),               # ~25 M
+    Unseen("tridiag", tridiag, 8_000_000, 163, "p"),               # 24 M
+    Unseen("dgblocks", dgblocks, 13, 164, "p", dims=3),            # ~21 M
+    Unseen("transposed5", transposed5, 2_200, 165, "p", dims=2),   # ~24 M
+    Unseen("bigbird", bigbird, 190_000, 166, "p"),                 # ~24 M
 )
 
 

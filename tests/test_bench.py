@@ -762,6 +762,32 @@ def test_the_unseen_benchmarks_fifteenth_set_builds_the_structures_it_names() ->
     lengths = np.diff(blocky.indptr)
     assert lengths.min() >= 4 and len(set(lengths[:4].tolist())) == 1 and blocky.shape[0] >= 72 * 4
 
+
+def test_the_unseen_benchmarks_sixteenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set p at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen")
+    built = _unseen_set("p", {"hmatrix", "circuit", "tridiag", "dgblocks", "transposed5", "bigbird"})
+    far = module.hmatrix(1_000, np.random.default_rng(0))[500].indices  # a run of 32, then 2^5 .. 2^8 either side
+    assert np.array_equal(far, [244, 372, 436, 468, *range(484, 516), 532, 564, 628, 756])
+    assert np.diff(built["hmatrix"].indptr).min() >= 32
+    wired = built["circuit"]  # 35,000 nodes: 20 nets of about 1,750 nodes each, rows and columns
+    lengths, heights = np.diff(wired.indptr), np.diff(wired.tocsc().indptr)
+    assert np.sum(lengths > 1_000) == 20 and np.sum(heights > 1_000) == 20 and np.median(lengths) <= 7
+    line = built["tridiag"]  # 80,000 rows of three
+    assert line.nnz == 3 * 80_000 - 2 and np.array_equal(line[7].indices, [6, 7, 8])
+    dg = module.dgblocks(3, np.random.default_rng(0))  # the middle element (13) of 27: its block, 6 faces of 16
+    row = dg[13 * 64].indices
+    assert row.size == 64 + 6 * 16 and np.array_equal(row[:16], 4 * 64 + np.arange(48, 64))  # below in z: its top
+    assert set(range(13 * 64, 14 * 64)) <= set(row.tolist()) and 12 * 64 + 3 in row and 12 * 64 + 2 not in row
+    assert np.diff(built["dgblocks"].indptr).max() == 160
+    cross = built["transposed5"]  # a 220^2 grid: row (i, j) holds columns j * 220 + i and its 4 neighbours
+    assert np.array_equal(module.transposed5(4, np.random.default_rng(0))[5].indices, [1, 4, 5, 6, 9])
+    assert np.diff(cross.indptr).max() == 5 and cross[1_000].indices.min() - cross[999].indices.min() == 220
+    attention = built["bigbird"]  # 1,900 tokens: 8 whole rows, 8 dense columns, a window of 64 about the diagonal
+    lengths = np.diff(attention.indptr)
+    assert np.all(lengths[:8] == 1_900) and np.all(attention.tocsc()[:, :8].getnnz(axis=0) == 1_900)
+    assert set(range(968, 1_032)) <= set(attention[1_000].indices.tolist()) and lengths[8:].max() < 64 + 8 + 48 + 1
+
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
     module = _bench_module("unseen")
