@@ -16,9 +16,6 @@
 // Those writes land a value at a time at random, all through the product: each is stored with an L2 evict_last
 // policy, so that a sector of y stays in the L2 until its values are all in rather than going back to DRAM in
 // part, more than once (see kernels/rcm.py for the figures).
-// CAP: a row's group sums its first `cap` entries at most; a longer row's others are csr_vector_tails' (a block a
-// chunk of them, added to its y with an atomic), so that a few rows far longer than the rest do not hold the
-// launch to one group's pace on each (kernels/csr_vector.py, split_rows). INT_MAX where no row is split.
 // Instantiated per value type, group size and columns: csr_vector<double, 8, true>.
 
 // Lane `lane`'s sum of a row of n entries, values at `values`, the column of entry k column(k): batches of
@@ -70,8 +67,7 @@ __global__ void csr_vector(const int m,
                            const T* __restrict__ data,
                            const T* __restrict__ x,
                            T* __restrict__ y,
-                           const int* __restrict__ rows,
-                           const int cap)
+                           const int* __restrict__ rows)
 {
     static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "TPR must be a power of two <= 32");
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -80,7 +76,7 @@ __global__ void csr_vector(const int m,
     T sum = 0;
     if (row < m) {
         const int start = indptr[row];
-        const int n = min(indptr[row + 1] - start, cap);
+        const int n = indptr[row + 1] - start;
         const int lowest = NARROW ? base[row] : -1;
         if (lowest >= 0) {
             const unsigned short* row_offsets = offsets + start;
@@ -101,42 +97,5 @@ __global__ void csr_vector(const int m,
         } else {
             store_kept(&y[rows[row]], sum);
         }
-    }
-}
-
-// The entries of split rows past their first `cap`: item i is the chunk of up to CHUNK entries from starts[i] of
-// row item_rows[i] (A's row, and y's), summed by a block of BLOCK threads
-// (lane_sum with the block as one group: thread t the entries t, t + BLOCK, ...; batched loads), reduced in the
-// block, and added to y[row] with an atomic after csr_vector wrote the row's first `cap` (the same stream).
-// The columns are the CSR's int32 ones (a row this long seldom spans fewer than 65,536).
-template <typename T, int BLOCK, int CHUNK>
-__global__ void csr_vector_tails(const int items,
-                                 const int* __restrict__ item_rows,
-                                 const int* __restrict__ starts,
-                                 const int* __restrict__ indptr,
-                                 const int* __restrict__ indices,
-                                 const T* __restrict__ data,
-                                 const T* __restrict__ x,
-                                 T* __restrict__ y)
-{
-    static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK must be a multiple of 32, at most 1024");
-    __shared__ T warp_sums[BLOCK / 32];
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        const int row = item_rows[item];
-        const int start = starts[item];
-        const int n = min(indptr[row + 1] - start, CHUNK);
-        const int* chunk_indices = indices + start;
-        T sum = lane_sum<T, BLOCK>(threadIdx.x, n, data + start, x, [=](int k) { return __ldg(&chunk_indices[k]); });
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-        if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = sum;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            T total = 0;
-#pragma unroll
-            for (int w = 0; w < BLOCK / 32; ++w) total += warp_sums[w];
-            atomicAdd(&y[row], total);
-        }
-        __syncthreads();
     }
 }

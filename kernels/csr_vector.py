@@ -16,23 +16,16 @@ rows alone, y zeroed first, each group's sum written to its row (csr_vector.cu's
 size otherwise spends a group of threads on each empty row, reading its two row pointers and writing a zero. The
 nonempty rows' entries are A's own arrays, in the same order (an empty row holds none), so the matrix they make
 needs only its row pointer (A's at those rows, then nnz): no copy of the entries.
-
-A few rows far longer than the rest (beyond the baseline, :func:`split_rows`): a row's group sums its first
-``cap`` entries at most (:func:`row_cap`: :data:`SPLIT_BATCHES` batches of each of its lanes, and at least
-:data:`SPLIT_SPREAD` times the rows' mean), and a second launch sums the rest of each longer row in chunks of
-:data:`TAIL_CHUNK`, a block a chunk, each added to its row's sum with an atomic: the launch no longer waits on one
-group working through a row of 100,000 entries (a sparse attention mask's global rows, a circuit's supply nets).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from kernels._cuda import c_type, get_kernels, grid, require_cupy, to_numpy
+from kernels._cuda import c_type, get_kernels, grid, require_cupy
 from kernels._family import Family, Prepared
 from kernels._narrow import attach, indices_param, launch_columns, narrow_rows, reference_columns
 from kernels._reference import products, row_ids, segment_sums
@@ -49,17 +42,6 @@ LISTED_SPREAD = 8.0
 at most this many times their mean: one group size fits them all."""
 _EMPTY_ROWS = "_spmv_empty_rows"
 """The attribute :func:`note_empty_rows` keeps its count in."""
-SPLIT_BATCHES = 64
-"""A row's group sums at most this many batches of each lane's entries (:func:`row_cap`)..."""
-SPLIT_SPREAD = 8.0
-"""... and at least this many times the nonempty rows' mean: a longer row's other entries go to the tails' launch."""
-TAIL_CHUNK = 4096
-"""Entries of a split row's tail a block sums (csr_vector.cu's csr_vector_tails)."""
-TAIL_BLOCK = 256
-"""Threads of a block of the tails' launch."""
-_LONGEST_ROW = "_spmv_longest_row"
-"""The attribute :func:`note_longest_row` keeps the longest row's length in."""
-_NO_CAP = np.iinfo(np.int32).max
 
 
 def threads_covering(npr_mean: float, itemsize: int) -> int:
@@ -83,32 +65,6 @@ def empty_rows(A: Any, xp: Any) -> int:
     counted (on the GPU, a reduction and a read-back)."""
     noted = getattr(A, _EMPTY_ROWS, None)
     return noted if noted is not None else int(A.shape[0] - xp.count_nonzero(xp.diff(A.indptr)))
-
-
-def note_longest_row(A: Any, length: int) -> None:
-    """Keep on ``A`` the length of its longest row, as features found it (``plan()``), so that a preparation need
-    not look for rows to split where none is long enough (a stale length costs speed, never a wrong product)."""
-    setattr(A, _LONGEST_ROW, int(length))
-
-
-def row_cap(threads_per_row: int, itemsize: int, mean: float) -> int:
-    """The most entries a row's group sums (:data:`SPLIT_BATCHES` batches of each of ``threads_per_row`` lanes,
-    at least :data:`SPLIT_SPREAD` times ``mean``, the nonempty rows' mean length); a longer row is split."""
-    return max(SPLIT_BATCHES * threads_per_row * (BATCH_BYTES // itemsize), math.ceil(SPLIT_SPREAD * mean))
-
-
-def split_rows(xp: Any, indptr: Any, cap: int) -> tuple[Any, Any] | None:
-    """The tails of the rows of ``indptr`` longer than ``cap``: each chunk of up to :data:`TAIL_CHUNK` of a row's
-    entries past its first ``cap``, as its row and first entry (int32 arrays of ``xp``); None where no row is
-    that long. On the GPU, one read-back (the long rows, few)."""
-    long = xp.flatnonzero(xp.diff(indptr) > cap)
-    if long.size == 0:
-        return None
-    first = to_numpy(indptr[long]).astype(np.int64) + cap
-    counts = -(-(to_numpy(indptr[long + 1]) - first) // TAIL_CHUNK)
-    chunk = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    return (xp.asarray(np.repeat(to_numpy(long), counts).astype(np.int32)),
-            xp.asarray((np.repeat(first, counts) + chunk * TAIL_CHUNK).astype(np.int32)))
 
 
 def listed_rows(xp: Any, indptr: Any, empty: int) -> tuple[Any, Any] | None:
@@ -145,43 +101,30 @@ class CsrVector(Family):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         v = c_type(dtype)
-        return (*(f"csr_vector<{v}, {t}, {n}>" for t in THREADS_PER_ROW for n in ("true", "false")),
-                f"csr_vector_tails<{v}, {TAIL_BLOCK}, {TAIL_CHUNK}>")
+        return tuple(f"csr_vector<{v}, {t}, {n}>" for t in THREADS_PER_ROW for n in ("true", "false"))
 
     def fitted_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
-        """The threads a row that cover the nonempty rows' mean first loads (:func:`threads_covering`), which the
-        selector's corpus did not teach it, where the product runs over rows alike: where at least
-        :data:`EMPTY_SHARE` of the rows are empty (listed) and the longest is at most :data:`LISTED_SPREAD` times
-        the others' mean, or where the longest is split (:func:`row_cap`). On the unseen topheavy (98 % of 5 M
-        rows empty, the others of 100 to 300 entries) the selector ranks 8 (float64) or 4 (float32) threads a
-        row, and 32 run 1.19x and 1.39x faster, listed (1.28x and 1.29x cuSPARSE;
+        """Where at least :data:`EMPTY_SHARE` of the rows are empty (the product runs over the others alone) and the
+        others are alike (the longest at most :data:`LISTED_SPREAD` times their mean): the threads a row that cover
+        their mean's first loads (:func:`threads_covering`), which the selector's corpus did not teach it. On the
+        unseen topheavy (98 % of 5 M rows empty, the others of 100 to 300 entries) it ranks 8 (float64) or 4
+        (float32) threads a row, and 32 run 1.19x and 1.39x faster, listed (1.28x and 1.29x cuSPARSE;
         ``bench/results/2026-11-29_probe_listed-70.txt``)."""
-        if not features or not self.lists_rows or not {"rows", "nnz", "npr_max"} <= features.keys():
+        if not features or not self.lists_rows or features.get("empty_row_frac", 0.0) < EMPTY_SHARE:
             return []
-        empty = features.get("empty_row_frac", 0.0)
-        mean = features["nnz"] / max(features["rows"] * (1.0 - empty), 1.0)
-        threads = threads_covering(mean, itemsize)
-        listed = empty >= EMPTY_SHARE and features["npr_max"] <= LISTED_SPREAD * mean
-        if not listed and features["npr_max"] <= row_cap(threads, itemsize, mean):
+        filled = features["rows"] * (1.0 - features["empty_row_frac"])
+        mean = features["nnz"] / max(filled, 1.0)
+        if features["npr_max"] > LISTED_SPREAD * mean:
             return []
-        return [self.space.validate({"threads_per_row": threads}, family=self.name)]
+        return [self.space.validate({"threads_per_row": threads_covering(mean, itemsize)}, family=self.name)]
 
-    def _shaped(self, prepared: Prepared, xp: Any, narrow_entries: int | None = None) -> tuple[Any, bool]:
+    def _listed(self, prepared: Prepared, xp: Any, narrow_entries: int | None = None) -> tuple[Any, bool]:
         """The row pointer the product runs over, A's or its nonempty rows' (those rows kept as ``listed``), and
         whether narrow columns were attached: A's rows' (those :func:`~kernels._narrow.rows_written_once` wrote,
-        where it did), the listed rows taking their bases (their entries' offsets are the same). Rows far longer
-        than the rest split (:func:`split_rows`: ``cap`` and the tails' ``tail_rows`` and ``tail_starts`` kept)."""
+        where it did), the listed rows taking their bases (their entries' offsets are the same)."""
         A, p, ex = prepared.A, prepared.params, prepared.extra
         narrow = attach(ex, p, A.indptr, A.indices, narrow_entries)
-        if not self.lists_rows:
-            return A.indptr, narrow
-        empty = empty_rows(A, xp)
-        cap = row_cap(p["threads_per_row"], np.dtype(prepared.dtype).itemsize,
-                      prepared.nnz / max(A.shape[0] - empty, 1))
-        tails = split_rows(xp, A.indptr, cap) if getattr(A, _LONGEST_ROW, cap + 1) > cap else None
-        if tails is not None:
-            ex["cap"], (ex["tail_rows"], ex["tail_starts"]) = cap, tails
-        listed = listed_rows(xp, A.indptr, empty)
+        listed = listed_rows(xp, A.indptr, empty_rows(A, xp)) if self.lists_rows else None
         if listed is None:
             return A.indptr, narrow
         ex["listed"], ex["listed_ptr"] = listed
@@ -191,12 +134,9 @@ class CsrVector(Family):
 
     def _prepare(self, prepared: Prepared) -> None:
         A, p, ex = prepared.A, prepared.params, prepared.extra
-        v = c_type(prepared.dtype)
         kernels = get_kernels(self.cu_file, self.name_expressions(prepared.dtype))
-        narrow = "true" if self._shaped(prepared, require_cupy(), narrow_rows(A))[1] else "false"
-        ex["kernel"] = kernels[f"csr_vector<{v}, {p['threads_per_row']}, {narrow}>"]
-        if "cap" in ex:
-            ex["tails"] = kernels[f"csr_vector_tails<{v}, {TAIL_BLOCK}, {TAIL_CHUNK}>"]
+        narrow = "true" if self._listed(prepared, require_cupy(), narrow_rows(A))[1] else "false"
+        ex["kernel"] = kernels[f"csr_vector<{c_type(prepared.dtype)}, {p['threads_per_row']}, {narrow}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         self.launch(prepared, x, out)
@@ -204,8 +144,7 @@ class CsrVector(Family):
     def launch(self, prepared: Prepared, x: Any, out: Any, rows: Any = None) -> None:
         """The product into ``out``; with ``rows`` (int32, a row's number in ``out``), row i's sum is
         ``out[rows[i]]`` (rcm's and rowsort's matrices, reordered, writing y in A's order; prepared without
-        ``lists_rows``). Over listed rows: ``out`` zeroed, then the nonempty rows' sums written to their rows;
-        split rows' tails then added to theirs."""
+        ``lists_rows``). Over listed rows: ``out`` zeroed, then the nonempty rows' sums written to their rows."""
         A, p, ex = prepared.A, prepared.params, prepared.extra
         ptr, block = A.indptr, p["block_size"]
         if "listed" in ex:
@@ -218,51 +157,28 @@ class CsrVector(Family):
         ex["kernel"](
             (grid(m * p["threads_per_row"], block),),
             (block,),
-            (np.int32(m), ptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out, rows,
-             np.int32(ex.get("cap", _NO_CAP))),
+            (np.int32(m), ptr, A.indices, *launch_columns(ex, A.indices), A.data, x, out, rows),
         )
-        if "cap" in ex:
-            items = ex["tail_rows"].size
-            ex["tails"]((items,), (TAIL_BLOCK,), (np.int32(items), ex["tail_rows"], ex["tail_starts"], A.indptr,
-                                                  A.indices, A.data, x, out))
 
     def _prepare_reference(self, prepared: Prepared) -> None:
-        ex, tpr = prepared.extra, prepared.params["threads_per_row"]
-        ptr = self._shaped(prepared, np)[0]
+        tpr = prepared.params["threads_per_row"]
+        ptr = self._listed(prepared, np)[0]
         rows = row_ids(ptr)
-        k = np.arange(prepared.nnz, dtype=np.int64) - ptr[rows]
-        m = ptr.size - 1
-        ex["slot"] = np.where(k < ex.get("cap", _NO_CAP), rows.astype(np.int64) * tpr + k % tpr, m * tpr)
-        if "cap" in ex:  # a tail's entries: its item's and its thread's slot
-            starts = ex["tail_starts"].astype(np.int64)
-            lengths = np.minimum(prepared.A.indptr[ex["tail_rows"] + 1] - starts, TAIL_CHUNK)
-            item = np.repeat(np.arange(starts.size), lengths)
-            within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            ex["tail_entries"] = np.repeat(starts, lengths) + within
-            ex["tail_slot"] = item * TAIL_BLOCK + within % TAIL_BLOCK
+        lane = (np.arange(prepared.nnz, dtype=np.int64) - ptr[rows]) % tpr
+        prepared.extra["slot"] = rows.astype(np.int64) * tpr + lane
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra
         ptr, tpr = ex.get("listed_ptr", A.indptr), prepared.params["threads_per_row"]
         m = ptr.size - 1
-        entries = products(A, x, reference_columns(ex, ptr, A.indices))
-        partial = segment_sums(ex["slot"], entries, m * tpr + 1)[:-1].reshape(m, tpr)
+        partial = segment_sums(ex["slot"], products(A, x, reference_columns(ex, ptr, A.indices)),
+                               m * tpr).reshape(m, tpr)
         offset = tpr // 2
         while offset:
             partial[:, :offset] += partial[:, offset : 2 * offset]
             offset //= 2
-        if "listed" in ex:
-            y = np.zeros(prepared.shape[0])
-            y[ex["listed"]] = partial[:, 0]
-        else:
-            y = partial[:, 0]
-        if "cap" in ex:  # each chunk's threads reduced a warp at a time, the warps' sums in order, then added
-            items = ex["tail_rows"].size
-            threads = segment_sums(ex["tail_slot"], products(A, x)[ex["tail_entries"]], items * TAIL_BLOCK)
-            warps = threads.reshape(items, TAIL_BLOCK // 32, 32)
-            offset = 16
-            while offset:
-                warps[:, :, :offset] += warps[:, :, offset : 2 * offset]
-                offset //= 2
-            np.add.at(y, ex["tail_rows"], warps[:, :, 0].sum(axis=1))
+        if "listed" not in ex:
+            return partial[:, 0]
+        y = np.zeros(prepared.shape[0])
+        y[ex["listed"]] = partial[:, 0]
         return y

@@ -164,54 +164,6 @@ def test_csr_vector_runs_over_the_nonempty_rows_alone_where_most_rows_are_empty(
     np.testing.assert_allclose(f.run_reference(every, np.ones(1000)), full @ np.ones(1000), rtol=1e-12)
 
 
-
-def test_csr_vector_splits_the_rows_far_longer_than_the_rest():
-    """Rows longer than row_cap (64 batches of each lane's entries, at least 8 times the rows' mean): a group sums
-    their first cap entries, the tails their others in chunks of TAIL_CHUNK, a block a chunk (item: its row and
-    first entry); y is the same as unsplit. A noted longest row at most the cap spares the search (a stale note
-    costs no wrong product); rcm's, rowsort's and firsttouch's inner csr_vector never splits."""
-    import scipy.sparse as sp
-
-    from kernels.csr_vector import TAIL_CHUNK, note_longest_row, row_cap
-
-    rng = np.random.default_rng(5)
-    n, long_rows = 3_000, np.array([7, 1_500])
-    lengths = rng.integers(1, 20, n)
-    lengths[long_rows] = [20_000, 9_000]
-    rows = np.repeat(np.arange(n), lengths)
-    cols = np.concatenate([rng.choice(30_000, k, replace=False) for k in lengths])
-    A = sp.csr_matrix((rng.standard_normal(rows.size), (rows, cols)), shape=(n, 30_000))
-    assert np.array_equal(np.diff(A.indptr), lengths)
-    x = rng.standard_normal(30_000)
-    f = REGISTRY["csr_vector"]
-    mean = A.nnz / n
-    for threads, itemsize in ((2, 8), (32, 8), (32, 4)):  # caps 512, 8,192 (the longer row split), 16,384 (none)
-        cap = row_cap(threads, itemsize, mean)
-        assert cap == max(64 * threads * 32 // itemsize, int(np.ceil(8 * mean)))
-        params = {"threads_per_row": threads, "indices": "int32"}
-        values = np.float32 if itemsize == 4 else np.float64
-        split = f.prepare_reference(A.astype(values), params)
-        assert split.extra["cap"] == cap
-        tails = [(r, s) for r, s in zip(split.extra["tail_rows"], split.extra["tail_starts"], strict=True)]
-        expected = [(r, A.indptr[r] + cap + k * TAIL_CHUNK) for r in np.flatnonzero(np.diff(A.indptr) > cap)
-                    for k in range(-(-(A.indptr[r + 1] - A.indptr[r] - cap) // TAIL_CHUNK))]
-        assert tails == expected and {r for r, _ in tails} == set(long_rows[lengths[long_rows] > cap].tolist())
-        whole = CsrVector(lists_rows=False).prepare_reference(A.astype(values), params)
-        assert "cap" not in whole.extra
-        y = f.run_reference(split, x.astype(values))
-        tol = 1e-12 if itemsize == 8 else 1e-5  # y in the matrix's dtype
-        np.testing.assert_allclose(y, f.run_reference(whole, x.astype(values)), rtol=tol, atol=tol)
-        np.testing.assert_allclose(y, A @ x, rtol=tol, atol=tol)
-    noted = A.copy()
-    note_longest_row(noted, 100)  # stale: no search, no split, the same y
-    unsplit = f.prepare_reference(noted, {"threads_per_row": 2})
-    assert "cap" not in unsplit.extra
-    np.testing.assert_allclose(f.run_reference(unsplit, x), A @ x, rtol=1e-12, atol=1e-12)
-    padded = sp.vstack([A, sp.csr_matrix((4 * n, 30_000))]).tocsr()  # 80 % empty: listed and split
-    both = f.prepare_reference(padded, {"threads_per_row": 2})
-    assert "listed" in both.extra and set(both.extra["tail_rows"]) == set(long_rows)
-    np.testing.assert_allclose(f.run_reference(both, x), padded @ x, rtol=1e-12, atol=1e-12)
-
 # -- GPU against the CPU references -------------------------------------------------
 def _gpu_check(family: str, A, dtype: str, params: dict) -> None:
     import cupy
@@ -289,47 +241,6 @@ def test_gpu_csr_vector_lists_the_rows_the_structure_pass_found_filled(dtype):
     note_empty_rows(C, 0)
     assert "listed" not in f.prepare(C, {}).extra
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_csr_vector_splits_a_few_rows_far_longer_than_the_rest(dtype):
-    """A sparse attention mask in small (rows of 40 about the diagonal, 3 global rows of every column, a row
-    longer than one chunk's worth of blocks), whole and padded to 4 times its rows: its long rows' tails summed
-    apart and added with atomics, y as the reference's (whatever ``out`` held), with and without the rows
-    listed; the longest row noted as plan() notes it; a stale note keeps every row whole, y the same."""
-    import cupy
-    import cupyx.scipy.sparse as cusp
-    import scipy.sparse as sp
-
-    from kernels.csr_vector import note_longest_row
-
-    rng = np.random.default_rng(12)
-    n = 60_000
-    band = sp.diags([np.ones(n)] * 41, list(range(-20, 21)), shape=(n, n), format="csr")
-    glob = sp.csr_matrix((np.ones(3 * n), (np.repeat([5, 30_000, n - 1], n), np.tile(np.arange(n), 3))), shape=(n, n))
-    A = (band + glob).tocsr()
-    A.data = rng.uniform(-1.0, 1.0, A.nnz)
-    A = A.astype(dtype)
-    f, x = REGISTRY["csr_vector"], Reference.build(A, dtype, seed=4).x
-    tol = 1e-12 if dtype == "float64" else 1e-5
-    padded = sp.vstack([A, sp.csr_matrix((3 * n, n), dtype=dtype)]).tocsr()
-    for M in (A, padded):
-        for params in ({"threads_per_row": 8}, {"threads_per_row": 32, "indices": "int32"}):
-            B = cusp.csr_matrix(M)
-            note_longest_row(B, n)
-            prepared = f.prepare(B, params)
-            assert set(prepared.extra["tail_rows"].get().tolist()) == {5, 30_000, n - 1}
-            assert ("listed" in prepared.extra) == (M is padded)
-            out = cupy.full(M.shape[0], cupy.nan, dtype=dtype)
-            y = f.run(prepared, cupy.asarray(x), out).get()
-            expected = f.run_reference(f.prepare_reference(M, params), x)
-            np.testing.assert_allclose(y, expected, rtol=tol, atol=tol * np.abs(expected).max())
-    stale = cusp.csr_matrix(A)
-    note_longest_row(stale, 41)
-    whole = f.prepare(stale, {})
-    assert "cap" not in whole.extra
-    y = f.run(whole, cupy.asarray(x), cupy.empty(n, dtype=dtype)).get()
-    np.testing.assert_allclose(y, A.astype(np.float64) @ x, rtol=tol, atol=tol * np.abs(y).max())
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", FAMILIES)

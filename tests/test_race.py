@@ -202,25 +202,6 @@ def test_where_most_rows_are_empty_csr_vector_races_with_the_threads_the_filled_
     already = [ranked("csr_vector", {"threads_per_row": 32}, 1.0, 0.5)]  # ranked as it fits: not twice
     assert [e.kernel for e in shortlist(already, size=2, features=padded)].count("csr_vector") == 1
 
-
-def test_where_a_few_rows_are_far_longer_than_the_rest_csr_vector_races_split_with_the_threads_the_others_take(
-) -> None:
-    """A sparse attention mask (190,000 rows of about 128 entries, 8 global rows of every column): csr_vector, which
-    splits rows longer than its cap there, races with the threads a row the others' mean takes (32 in float64, 16 in
-    float32); none where the longest row is within the cap (the same rows without the global ones)."""
-    from kernels.csr_vector import row_cap
-
-    ranking = [ranked("csr5", {}, 1.0, 2.0), ranked("csr_vector", {"threads_per_row": 8}, 1.3, 0.5)]
-    mask = {"rows": 190_000.0, "cols": 190_000.0, "nnz": 24.3e6, "empty_row_frac": 0.0, "npr_max": 190_000.0,
-            "npr_mean": 128.0, "npr_cv": 8.0, "col_cv": 1.0, "cf_128": 3.0, "diag_frac": 0.01}
-    for itemsize, threads in ((8, 32), (4, 16)):
-        fitted = get_family("csr_vector").space.validate({"threads_per_row": threads}, family="csr_vector")
-        assert [(e.kernel, e.params) for e in fitted_entrants(ranking, mask, itemsize)] == [("csr_vector", fitted)]
-        assert ("csr_vector", fitted) in [(e.kernel, e.params) for e in shortlist(ranking, size=2, features=mask,
-                                                                                   itemsize=itemsize)]
-        within = {**mask, "npr_max": float(row_cap(threads, itemsize, 128.0))}
-        assert fitted_entrants(ranking, within, itemsize) == []
-
 def test_without_a_ranking_the_default_entrants_race() -> None:
     entrants = shortlist(None, size=4)
     assert [e.kernel for e in entrants] == [k for k, _ in DEFAULT_ENTRANTS] + ["cusparse", "cusparse"]

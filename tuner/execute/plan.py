@@ -48,7 +48,6 @@ from db.shared import shared_store
 from db.store import Store
 from kernels._cuda import gpu_available
 from kernels._narrow import rows_written_once
-from kernels.csr_vector import note_longest_row
 from tuner.execute.choice import (
     Choice,
     default_choice,
@@ -160,7 +159,6 @@ def plan(A: Any, *, dtype: str | None = None, db: str | os.PathLike | Store | No
             if features is None:
                 with steps("features"):
                     features = extract_features(A_dev)
-            note_longest_row(A_dev, int(features["npr_max"]))  # csr_vector's preparations need not look for one
             queued = rankings.get(dtype)
             with steps("rank"):  # the GPU's ranking, read back before the reference is queued behind it
                 ranked = queued(features) if queued else None
