@@ -38,10 +38,10 @@ sys.path.insert(0, str(REPO))
 from kernels import BASELINE, BASELINE_CONFIGS, canonical, config_key  # noqa: E402
 from tuner.execute.race import (  # noqa: E402
     MARGIN,
-    ROOF,
     SEED_CONFIGS,
     Entrant,
     adapted,
+    roof,
     search_seeds,
     shortlist,
     waits,
@@ -60,7 +60,8 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
     (as plan() builds it) prepare every entrant, and their preparation is what the selector expects of the
     entrants; 'roof' is the race as :func:`~tuner.execute.race.race` runs it: the entrants that wait
     (:func:`~tuner.execute.race.waits`) join one at a time, cheapest first, while the fastest so far moves
-    the compulsory bytes under :data:`ROOF` of the corpus device's copy bandwidth; its preparation is what
+    the compulsory bytes under the roof (:func:`~tuner.execute.race.roof`) of the corpus device's copy bandwidth;
+    its preparation is what
     the corpus measured of the entrants prepared (the expected where it measured none). cuSPARSE's
     preparation is left out, and the SpMV is cuSPARSE's best time. With ``times`` (a corpus file of the same
     matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant by the
@@ -92,7 +93,8 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
                             l2_bytes=l2_bytes)
             floor_s = effective_bytes(int(table.X[i, rows]), int(table.X[i, cols]), int(table.X[i, nnz]),
                                       dtype) / (table.device.bandwidth_gbs * 1e9)
-            roofed, spent = _roofed(raced, times, prepare_s, base=base, floor_s=floor_s)
+            roofed, spent = _roofed(raced, times, prepare_s, base=base,
+                                    roof_s=floor_s / roof(np.dtype(dtype).itemsize))
             for name, entrants, cost in (("shortlist", short, _expected_spmvs(short)),
                                          ("race", raced, _expected_spmvs(raced)), ("roof", roofed, spent)):
                 laps = [t for e in entrants if (t := _lap(e, times)[1]) is not None]
@@ -121,13 +123,13 @@ def _expected_spmvs(entrants: Sequence[Entrant]) -> float:
 
 
 def _roofed(entrants: Sequence[Entrant], times: Mapping[str, float], prepare_s: Mapping[str, float], *,
-            base: float, floor_s: float) -> tuple[list[Entrant], float]:
+            base: float, roof_s: float) -> tuple[list[Entrant], float]:
     """The entrants :func:`~tuner.execute.race.race` prepares, by the corpus's times, and their preparation in
     SpMVs (what the corpus measured of each, else what the selector expects)."""
     ran = [e for e in entrants if not waits(e)]
     leader = min((t for e in ran if (t := _lap(e, times)[1]) is not None), default=base)
     for e in sorted(filter(waits, entrants), key=lambda e: e.prepare_spmvs):
-        if leader <= floor_s / ROOF:
+        if leader <= roof_s:
             break
         ran.append(e)
         leader = min(leader, _lap(e, times)[1] or np.inf)

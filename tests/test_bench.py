@@ -434,22 +434,22 @@ def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under
     entrants = [cheap, nut, specsum, csr5, cusparse]
     key = {e.kernel: config_key(e.kernel, e.params) for e in entrants}
     prepare_s = {key["nut"]: 3e-3}  # the others' preparations unmeasured: their expected SpMVs count
-    base, floor_s = 1e-4, 5e-5
+    base, roof_s = 1e-4, 5e-5 / ROOF  # the compulsory bytes at the copy bandwidth, over the roof
     # the first round (csr_scalar, csr5, cuSPARSE) far from the roof: specsum joins first, reaches it, and NuT
     # is never prepared
-    times = {key["csr_scalar"]: 9e-5, key["csr5"]: 9.5e-5, key["specsum"]: floor_s / ROOF, key["nut"]: 4e-5,
+    times = {key["csr_scalar"]: 9e-5, key["csr5"]: 9.5e-5, key["specsum"]: roof_s, key["nut"]: 4e-5,
              key[BASELINE]: base}
-    ran, spent = module._roofed(entrants, times, prepare_s, base=base, floor_s=floor_s)
+    ran, spent = module._roofed(entrants, times, prepare_s, base=base, roof_s=roof_s)
     assert [e.kernel for e in ran] == ["csr_scalar", "csr5", BASELINE, "specsum"]
     assert spent == pytest.approx(0.5 + 8.0 + 12.0)
     # specsum under the roof too: NuT joins, its measured preparation counted (3 ms / 0.1 ms), not its expected 40
     times[key["specsum"]] = 8e-5
-    ran, spent = module._roofed(entrants, times, prepare_s, base=base, floor_s=floor_s)
+    ran, spent = module._roofed(entrants, times, prepare_s, base=base, roof_s=roof_s)
     assert [e.kernel for e in ran] == ["csr_scalar", "csr5", BASELINE, "specsum", "nut"]
     assert spent == pytest.approx(0.5 + 8.0 + 12.0 + 30.0)
     # csr5 at the roof already: no waiting entrant's preparation is spent
-    times[key["csr5"]] = floor_s
-    assert [e.kernel for e in module._roofed(entrants, times, prepare_s, base=base, floor_s=floor_s)[0]] == \
+    times[key["csr5"]] = 5e-5  # under the roof: at it
+    assert [e.kernel for e in module._roofed(entrants, times, prepare_s, base=base, roof_s=roof_s)[0]] == \
         ["csr_scalar", "csr5", BASELINE]
 
 

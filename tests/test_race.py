@@ -23,6 +23,7 @@ from tuner.execute.race import (
     fitted_entrants,
     race,
     record_race,
+    roof,
     search_seeds,
     shortlist,
     unranked_entrants,
@@ -339,6 +340,26 @@ def test_a_cheap_entrant_at_the_roof_leaves_the_costly_ones_unprepared(A, floor_
     # no expected preparation (no selector, or a family it does not rank): raced as before, whatever the roof
     unranked = race(CpuReferenceBackend(), A, shortlist(None, size=3), ref, ref.x, floor_s=1.0)
     assert [lap.entrant for lap in unranked.laps] == shortlist(None, size=3) and not unranked.skipped
+
+
+def test_the_roof_is_lower_where_the_values_are_smaller(A) -> None:
+    """roof(8) is ROOF; a 4-byte value's entry moves 8 compulsory bytes against 12 and the same 4 beyond them, so
+    its roof is 8 / 12: in float32 a cheap leader at 70 % of the copy bandwidth is at the roof (NuT left
+    unprepared, the table saying at what share), in float64 it is not (NuT prepared, and wins)."""
+    assert roof(8) == pytest.approx(ROOF) and roof(4) == pytest.approx(2 / 3)
+    nut = Entrant("nut", {}, prepare_spmvs=50.0)
+    entrants = [nut, Entrant("csr_vector", {"threads_per_row": 4}, prepare_spmvs=1.0),
+                Entrant("cusparse", {"algorithm": "csr_alg1"})]
+    for dtype, at_roof in (("float32", True), ("float64", False)):
+        M = A.astype(dtype)
+        ref = Reference.build(M, dtype)
+        result = race(Scripted({"csr_vector": 1.0, "cusparse": 1.04, "nut": 0.8}), M, entrants, ref, ref.x,
+                      floor_s=0.7)
+        assert result.roof_share == pytest.approx(roof(M.dtype.itemsize))
+        assert (result.skipped == [nut]) == at_roof
+        assert result.winner.entrant.kernel == ("csr_vector" if at_roof else "nut")
+        assert any("nut {}: not prepared (a cheaper entrant was at 67% of the copy bandwidth" in line
+                   for line in result.table()) == at_roof
 
 
 def test_every_entrant_failing_leaves_no_winner(A) -> None:

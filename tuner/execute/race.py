@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from tuner.select.model import RankedConfig
 
 __all__ = ["CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "JOIN_SLACK", "ROOF", "SEED_CONFIGS",
-           "STUDY", "Entrant", "Lap", "RaceResult", "adapted", "race", "record_race", "search_seeds", "shortlist",
-           "fitted_entrants", "unranked_entrants", "waits"]
+           "STUDY", "Entrant", "Lap", "RaceResult", "adapted", "race", "record_race", "roof", "search_seeds",
+           "shortlist", "fitted_entrants", "unranked_entrants", "waits"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -77,7 +77,20 @@ races whose leader was at 70-80 % prepared costly entrants and none won by 3 %; 
 75-76 % left NuT and rcm to be prepared in 8-19 ms (70-150 SpMVs) on diagonals and sawtooth in float32, for
 nothing. Replayed on the corpora (``bench/race_lofo.py``), 0.75 against 0.80 moves the pick from 0.963 to 0.962
 (H100, float64; float32 0.970 and the H200's 0.971 / 0.979 as they were) and cuts the median preparation on the
-H100's matrices of 1 M nonzeros and more from 226 / 203 SpMVs to 211 / 151."""
+H100's matrices of 1 M nonzeros and more from 226 / 203 SpMVs to 211 / 151. That is for 8-byte values:
+:func:`roof` for others."""
+
+
+def roof(itemsize: int) -> float:
+    """The roof (:data:`ROOF`) for values of ``itemsize`` bytes. An entry's compulsory bytes are its value and
+    4-byte column; what a product moves beyond them a kernel's entry (x's sector gathered, the rows' pointers and
+    sums) stays about the same, so it weighs more where the entry is smaller: the roof is the entry's bytes over
+    those and the bytes beyond them that put an 8-byte value's entry (12 bytes) at :data:`ROOF` (4 bytes):
+    0.75 for float64, 0.667 for float32. In the unseen benchmark's float32 races at 2d471d5 and adb6e43 (H200,
+    174 races), 32 whose cheap leader was at 60-75 % of the copy bandwidth prepared costly entrants (30-150 SpMVs
+    each) and none of them won; under 55 %, colperm27's firsttouch won by 1.37-1.43x."""
+    entry = itemsize + 4
+    return entry / (entry + 12 * (1 / ROOF - 1))
 
 JOIN_SLACK = 1.2
 """NuT (the family that fits first, :func:`adapted`) joins a race that has none of its configs where the selector
@@ -140,7 +153,9 @@ class RaceResult:
     seconds: dict[str, float]
     recorded: Future[float] | None = None
     skipped: list[Entrant] = field(default_factory=list)
-    """Entrants left out unprepared: a cheap one was at the roof already (:data:`ROOF`)."""
+    """Entrants left out unprepared: a cheap one was at the roof already (``roof_share``)."""
+    roof_share: float = ROOF
+    """The share of the copy bandwidth the race took for the roof (:func:`roof` of the matrix's values)."""
 
     @property
     def baseline_s(self) -> float | None:
@@ -165,7 +180,7 @@ class RaceResult:
                 lines.append(f"{mark} {e.kernel} {e.params}: {lap.time_s * 1e6:.1f} us{spread}{expected}{prepared}")
             else:
                 lines.append(f"  {e.kernel} {e.params}: out ({lap.result.error_kind}: {lap.result.error}){expected}")
-        lines += [f"  {e.kernel} {e.params}: not prepared (a cheaper entrant was at {ROOF:.0%} of the copy "
+        lines += [f"  {e.kernel} {e.params}: not prepared (a cheaper entrant was at {self.roof_share:.0%} of the copy "
                   "bandwidth or more)" for e in self.skipped]
         return lines
 
@@ -404,9 +419,10 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
     ``floor_s``: the product's compulsory bytes at the copy bandwidth. Where given, the entrants expected to
     prepare in more than ``early`` SpMVs wait: the others (cuSPARSE's always, and those with no expectation)
     are prepared and timed in a first round; then the waiting ones join one at a time, the cheapest to
-    prepare first, each timed as it joins, until the fastest so far takes at most ``floor_s / ROOF``
-    (:data:`ROOF`): those still waiting are left out unprepared (``skipped``): specsum (about 10 SpMVs) goes
-    before NuT (8 ms), and where csr5, raced from the first round, is at the roof neither is prepared.
+    prepare first, each timed as it joins, until the fastest so far takes at most ``floor_s`` over the roof
+    (:func:`roof` of ``A``'s values): those still waiting are left out unprepared (``skipped``): specsum (about
+    10 SpMVs) goes before NuT (8 ms), and where csr5, raced from the first round, is at the roof neither is
+    prepared.
     """
     seconds = {"prepare": 0.0, "verify": 0.0, "time": 0.0}
     laps: list[Lap] = []
@@ -443,13 +459,14 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         return leader
 
     costly = sorted((e for e in entrants if floor_s is not None and waits(e, early)), key=lambda e: e.prepare_spmvs)
+    at_roof = roof(np.dtype(A.dtype).itemsize)
     enter([e for e in entrants if not any(e is c for c in costly)])
     skipped: list[Entrant] = []
     screened = bool(costly and ready)  # the screening round counts as the first
     if screened:
         leader = lap_round(products=screen)
         for k, entrant in enumerate(costly):  # the cheapest to prepare first, each timed as it joins
-            if leader <= floor_s / ROOF:
+            if leader <= floor_s / at_roof:
                 skipped = costly[k:]
                 break
             enter([entrant])
@@ -474,7 +491,8 @@ def race(backend: Backend, A: Any, entrants: Sequence[Entrant], reference: Refer
         win = baseline  # not clearly faster than cuSPARSE: a tie goes to cuSPARSE
     prepared = ready.pop(win)[0] if win is not None else None
     ready.clear()
-    return RaceResult(laps, laps[win] if win is not None else None, prepared, seconds, skipped=skipped)
+    return RaceResult(laps, laps[win] if win is not None else None, prepared, seconds, skipped=skipped,
+                      roof_share=at_roof)
 
 
 def waits(entrant: Entrant, early: float = EARLY_SPMVS) -> bool:
