@@ -60,9 +60,9 @@ def picks(corpus: str, dtype: str, l2_bytes: int, times: str | None = None,
     (as plan() builds it) prepare every entrant, and their preparation is what the selector expects of the
     entrants; 'roof' is the race as :func:`~tuner.execute.race.race` runs it: the entrants that wait
     (:func:`~tuner.execute.race.waits`) join one at a time, cheapest first, while the fastest so far moves
-    the compulsory bytes under the roof (:func:`~tuner.execute.race.roof`) of the corpus device's copy bandwidth;
-    its preparation is what
-    the corpus measured of the entrants prepared (the expected where it measured none). cuSPARSE's
+    the compulsory bytes under the roof (:func:`~tuner.execute.race.roof`) of the corpus device's copy
+    bandwidth; its preparation is what the corpus measured of the entrants prepared (the expected where it
+    measured none). cuSPARSE's
     preparation is left out, and the SpMV is cuSPARSE's best time. With ``times`` (a corpus file of the same
     matrices), the selectors learn from ``corpus`` and the picks are timed by ``times``, each entrant by the
     config that runs (:func:`kernels.canonical`: defaults filled in). ``shortlist_args``: given to

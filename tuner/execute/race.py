@@ -82,15 +82,16 @@ H100's matrices of 1 M nonzeros and more from 226 / 203 SpMVs to 211 / 151. That
 
 
 def roof(itemsize: int) -> float:
-    """The roof (:data:`ROOF`) for values of ``itemsize`` bytes. An entry's compulsory bytes are its value and
-    4-byte column; what a product moves beyond them a kernel's entry (x's sector gathered, the rows' pointers and
-    sums) stays about the same, so it weighs more where the entry is smaller: the roof is the entry's bytes over
-    those and the bytes beyond them that put an 8-byte value's entry (12 bytes) at :data:`ROOF` (4 bytes):
-    0.75 for float64, 0.667 for float32. In the unseen benchmark's float32 races at 2d471d5 and adb6e43 (H200,
-    174 races), 32 whose cheap leader was at 60-75 % of the copy bandwidth prepared costly entrants (30-150 SpMVs
-    each) and none of them won; under 55 %, colperm27's firsttouch won by 1.37-1.43x."""
+    """The roof (:data:`ROOF`) for values of ``itemsize`` bytes. An entry's compulsory bytes are its value and its
+    4-byte column; what a kernel moves beyond them for each entry (x's sector gathered, its share of the row
+    pointers and sums) stays about the same as the values shrink, so it weighs more where they are small. The roof
+    is an entry's compulsory bytes over those plus the bytes beyond that put float64's 12 at :data:`ROOF` (4 at
+    0.75): 0.75 for float64, 0.667 for float32. In the unseen benchmark's float32 races at 2d471d5 and adb6e43
+    (H200, 174 races), the 32 whose cheap leader was at 60-75 % of the copy bandwidth prepared costly entrants
+    (30-150 SpMVs each) and none of them won; under 55 %, colperm27's firsttouch won by 1.37-1.43x."""
     entry = itemsize + 4
     return entry / (entry + 12 * (1 / ROOF - 1))
+
 
 JOIN_SLACK = 1.2
 """NuT (the family that fits first, :func:`adapted`) joins a race that has none of its configs where the selector
