@@ -11,13 +11,12 @@ with the same environment (``run``); ``compare`` reads the runs' result files.
     python bench/ab_unseen.py archive 9e0761a .gpu/ab/base       # a commit's tree
     python bench/ab_unseen.py archive WORKTREE .gpu/ab/new       # the working tree, changes not committed too
     python bench/ab_unseen.py run .gpu/ab/new .gpu/ab/base --out $OUT --cpu 3 -- --only rgg,kkt --effort predict
-    python bench/ab_unseen.py compare $OUT/*_unseen-ab-*.json --base base   # steps' medians; per matrix: new / base
+    python bench/ab_unseen.py compare $OUT/*_unseen-ab-*.json.gz --base base   # steps' medians; per matrix: new / base
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -30,6 +29,10 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from common.jsonfile import read_json  # noqa: E402
+
 TREE = ("common", "db", "kernels", "tuner", "bench/unseen.py")
 """What a tree needs to run bench/unseen.py: the packages it imports and the benchmark itself (the shipped
 selectors are the checkout's, ``$SPMV_TUNER_MODELS``, so that both trees rank with the same ones)."""
@@ -37,7 +40,7 @@ WORKTREE = "WORKTREE"
 ORDER = (0, 1, 1, 0)
 """Runs of the first tree (0) and the second (1): each pair alternates, so a drift of the host between runs
 falls on both alike."""
-LABEL = re.compile(r"_unseen-ab[^-]*-(?P<tree>.+)-(?P<run>\d+)\.json$")
+LABEL = re.compile(r"_unseen-ab[^-]*-(?P<tree>.+)-(?P<run>\d+)\.json(\.gz)?$")
 
 
 def archive(rev: str, dest: Path) -> None:
@@ -94,7 +97,7 @@ def compare(files: list[Path], base: str | None = None) -> list[str]:
         found = LABEL.search(path.name)
         if found is None:
             raise SystemExit(f"{path.name}: not a run of `ab_unseen.py run` (…_unseen-ab-<tree>-<n>.json)")
-        runs[found["tree"]].append(json.loads(path.read_text())["rows"])
+        runs[found["tree"]].append(read_json(path)["rows"])
     if len(runs) != 2:
         raise SystemExit(f"compare takes the runs of two trees, got {sorted(runs) or 'none'}")
     if base is not None and base not in runs:

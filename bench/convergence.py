@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from unseen import MATRICES  # noqa: E402
 
+from common.jsonfile import read_json  # noqa: E402
 from db.store import Store  # noqa: E402
 from kernels import BASELINE, BASELINE_CONFIGS, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
@@ -130,7 +131,7 @@ def reference_bests(paths: list[Path]) -> dict[tuple[str, str], float]:
     """(matrix, dtype) -> the best time any of these result files found for it."""
     best: dict[tuple[str, str], float] = {}
     for path in paths:
-        for row in json.loads(path.read_text())["rows"]:
+        for row in read_json(path)["rows"]:
             key = (row["matrix"], row["dtype"])
             best[key] = min(best.get(key, float("inf")), row["best_s"])
     return best

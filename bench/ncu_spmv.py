@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from common.jsonfile import read_json  # noqa: E402
 from kernels import BASELINE_CONFIGS, canonical  # noqa: E402
 from tuner.measure.metrics import effective_bytes  # noqa: E402
 
@@ -54,7 +55,7 @@ def labels(paths: Iterable[Path], only: Iterable[str] = ()) -> list[dict[str, An
     (the files may split the dtypes), so each matrix is built once."""
     only = set(only)
     rows = [(data["suite"], data.get("scale", 1.0), row) for path in paths
-            for data in [json.loads(Path(path).read_text())] for row in data["rows"]
+            for data in [read_json(path)] for row in data["rows"]
             if not only or row["matrix"] in only]
     rows.sort(key=lambda r: (r[0], r[1], r[2]["matrix"]))
     out: list[dict[str, Any]] = []

@@ -10,7 +10,7 @@ C: large generated matrices, the previous specsum kernel against the new one, sa
 D: the graphs of B, NuT alone beside cuSPARSE (work items in one launch: slabs x bands, panel sizes),
    its kernel against the one of commit a32c713 (one entry in flight a thread) on the same structure.
 E: float32 banded-2M, Poisson-3D and tall-skinny-20M, the previous specsum kernel against the new one.
-Results: bench/results/2026-11-23_NVIDIA-H200-sm-90_probe_{graphs_blocking,specsum_ab_large}.json (A and B
+Results: bench/results/2026-11-23_NVIDIA-H200-sm-90_probe_{graphs_blocking,specsum_ab_large}.json.gz (A and B
 ran on an intermediate version of the kernels, before commit 5c80ad6: B's cuSPARSE and blocked-cuSPARSE
 rows do not depend on it; C ran on 0ec993a); ..._probe_nut_items.json (D, on 06e9925) and
 ..._probe_specsum_ab_large_float32.json (E, on 2d574c7).

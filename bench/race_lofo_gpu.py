@@ -23,8 +23,6 @@ GPU's model (its times pick the configs timed again, and its device is the selec
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import sys
 import tempfile
@@ -38,6 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common.jsonfile import write_json  # noqa: E402
 from db.store import Store  # noqa: E402
 from kernels import BASELINE, BASELINE_CONFIGS, canonical, config_key, config_of, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
@@ -192,9 +191,8 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001  (a matrix that fails is recorded, and the run goes on)
                 rows.append({"matrix": src.name, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"})
                 print(f"{src.name} {dtype}: {rows[-1]['error']}", flush=True)
-        with gzip.open(out / f"{stem}.json.gz", "wt") as f:  # a run's rows are about a megabyte of JSON
-            f.write(json.dumps({"env": env, "corpus": args.corpus, "missing": missing, "rows": rows,
-                                "summary": summary(rows)}, indent=1) + "\n")
+        write_json(out / f"{stem}.json.gz", {"env": env, "corpus": args.corpus, "missing": missing, "rows": rows,
+                                             "summary": summary(rows)})  # a run's rows: about a megabyte of JSON
     print("\n".join(summary(rows)))
 
 

@@ -276,6 +276,7 @@ run and 1.3 ms in the next); one plan() a cell left the cost medians to that."""
 sys.path.insert(0, str(REPO))
 
 from common.errors import InvalidConfigError  # noqa: E402
+from common.jsonfile import write_json  # noqa: E402
 from db.shared import shared_store  # noqa: E402
 from db.store import Store  # noqa: E402
 from kernels import BASELINE, BASELINE_CONFIGS, get_family  # noqa: E402
@@ -1653,8 +1654,8 @@ def main() -> None:
             continue
         for dtype in args.dtype:
             rows += bench_one(backend, matrix, A, dtype, args.effort, args.trials, warm_up, args.renumbered)
-        (out / f"{stem}.json").write_text(json.dumps(
-            {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)}, indent=1) + "\n")
+        write_json(out / f"{stem}.json.gz",
+                   {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)})
     print("\n".join(summary(rows)))
 
 

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from common.errors import TunerError
+from common.jsonfile import write_json
 from kernels import BASELINE, REGISTRY
 from tuner.benchmark.bench import COLUMNS, PLAN_LABEL
 from tuner.benchmark.report import render
@@ -93,6 +94,10 @@ def test_report_cli_and_bad_input(results, tmp_path):
     out, json_path, _ = results
     result = runner.invoke(app, ["report", str(json_path), "--out", str(tmp_path / "r")])
     assert result.exit_code == 0 and (tmp_path / "r" / "throughput.png").exists()
+    gzipped = tmp_path / "gz"  # as bench/results commits its larger files: a folder of .json.gz reads the same
+    gzipped.mkdir()
+    write_json(gzipped / f"{json_path.name}.gz", json.loads(json_path.read_text()))
+    assert render([gzipped], tmp_path / "rg").summary == render([json_path], tmp_path / "rp").summary
     junk = tmp_path / "junk.json"
     junk.write_text("{}")
     with pytest.raises(TunerError, match="not a benchmark result file"):

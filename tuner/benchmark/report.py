@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import html
-import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from common.errors import TunerError  # noqa: E402
+from common.jsonfile import read_json  # noqa: E402
 from tuner.benchmark.bench import PLAN_LABEL  # noqa: E402
 
 
@@ -40,19 +40,20 @@ class Report:
 
 
 def load(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Environments and rows of one or more result JSON files (folders: every *.json inside)."""
+    """Environments and rows of one or more result JSON files, plain or gzipped (folders: every *.json and
+    *.json.gz inside)."""
     files: list[Path] = []
     for p in map(Path, paths):
-        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
+        files += sorted([*p.glob("*.json"), *p.glob("*.json.gz")]) if p.is_dir() else [p]
     if not files:
         raise TunerError(f"no result files found in {[str(p) for p in paths]}")
     envs, rows = [], []
     for f in files:
         try:
-            data = json.loads(f.read_text())
+            data = read_json(f)
             envs.append(data["environment"])
             rows += data["rows"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
             raise TunerError(f"{f} is not a benchmark result file: {exc}") from exc
     return envs, rows
 

@@ -292,7 +292,7 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       on the H200's in float64, none lower; on the H200, the
       unseen subsetcols in float64 1.16x cuSPARSE (NuT of 8192-row panels; the best-ranked, of 4 slabs on an x
       that fits the L2, ran 0.94x) against 1.09x, lowertri in float64 1.07x against 1.09x, 12 of the A/B's 13
-      other races within 1 %, mesh2d's rcm 4 % apart, ``..._joinv*.json``), as its family enters it
+      other races within 1 %, mesh2d's rcm 4 % apart, ``..._joinv*.json.gz``), as its family enters it
       (:meth:`kernels.Family.joined`: NuT's tiles as wide as its threads' share of the shared memory takes; stop
       68: set l's cliques in float64, a NuT join of 4096 columns a tile ran 0.99x cuSPARSE, of 8192 1.24x); where
       its default does not
