@@ -198,6 +198,32 @@ Set ``o``, added at stop 70 before anything of that stop was changed, and measur
 - ``randblocks``: dense blocks of 4 to 64 rows at random places (7,200 block rows, each its diagonal block and 6
   others): a few runs of 4 to 64 columns a row, far apart.
 
+Set ``p``, added at stop 71 before anything of that stop was changed, and measured as it came:
+
+- ``hmatrix``: a hierarchical (H-matrix) pattern: a run of 32 about the diagonal and one column at each distance
+  2^k either side;
+- ``circuit``: a circuit's nodal analysis: short local rows, 20 supply nets at random places with rows and columns
+  of about 175,000 entries;
+- ``tridiag``: 8 M rows of three;
+- ``dgblocks``: a discontinuous Galerkin operator of order 3 on 13^3 hexahedra: dense blocks of 64 and face blocks
+  of 16, up to 160 entries a row in 27 runs;
+- ``transposed5``: a 5-point stencil with column-major columns: x read at a stride of 2,200;
+- ``bigbird``: a sparse attention mask: a window of 64, 8 global tokens with whole rows and columns, 48 random
+  columns a row.
+
+Set ``q``, added at stop 72 before anything of that stop was changed, and measured as it came:
+
+- ``spinchain``: the Heisenberg chain's Hamiltonian on 21 spins (2 M states): its diagonal and one entry for each
+  antiparallel neighbouring pair, at power-of-two offsets (11.5 a row on average, binomial);
+- ``dilated``: a dilated convolution on a 1,000^2 image, 3 x 3 kernels at dilations 1, 4 and 16: 25 entries a row
+  in 9 runs over 7 image rows;
+- ``sellslices``: 300,000 x 3 M, each slice of 32 rows one length (log-uniform 1 to 512 across slices), columns
+  uniformly random;
+- ``interleaved``: even rows a run of 9 about the diagonal, odd rows 40 random columns;
+- ``citations``: a citation graph in publication order (strictly lower triangular), 20 citations a paper, half
+  among the 2,000 papers before it, half skewed to the oldest;
+- ``torus3d``: the 7-point Laplacian on a 150^3 periodic grid: a face's rows also read the opposite face.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -1295,6 +1321,86 @@ def bigbird(n: int, rng: np.random.Generator, window: int = 64, hubs: int = 8, r
     return _csr(r, c, (n, n), rng)
 
 
+def spinchain(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The Heisenberg spin chain's Hamiltonian (exact diagonalization): basis states 0 .. n-1 of L = ceil(log2 n)
+    spins in a ring, each row its diagonal and the states with one antiparallel neighbouring pair swapped (column
+    i ^ (2^k + 2^(k+1 mod L)), kept where below n): L/2 + 1 entries a row on average (binomial), at offsets of every
+    power of two, the same for runs of consecutive rows."""
+    spins = max(2, int(n - 1).bit_length())
+    i = np.arange(n, dtype=np.int64)
+    rows, cols = [i], [i]
+    for k in range(spins):
+        mask = (1 << k) | (1 << ((k + 1) % spins))
+        flips = ((i >> k) & 1) != ((i >> ((k + 1) % spins)) & 1)
+        j = i[flips] ^ mask
+        keep = j < n
+        rows.append(i[flips][keep])
+        cols.append(j[keep])
+    return _csr(np.concatenate(rows), np.concatenate(cols), (n, n), rng)
+
+
+def dilated(side: int, rng: np.random.Generator, dilations: tuple[int, ...] = (1, 4, 16)) -> sp.csr_matrix:
+    """A dilated convolution on a side x side image (atrous 3 x 3 kernels at each of ``dilations``, their centre
+    shared): 25 entries a row inside, in 9 runs of one to three columns on 7 image rows as far as 16 rows apart."""
+    r, c = np.divmod(np.arange(side * side, dtype=np.int64), side)
+    steps = {(dy * d, dx * d) for d in dilations for dy in (-1, 0, 1) for dx in (-1, 0, 1)}
+    rows, cols = [], []
+    for dy, dx in sorted(steps):
+        y, x = r + dy, c + dx
+        inside = (y >= 0) & (y < side) & (x >= 0) & (x < side)
+        rows.append(r[inside] * side + c[inside])
+        cols.append(y[inside] * side + x[inside])
+    return _csr(np.concatenate(rows), np.concatenate(cols), (side * side, side * side), rng)
+
+
+def sellslices(rows: int, rng: np.random.Generator, slice_rows: int = 32, longest: int = 512,
+               ratio: int = 10) -> sp.csr_matrix:
+    """rows x (ratio * rows): every slice of ``slice_rows`` consecutive rows of one length, log-uniform from 1 to
+    ``longest`` across slices, columns uniformly random: rows even within a warp, uneven from one warp to the
+    next, gathers from an x ten times as long."""
+    slices = -(-rows // slice_rows)
+    lengths = np.repeat(np.exp(rng.uniform(0, math.log(longest), slices)).astype(np.int64), slice_rows)[:rows]
+    r = np.repeat(np.arange(rows), lengths)
+    return _csr(r, rng.integers(0, ratio * rows, r.size), (rows, ratio * rows), rng)
+
+
+def interleaved(n: int, rng: np.random.Generator, half_width: int = 4, far: int = 40) -> sp.csr_matrix:
+    """Rows that alternate: an even row a run of 2 * half_width + 1 columns about its diagonal, an odd one ``far``
+    random columns; every warp reads both, one contiguous and one scattered half."""
+    i = np.arange(n, dtype=np.int64)
+    even, odd = i[::2], i[1::2]
+    near = (even[:, None] + np.arange(-half_width, half_width + 1)[None, :]).ravel()
+    rows = np.concatenate([np.repeat(even, 2 * half_width + 1), np.repeat(odd, far)])
+    cols = np.concatenate([near, rng.integers(0, n, odd.size * far)])
+    keep = (cols >= 0) & (cols < n)
+    return _csr(rows[keep], cols[keep], (n, n), rng)
+
+
+def citations(n: int, rng: np.random.Generator, per_row: int = 20, recent: int = 2_000) -> sp.csr_matrix:
+    """A citation graph in order of publication (strictly lower triangular): paper i cites ``per_row`` earlier ones,
+    half among the ``recent`` papers before it, half by popularity (column i * u^3 for u uniform: the oldest
+    papers cited most); the first papers cite fewer (one drawn twice counted once)."""
+    i = np.repeat(np.arange(1, n, dtype=np.int64), per_row)
+    u = rng.random(i.size)
+    half = np.arange(i.size) % per_row < per_row // 2
+    cols = np.where(half, i - 1 - np.floor(u * np.minimum(i, recent)).astype(np.int64),
+                    np.floor(i * u ** 3).astype(np.int64))
+    return _csr(i, np.minimum(cols, i - 1), (n, n), rng)
+
+
+def torus3d(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The 7-point Laplacian on a side^3 grid with periodic boundaries: every row 7 entries, a face's rows also
+    the far face's (columns side - 1 planes, rows or places away): 2 / side of the rows span the whole of x."""
+    z, rest = np.divmod(np.arange(side ** 3, dtype=np.int64), side * side)
+    y, x = np.divmod(rest, side)
+    me = (z * side + y) * side + x
+    rows, cols = [me], [me]
+    for dz, dy, dx in ((1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, -1, 0), (0, 0, 1), (0, 0, -1)):
+        rows.append(me)
+        cols.append((((z + dz) % side) * side + (y + dy) % side) * side + (x + dx) % side)
+    return _csr(np.concatenate(rows), np.concatenate(cols), (side ** 3, side ** 3), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1305,7 +1411,7 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71, "q" 72
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1404,6 +1510,12 @@ MATRICES = (
     Unseen("dgblocks", dgblocks, 13, 164, "p", dims=3),            # ~21 M
     Unseen("transposed5", transposed5, 2_200, 165, "p", dims=2),   # ~24 M
     Unseen("bigbird", bigbird, 190_000, 166, "p"),                 # ~24 M
+    Unseen("spinchain", spinchain, 2_097_152, 171, "q"),           # ~24 M
+    Unseen("dilated", dilated, 1_000, 172, "q", dims=2),           # ~24 M
+    Unseen("sellslices", sellslices, 300_000, 173, "q"),           # ~25 M
+    Unseen("interleaved", interleaved, 1_000_000, 174, "q"),       # ~25 M
+    Unseen("citations", citations, 1_200_000, 175, "q"),           # ~24 M
+    Unseen("torus3d", torus3d, 150, 176, "q", dims=3),             # ~24 M
 )
 
 

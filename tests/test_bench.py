@@ -793,6 +793,30 @@ def test_the_unseen_benchmarks_sixteenth_set_builds_the_structures_it_names() ->
     assert np.all(lengths[:8] == 1_900) and np.all(attention.tocsc()[:, :8].getnnz(axis=0) == 1_900)
     assert set(range(968, 1_032)) <= set(attention[1_000].indices.tolist()) and lengths[8:].max() < 64 + 8 + 48 + 1
 
+def test_the_unseen_benchmarks_seventeenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set q at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen")
+    built = _unseen_set("q", {"spinchain", "dilated", "sellslices", "interleaved", "citations", "torus3d"})
+    ring = module.spinchain(16, np.random.default_rng(0))  # 4 spins: 0101 swaps each of its 4 antiparallel pairs
+    assert np.array_equal(ring[5].indices, [3, 5, 6, 9, 12]) and np.array_equal(ring[0].indices, [0])
+    assert (ring.astype(bool) != ring.T.astype(bool)).nnz == 0  # a symmetric pattern: a swap undoes itself
+    assert np.diff(built["spinchain"].indptr).max() <= 16  # 15 spins (20,972 states): at most 15 swaps and itself
+    image = module.dilated(40, np.random.default_rng(0))[20 * 40 + 20].indices - (20 * 40 + 20)
+    assert np.array_equal(image, [d * (40 * dy + dx) for dy, dx, d in sorted(
+        {(dy * d, dx * d, 1) for d in (1, 4, 16) for dy in (-1, 0, 1) for dx in (-1, 0, 1)},
+        key=lambda t: 40 * t[0] + t[1])])
+    slices = np.diff(built["sellslices"].indptr)[:2_976].reshape(-1, 32)  # 93 whole slices of 32 rows
+    assert built["sellslices"].shape == (3_000, 30_000) and np.ptp(slices.max(axis=1)) > 100
+    assert np.all(slices.min(axis=1) >= 0.97 * slices.max(axis=1) - 1)  # one length a slice, less duplicates
+    mixed = built["interleaved"]
+    assert np.array_equal(mixed[10].indices, np.arange(6, 15)) and 30 < mixed[11].nnz <= 40
+    cited = built["citations"].tocoo()
+    assert np.all(cited.col < cited.row) and built["citations"][0].nnz == 0
+    assert np.median(cited.col) < np.median(cited.row) / 2  # the oldest papers are cited most
+    torus = module.torus3d(5, np.random.default_rng(0))
+    assert np.array_equal(torus[0].indices, [0, 1, 4, 5, 20, 25, 100]) and np.all(np.diff(torus.indptr) == 7)
+    assert built["torus3d"].nnz == 7 * 32 ** 3
+
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
     module = _bench_module("unseen")
