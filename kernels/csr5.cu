@@ -9,16 +9,10 @@
 // tiles, m when there is none); dirty[t], set where rows tile_ptr[t]+1 .. tile_ptr[t+1]-1 (from row 0 for
 // tile 0) hold an empty row.
 //
-// Who writes a row: the tile holding its last entry (the tail, for a row that ends there). A row begun and
-// ended in one tile is written by it. A row that goes on past the end of tile t (its first tile, or one it
-// fills whole) has tile t's share published in part[t], then flag[t] set (release order); the tile that ends
-// the row (its head: the entries before its first row start, or the whole tile where it starts none and the
-// row ends with it; the tail's first row) sums the shares of the tiles from the row's first to itself, each
-// read once its flag is set (acquire order), clears those flags for the next run and writes y. It waits only
-// on tiles of lower index, in its own block or in blocks dispatched before it (the forward progress CUB's
-// single-pass scan relies on), and a warp reads 32 shares at a time, so a row spanning many tiles costs its
-// last tile a few loads, not a chain of waits. Every flag a run sets, it clears: they are 0 between runs (a
-// product captured in a CUDA graph replays as it ran). An empty row is written 0 by the tile whose rows
+// Who writes a row: the tile holding the row's first entry writes its share of the row (y[r] =); tile t + 1
+// (the tail for t + 1 = n_tiles), where it starts inside a row, hands its share of it (its head: the entries
+// before its first row start) to carry[t], and merge_path_fixup (merge_path.cu) adds
+// y[tile_ptr[t+1]] += carry[t] afterwards. An empty row is written 0 by the tile whose rows
 // tile_ptr[t]+1 .. tile_ptr[t+1]-1 hold it (a dirty one; from row 0 for tile 0), or by the tail.
 //
 //   csr5_spmv<V, SIGMA, NARROW> (a run): a warp a tile, blocks of blockDim.x / 32 tiles;
@@ -32,14 +26,12 @@
 //        is whole: written to y; the lane's first, its head, belongs to a row begun in an earlier lane);
 //     4. heads handed left: a segmented suffix sum of the heads over the lanes, stopping at the first lane
 //        that starts a row, adds to each lane's last segment what the lanes after it hold of that row, which
-//        the lane then writes, or publishes where it is the tile's last and the row goes on; lane 0's sum is
-//        the tile's head (0 where the tile's first entry starts a row; tile 0's always does);
-//     5. a row that goes on through the whole tile: its share published; the row the tile began inside of,
-//        where the tile ends it: the shares before it summed, and written;
-//     6. a dirty tile writes 0 to the empty rows it owns.
+//        the lane then writes; lane 0's sum is the tile's head, written to carry[t-1] (0 where the tile's
+//        first entry starts a row; tile 0's always does);
+//     5. a dirty tile writes 0 to the empty rows it owns.
 //   The tail (blocks tile_blocks ..): the entries after the last full tile (fewer than a tile), a thread a
-//     row from tail_row (row 0 without full tiles) to m-1; the first tail block's first warp first sums the
-//     shares of the row begun before the tail, where one was.
+//     row from tail_row (row 0 without full tiles) to m-1: a row begun in the tail is written, the share of
+//     the row begun before it goes to carry[n_tiles-1].
 //
 // 32-bit indices: the caller checks that rows, columns and nonzeros fit. NARROW: a tile whose columns span
 // fewer than 65,536 (tile_base[t] >= 0) reads them as 16-bit offsets from tile_base[t] (narrow.cu writes
@@ -117,41 +109,13 @@ __device__ __forceinline__ void load_products(V* prod, const int first, const in
     for (int k = 0; k < SIGMA; ++k) prod[k] = val[k] * __ldg(&x[col[k]]);
 }
 
-// Tile t's share of a row that goes on past its end: the value, then its flag (release: whoever sees the flag
-// sees the value).
-template <typename V>
-__device__ __forceinline__ void publish(V* part, unsigned* flag, const int t, const V v)
-{
-    part[t] = v;
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag + t), "r"(1u) : "memory");
-}
-
-// The shares of tiles first .. last-1 of one row, summed over the warp (every lane calls it): each read once its
-// flag is set (acquire), the flag then cleared for the next run.
-template <typename V>
-__device__ __forceinline__ V shares(const int first, const int last, V* part, unsigned* flag, const int lane)
-{
-    V sum = 0;
-    for (int k = first + lane; k < last; k += OMEGA) {
-        unsigned set;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(set) : "l"(flag + k) : "memory");
-        } while (set == 0u);
-        sum += __ldcg(&part[k]);
-        flag[k] = 0u;
-    }
-#pragma unroll
-    for (int o = OMEGA / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
-    return sum;
-}
-
-// The tail: row tail_row + r_local summed over its entries from `start` on, written to y, with `before` (the
-// shares of the full tiles) for the row begun before the tail.
+// The tail: row tail_row + r_local summed over its entries from `start` on, written to y where it begins
+// there, else (the row begun in a full tile) handed to carry[n_tiles-1].
 template <typename V>
 __device__ __forceinline__ void tail_row_sum(const long long r_local, const int start, const int tail_row,
-                                             const int m, const int* __restrict__ indptr,
+                                             const int m, const int n_tiles, const int* __restrict__ indptr,
                                              const int* __restrict__ indices, const V* __restrict__ data,
-                                             const V* __restrict__ x, V* __restrict__ y, const V before)
+                                             const V* __restrict__ x, V* __restrict__ y, V* __restrict__ carry)
 {
     const long long r = tail_row + r_local;
     if (r >= m) return;
@@ -159,7 +123,11 @@ __device__ __forceinline__ void tail_row_sum(const long long r_local, const int 
     const int hi = __ldg(&indptr[r + 1]);
     V sum = 0;
     for (int j = max(lo, start); j < hi; ++j) sum += __ldcs(&data[j]) * __ldg(&x[__ldcs(&indices[j])]);
-    y[r] = lo >= start ? sum : before + sum;
+    if (lo >= start) {
+        y[r] = sum;
+    } else {
+        carry[n_tiles - 1] = sum;  // start > lo >= 0: n_tiles >= 1
+    }
 }
 
 }  // namespace csr5_detail
@@ -184,27 +152,19 @@ csr5_spmv(const int n_tiles,
           const unsigned char* __restrict__ dirty,
           const V* __restrict__ x,
           V* __restrict__ y,
-          V* part,
-          unsigned* flag)
+          V* __restrict__ carry)
 {
     using namespace csr5_detail;
-    constexpr int TILE = OMEGA * SIGMA;
     if ((int)blockIdx.x >= tile_blocks) {
-        const int start = n_tiles * TILE;
-        V before = 0;
-        if ((int)blockIdx.x == tile_blocks && threadIdx.x < OMEGA && tail_row < m) {  // the first tail warp
-            const int lo = __ldg(&indptr[tail_row]);
-            if (lo < start) before = shares(lo / TILE, n_tiles, part, flag, threadIdx.x);  // begun in the tiles
-        }
-        tail_row_sum<V>((long long)(blockIdx.x - tile_blocks) * blockDim.x + threadIdx.x, start, tail_row, m,
-                        indptr, indices, data, x, y, before);
+        tail_row_sum<V>((long long)(blockIdx.x - tile_blocks) * blockDim.x + threadIdx.x, n_tiles * OMEGA * SIGMA,
+                        tail_row, m, n_tiles, indptr, indices, data, x, y, carry);
         return;
     }
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / OMEGA;
     if (warp >= n_tiles) return;  // a whole warp
     const int t = (int)warp;
     const int lane = threadIdx.x & (OMEGA - 1);
-    const int first = t * TILE;  // < nnz < 2^31
+    const int first = t * OMEGA * SIGMA;  // < nnz < 2^31
 
     // 1. the lane's products (the tile's kind of column is the warp's: no branch splits the loads)
     V prod[SIGMA];
@@ -244,31 +204,13 @@ csr5_spmv(const int n_tiles,
         acc += prod[k];
     }
 
-    // 4. heads handed left: the lane's last segment gets what the lanes after it hold of its row, and is written
-    //    or, the tile's last where its row goes on past the tile (into the row of the next tile's first entry),
-    //    published
+    // 4. heads handed left: the lane's last segment gets what the lanes after it hold of its row
     const V handed = suffix_sum_to_stop(started ? head : acc, started, lane);
     const V after = __shfl_down_sync(FULL, handed, 1);
-    const V own = __shfl_sync(FULL, handed, 0);  // the tile's head: its whole sum where it starts no row
-    const unsigned starting = __ballot_sync(FULL, started);
-    const bool goes_on = __ldg(&indptr[row1]) < first + TILE;  // row1 <= m; indptr[m] = nnz
-    if (started) {
-        const V sum = acc + (lane < OMEGA - 1 ? after : V(0));
-        if (goes_on && lane == OMEGA - 1 - __clz(starting)) {
-            publish(part, flag, t, sum);
-        } else {
-            y[row] = sum;
-        }
-    }
+    if (started) y[row] = acc + (lane < OMEGA - 1 ? after : V(0));
+    if (lane == 0 && t > 0) carry[t - 1] = handed;
 
-    // 5. a row through the whole tile: its share; the row the tile began inside of, where it ends here: written
-    if (!starting && goes_on && lane == 0) publish(part, flag, t, own);
-    if (!starts_at_first && (starting || !goes_on)) {  // t > 0: tile 0 begins with a row start
-        const V before = shares(__ldg(&indptr[row0]) / TILE, t, part, flag, lane);
-        if (lane == 0) y[row0] = before + own;
-    }
-
-    // 6. the empty rows of a dirty tile
+    // 5. the empty rows of a dirty tile
     if (is_dirty) {
         for (int r = (t == 0 ? 0 : row0 + 1) + lane; r < row1; r += OMEGA) {
             if (__ldg(&indptr[r]) == __ldg(&indptr[r + 1])) y[r] = V(0);
@@ -298,14 +240,17 @@ __global__ void csr5_rows(const int m, const int n_tiles, const int sigma, const
 }
 
 // csr5_tiles: a thread a tile and one for the entries after the full tiles (t = n_tiles): tile_ptr[t], the
-// row of entry t * tile (the last row whose start is at or before it: m past the last entry).
+// row of entry t * tile (the last row whose start is at or before it: m past the last entry); where that row
+// began before it (tile t, or the tail, starts inside a row), fixup[0] = 1 (zeroed first).
 __global__ void csr5_tiles(const int m, const int n_tiles, const int sigma, const int* __restrict__ indptr,
-                           int* __restrict__ tile_ptr)
+                           int* __restrict__ tile_ptr, int* __restrict__ fixup)
 {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t > n_tiles) return;
     const int j = (int)(t * sigma * csr5_detail::OMEGA);  // at most nnz < 2^31
-    tile_ptr[t] = csr5_detail::row_of(indptr, 0, m, j);
+    const int row = csr5_detail::row_of(indptr, 0, m, j);
+    tile_ptr[t] = row;
+    if (t > 0 && indptr[row] < j) fixup[0] = 1;
 }
 
 // csr5_transpose<V>: a thread an entry of the full tiles (n of them), written transposed: destination

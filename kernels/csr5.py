@@ -17,37 +17,34 @@ segment), the row of a segment begun in the lane is ``tile_ptr`` plus the row st
 (an exclusive warp scan of ``__popc`` of the flags: no search of the row pointer) where the tile is clean, a
 binary search of the row pointer between the tile's first and last rows where it is dirty; a segmented
 suffix sum of the lanes' heads (their entries before their first row start) hands each lane's last segment
-what the lanes after it hold of that row. A row is written by the tile that holds its last entry: a tile
-whose last row goes on past it publishes its share (``part[t]``, then ``flag[t]``), and the tile that ends
-the row sums the shares of the tiles before it (a warp reads 32 at a time, each once its flag is set, and
-clears the flags for the next run) with its own head (its entries before its first row start). A dirty
-tile writes 0 to the empty rows it owns. The entries after the last full tile (fewer than a tile) are summed
-a thread a row by extra blocks of the same launch (the tail), the row begun before it with its shares.
-One launch a product: until stop 72 the tiles handed their heads to a fix-up kernel (CSR5's calibration), whose
-launch cost 3-4 us a product on the H200 (2.6-5.6 % of csr5's time on six unseen matrices,
-``bench/results/2026-11-29_csr5-fixup-72.txt``). ``part`` and ``flag`` belong to the prepared matrix: two
-products of one prepared matrix must not run at once on different streams.
+what the lanes after it hold of that row, and the tile's own head (its share of a row begun in an earlier
+tile) goes to ``carry`` (tile t's to ``carry[t-1]``); a dirty tile writes 0 to the empty rows it owns. The
+entries after the last full tile (fewer than a tile) are summed a thread a row by extra blocks of the same
+launch (the tail).
+``merge_path_fixup`` (``merge_path.cu``, reused) then adds each carry to its row, ``y[tile_ptr[t+1]] +=
+carry[t]``, launched only where some tile (or the tail) starts inside a row. ``carry`` belongs to the prepared
+matrix: two products of one prepared matrix must not run at once on different streams.
 
 Simplified against CSR5's own code: the descriptor keeps only the bit flags (the lanes' ``y_offset`` and
 ``seg_offset`` are computed in the kernel with ``__popc`` and warp shuffles), the dirty flag is an array of
 its own instead of ``tile_ptr``'s top bit, a dirty tile finds its rows by a search of the row pointer
 instead of an ``empty_offset`` table, a tile whose first entry starts a row writes that row itself (CSR5
-always calibrates the first segment), the tile that ends a row adds the shares before it in the same
-launch (CSR5 calibrates in a kernel of its own), and the values and columns are copied (CSR5 transposes
-them in place). Beyond CSR5: narrow columns (``indices="narrow"``, :mod:`kernels._narrow`, a tile a segment).
+always calibrates the first segment), the carries are added by a fix-up kernel (CSR5's calibration),
+and the values and columns are copied (CSR5 transposes them in place). Beyond CSR5: narrow columns
+(``indices="narrow"``, :mod:`kernels._narrow`, a tile a segment).
 
-The CPU reference reproduces the decomposition (the same tiles, transposed copies, flags, rows, shares and
-tail):
+The CPU reference reproduces the decomposition (the same tiles, transposed copies, flags, rows, carries,
+tail and fix-up):
 
 >>> import numpy as np, scipy.sparse as sp
 >>> A = sp.csr_matrix(np.array([[1.0, 2, 3, 4, 5], [0, 0, 0, 0, 0], [6, 7, 0, 0, 0]]))
 >>> dec = decompose(A.indptr, sigma=1, omega=2)  # tiles of 2 entries: (0, 1), (2, 3), (4, 5); 6 the tail
 >>> dec["tile_ptr"].tolist(), dec["dirty"].tolist(), dec["flags"].tolist()  # row 1 is empty, between 0 and 2
 ([0, 0, 0, 2], [0, 0, 1], [1, 0, 0, 0, 0, 1])
->>> y, part = spmv_reference(A.indptr, products(A, np.ones(5)), dec, sigma=1, omega=2)
->>> part.tolist()  # the shares of rows going on: row 0's of tiles 0 and 1 (1 + 2, 3 + 4), row 2's of tile 2 (6)
-[3.0, 7.0, 6.0]
->>> y.tolist()  # tile 2 ends row 0 (3 + 7 + 5) and writes row 1 (empty), the tail ends row 2 (6 + 7)
+>>> y, carry = spmv_reference(A.indptr, products(A, np.ones(5)), dec, sigma=1, omega=2)
+>>> carry.tolist()  # what tiles 1 and 2 hold of row 0 (3 + 4, then 5), the tail of row 2 (7)
+[7.0, 5.0, 7.0]
+>>> y.tolist()  # tile 0 writes row 0 (1 + 2), tile 2 row 1 (empty) and row 2 (6); the fix-up adds the carries
 [15.0, 0.0, 13.0]
 """
 
@@ -68,9 +65,10 @@ from kernels._space import Param, Space, Value
 OMEGA = 32
 SIGMAS = (4, 6, 8, 12, 16, 24, 32)
 BLOCK_SIZES = (64, 128, 256, 512)
+FIXUP_THREADS = 256
 INDEX_MAX = int(np.iinfo(np.int32).max)
 """Rows, columns and nonzeros are 32-bit in the kernels: none may exceed this."""
-STRUCTURE = ("values", "columns", "flags", "tile_ptr", "dirty", "part", "flag", "base", "offsets")
+STRUCTURE = ("values", "columns", "flags", "tile_ptr", "dirty", "carry", "base", "offsets")
 """The prepared arrays beyond the CSR's (:meth:`Csr5.memory_ratio`)."""
 
 
@@ -131,45 +129,38 @@ def tile_bounds(n_tiles: int, tile: int, xp: Any) -> Any:
     return xp.arange(n_tiles + 1, dtype=np.int32) * tile
 
 
-def goes_on(indptr: np.ndarray, tile_ptr: np.ndarray, tile: int) -> np.ndarray:
-    """Per full tile, whether the row open at its end goes on past it (into the next tile or the tail): the
-    tiles that publish a share."""
+def needs_fixup(indptr: np.ndarray, tile_ptr: np.ndarray, tile: int) -> bool:
+    """Whether some tile, or the tail, begins inside a row (has a carry to add): the reference (the GPU's
+    ``csr5_tiles`` finds it as it writes ``tile_ptr``)."""
     n_tiles = tile_ptr.size - 1
-    return indptr[tile_ptr[1:]] < np.arange(1, n_tiles + 1, dtype=np.int64) * tile
+    return bool((indptr[tile_ptr[1:]] < np.arange(1, n_tiles + 1, dtype=np.int64) * tile).any())
 
 
 def spmv_reference(indptr: np.ndarray, prods: np.ndarray, dec: Mapping[str, np.ndarray], *, sigma: int,
                    omega: int = OMEGA) -> tuple[np.ndarray, np.ndarray]:
-    """``(y, part)`` as csr5_spmv computes them, from the products a_ij * x_j in CSR order (float64; the tiles'
-    products as the transposed copies give them back): ``part[t]`` is tile t's share of the row open at its end
-    where that row goes on past it (:func:`goes_on`), else 0. Rows no step writes are NaN."""
+    """``(y, carry)`` as csr5_spmv and the fix-up compute them, from the products a_ij * x_j in CSR order
+    (float64; the tiles' products as the transposed copies give them back): ``carry[t]`` is what tile t + 1
+    (the tail for the last) holds of row ``tile_ptr[t+1]`` before its first row start. Rows no step writes
+    are NaN."""
     indptr = np.asarray(indptr, dtype=np.int64)
     m, tile = indptr.size - 1, omega * sigma
-    tile_ptr = dec["tile_ptr"].astype(np.int64)
-    n_tiles = tile_ptr.size - 1
+    n_tiles = dec["tile_ptr"].size - 1
     y = np.full(m, np.nan)
-    heads, part = np.zeros(n_tiles + 1), np.zeros(n_tiles)  # heads: of each tile, and of the tail (last)
+    heads = np.zeros(n_tiles + 1)  # what each tile, and the tail, holds of a row begun before it
     if n_tiles:
-        heads[:n_tiles], part = _tiles(y, indptr, prods[: n_tiles * tile], dec, sigma=sigma, omega=omega)
-    heads[n_tiles] = _tail(y, indptr, prods, n_tiles * tile, int(tile_ptr[-1]) if n_tiles else 0)
-    if n_tiles:  # the rows a tile (or the tail, t = n_tiles) began inside of and ends: the shares before it, its head
-        t, rows = np.arange(1, n_tiles + 1), tile_ptr[1:]
-        inside = rows < m
-        inside[inside] = indptr[rows[inside]] < t[inside] * tile
-        starts = dec["flags"].reshape(n_tiles, omega).any(axis=1)
-        ends = inside & np.append(starts[1:] | ~goes_on(indptr, tile_ptr, tile)[1:], True)
-        t, rows = t[ends], rows[ends]
-        owner = indptr[rows] // tile  # the tile of the row's first entry: its shares are of tiles owner .. t-1
-        spans = t - owner
-        tiles = np.repeat(owner - (np.cumsum(spans) - spans), spans) + np.arange(int(spans.sum()))
-        y[rows] = segment_sums(np.repeat(np.arange(t.size), spans), part[tiles], t.size) + heads[t]
-    return y, part
+        heads[:n_tiles] = _tiles(y, indptr, prods[: n_tiles * tile], dec, sigma=sigma, omega=omega)
+    heads[n_tiles] = _tail(y, indptr, prods, n_tiles * tile, 0 if n_tiles == 0 else int(dec["tile_ptr"][-1]))
+    carry = heads[1:]  # tile 0 begins with row 0's first entry: its head is 0
+    rows = dec["tile_ptr"][1:].astype(np.int64)
+    inside = rows < m
+    np.add.at(y, rows[inside], carry[inside])  # merge_path_fixup
+    return y, carry
 
 
 def _tiles(y: np.ndarray, indptr: np.ndarray, prods: np.ndarray, dec: Mapping[str, np.ndarray], *, sigma: int,
            omega: int) -> np.ndarray:
-    """Steps 2-4 and 6 of csr5_spmv for every full tile (lanes vectorized, entries walked in order): writes into
-    y the rows a tile begins and ends, returns the tiles' heads and their shares of rows going on (``part``)."""
+    """Steps 2-5 of csr5_spmv for every full tile (lanes vectorized, entries walked in order): writes into y,
+    returns the tiles' heads (their carries)."""
     tile_ptr = dec["tile_ptr"].astype(np.int64)
     n_tiles = tile_ptr.size - 1
     lanes = prods.reshape(n_tiles, omega, sigma)
@@ -192,15 +183,10 @@ def _tiles(y: np.ndarray, indptr: np.ndarray, prods: np.ndarray, dec: Mapping[st
         started |= b
         acc = np.where(b, 0.0, acc) + lanes[:, :, k]
     handed = _suffix_sum_to_stop(np.where(started, head, acc), started)
-    sums = acc + np.concatenate((handed[:, 1:], np.zeros((n_tiles, 1))), axis=1)
-    on, starts = goes_on(indptr, tile_ptr, omega * sigma), started.any(axis=1)
-    last = omega - 1 - np.argmax(started[:, ::-1], axis=1)  # each tile's last lane to start a row
-    written = started.copy()
-    written[on & starts, last[on & starts]] = False  # the last segment, published instead
-    y[row[written]] = sums[written]
+    after = np.concatenate((handed[:, 1:], np.zeros((n_tiles, 1))), axis=1)
+    y[row[started]] = (acc + after)[started]
     _zero_empty_rows(y, indptr, tile_ptr, dec["dirty"])
-    part = np.where(on, np.where(starts, sums[np.arange(n_tiles), last], handed[:, 0]), 0.0)
-    return handed[:, 0], part
+    return handed[:, 0]
 
 
 def _suffix_sum_to_stop(v: np.ndarray, stop: np.ndarray) -> np.ndarray:
@@ -223,7 +209,7 @@ def _zero_empty_rows(y: np.ndarray, indptr: np.ndarray, tile_ptr: np.ndarray, di
 
 def _tail(y: np.ndarray, indptr: np.ndarray, prods: np.ndarray, start: int, tail_row: int) -> float:
     """The tail: rows tail_row .. m-1 summed over their entries from ``start`` on; a row begun there written,
-    the share of the row begun before it returned (its head)."""
+    the share of the row begun before it returned (its carry)."""
     m = indptr.size - 1
     rows = np.arange(tail_row, m)
     lo = indptr[rows]
@@ -237,7 +223,7 @@ def _tail(y: np.ndarray, indptr: np.ndarray, prods: np.ndarray, start: int, tail
 # -- the family -----------------------------------------------------------------------------------
 class Csr5(Family):
     name = "csr5"
-    summary = "CSR5 tiles: omega x sigma entries a warp, stored transposed, bit-flag descriptors, one launch"
+    summary = "CSR5 tiles: omega x sigma entries a warp, stored transposed, bit-flag descriptors, carries fixed up"
     source = "Liu & Vinter, ICS 2015: CSR5 (public code weifengliu-ssslab/Benchmark_SpMV_using_CSR5)"
     cu_file = "csr5.cu"
     prepare_spmvs = 8.0  # H100: 0.6-1.4 ms on the unseen rgg and skyline (24-31 M nonzeros), products of 70-140 us
@@ -281,32 +267,31 @@ class Csr5(Family):
         return [*raced, *(c for c in beside if c not in raced)]
 
     def memory_ratio(self, prepared: Prepared) -> float:
-        """Bytes of the CSR5 structure (transposed copies, descriptors, shares) over the CSR arrays'."""
+        """Bytes of the CSR5 structure (transposed copies, descriptors, carries) over the CSR arrays'."""
         return prepared.ratio_to_csr(STRUCTURE)
 
     # -- both paths -----------------------------------------------------------------------------
-    def _finish(self, prepared: Prepared, xp: Any, *, tail_row: int) -> None:
-        """What both paths add to the tiles, descriptors and transposed copies: the shares and their flags (all
-        0 between runs), the tail's first row (row 0 without full tiles), narrow columns (``xp``: numpy or
-        cupy)."""
+    def _finish(self, prepared: Prepared, xp: Any, *, tail_row: int, fixup: bool) -> None:
+        """What both paths add to the tiles, descriptors and transposed copies: the carries, the tail's first
+        row (row 0 without full tiles), whether the fix-up runs, narrow columns (``xp``: numpy or cupy)."""
         ex, n_tiles = prepared.extra, prepared.extra["tile_ptr"].size - 1
-        ex["part"] = xp.zeros(n_tiles, dtype=prepared.dtype)
-        ex["flag"] = xp.zeros(n_tiles, dtype=np.uint32)
+        ex["carry"] = xp.zeros(n_tiles, dtype=prepared.dtype)
         ex["tail_row"] = tail_row if n_tiles else 0
+        ex["fixup"] = fixup
         tile = OMEGA * int(prepared.params["sigma"])
         ex["narrow"] = attach(ex, prepared.params, tile_bounds(n_tiles, tile, xp), ex["columns"])
         ex["runs"] = 0
 
     def decomposition(self, prepared: Prepared) -> dict[str, np.ndarray]:
-        """``tile_ptr``, ``dirty``, ``flags``, the transposed ``values`` and ``columns``, ``part`` (the shares of
-        the last run's x) and ``flag`` as NumPy arrays, from either path."""
+        """``tile_ptr``, ``dirty``, ``flags``, the transposed ``values`` and ``columns``, and ``carry`` (that of the
+        last run's x) as NumPy arrays, from either path."""
         ex = prepared.extra
         if not ex.get("runs"):
             raise RuntimeError(
-                "csr5's shares come from a run: run the prepared matrix once first (a matrix without rows or "
+                "csr5's carries come from a run: run the prepared matrix once first (a matrix without rows or "
                 "stored entries has no decomposition)"
             )
-        keys = ("tile_ptr", "dirty", "flags", "values", "columns", "part", "flag")
+        keys = ("tile_ptr", "dirty", "flags", "values", "columns", "carry")
         return {k: ex[k] if isinstance(ex[k], np.ndarray) else ex[k].get() for k in keys}
 
     # -- GPU path -------------------------------------------------------------------------------
@@ -322,15 +307,19 @@ class Csr5(Family):
         ex.update(flags=cupy.zeros(n_tiles * OMEGA, dtype=np.uint32), dirty=cupy.zeros(n_tiles, dtype=np.uint8),
                   tile_ptr=cupy.empty(n_tiles + 1, dtype=np.int32), values=cupy.empty(n, dtype=prepared.dtype),
                   columns=cupy.empty(n, dtype=np.int32))
+        found = cupy.zeros(2, dtype=np.int32)  # fixup, then the tail's first row
         kernels["csr5_rows"]((grid(m, 256),), (256,), (np.int32(m), np.int32(n_tiles), np.int32(sigma), A.indptr,
                                                        ex["flags"], ex["dirty"]))
         kernels["csr5_tiles"]((grid(n_tiles + 1, 256),), (256,), (np.int32(m), np.int32(n_tiles), np.int32(sigma),
-                                                                  A.indptr, ex["tile_ptr"]))
+                                                                  A.indptr, ex["tile_ptr"], found))
         if n:
             kernels[f"csr5_transpose<{v}>"]((grid(n, 256),), (256,), (np.int64(n), np.int32(sigma), A.indices,
                                                                       A.data, ex["columns"], ex["values"]))
-        self._finish(prepared, cupy, tail_row=int(ex["tile_ptr"][-1]))  # the one read-back
+        found[1:] = ex["tile_ptr"][-1:]
+        fixup, tail_row = (int(f) for f in found.get())
+        self._finish(prepared, cupy, tail_row=tail_row, fixup=bool(fixup))
         ex["spmv_kernel"] = kernels[_spmv_name(v, sigma, ex["narrow"])]
+        ex["fixup_kernel"] = get_kernels("merge_path.cu", (f"merge_path_fixup<{v}>",))[f"merge_path_fixup<{v}>"]
 
     def _run(self, prepared: Prepared, x: Any, out: Any) -> None:
         A, ex, p = prepared.A, prepared.extra, prepared.params
@@ -343,8 +332,14 @@ class Csr5(Family):
             (block,),
             (np.int32(n_tiles), np.int32(tile_blocks), np.int32(ex["tail_row"]), np.int32(m), A.indptr, A.indices,
              A.data, ex["columns"], *launch_columns(ex, ex["columns"]), ex["values"], ex["flags"], ex["tile_ptr"],
-             ex["dirty"], x, out, ex["part"], ex["flag"]),
+             ex["dirty"], x, out, ex["carry"]),
         )
+        if ex["fixup"]:
+            ex["fixup_kernel"](
+                (grid(n_tiles, FIXUP_THREADS),),
+                (FIXUP_THREADS,),
+                (np.int32(m), np.int32(n_tiles), ex["tile_ptr"], ex["carry"], out),
+            )
         ex["runs"] += 1
 
     # -- CPU reference --------------------------------------------------------------------------
@@ -355,7 +350,8 @@ class Csr5(Family):
         n_tiles = ex["tile_ptr"].size - 1
         ex["values"] = transposed(A.data, sigma=sigma, n_tiles=n_tiles)
         ex["columns"] = transposed(A.indices, sigma=sigma, n_tiles=n_tiles)
-        self._finish(prepared, np, tail_row=int(ex["tile_ptr"][-1]))
+        self._finish(prepared, np, tail_row=int(ex["tile_ptr"][-1]),
+                     fixup=needs_fixup(A.indptr, ex["tile_ptr"], OMEGA * sigma))
 
     def _run_reference(self, prepared: Prepared, x: np.ndarray) -> np.ndarray:
         A, ex = prepared.A, prepared.extra
@@ -365,8 +361,8 @@ class Csr5(Family):
         columns = reference_columns(ex, tile_bounds(n_tiles, tile, np), ex["columns"])
         tiles = ex["values"].astype(np.float64) * x.astype(np.float64)[ex["columns"] if columns is None else columns]
         prods[: n_tiles * tile] = tiles.reshape(n_tiles, sigma, OMEGA).transpose(0, 2, 1).ravel()
-        y, part = spmv_reference(A.indptr, prods, ex, sigma=sigma)
-        ex["part"][...] = part
+        y, carry = spmv_reference(A.indptr, prods, ex, sigma=sigma)
+        ex["carry"][...] = carry
         ex["runs"] += 1
         return y
 
@@ -376,4 +372,4 @@ def _spmv_name(ctype: str, sigma: int, narrow: bool) -> str:
     return f"csr5_spmv<{ctype}, {sigma}, {'true' if narrow else 'false'}>"
 
 
-__all__ = ["Csr5", "check_size", "decompose", "goes_on", "set_sigma", "spmv_reference", "transposed"]
+__all__ = ["Csr5", "check_size", "decompose", "needs_fixup", "set_sigma", "spmv_reference", "transposed"]

@@ -32,7 +32,7 @@ from kernels.csr5 import (
     Csr5,
     check_size,
     decompose,
-    goes_on,
+    needs_fixup,
     set_sigma,
     spmv_reference,
     transposed,
@@ -207,28 +207,23 @@ def test_reference_reproduces_the_product_for_any_geometry(lengths, sigma, omega
         return
     dec = _check_decomposition(indptr, sigma, omega)
     prods = np.random.default_rng(1).uniform(-1, 1, int(indptr[-1]))
-    y, part = spmv_reference(indptr, prods, dec, sigma=sigma, omega=omega)
+    y, carry = spmv_reference(indptr, prods, dec, sigma=sigma, omega=omega)
     rows = np.repeat(np.arange(len(lengths)), lengths)
     np.testing.assert_allclose(y, np.bincount(rows, prods, minlength=len(lengths)), rtol=1e-12, atol=1e-12)
-    # a tile's share: its entries of the row of its last entry, where that row goes on past it; else 0
-    tile = omega * sigma
-    want = [prods[max(indptr[rows[end - 1]], end - tile):end].sum() if end < indptr[-1] and rows[end] == rows[end - 1]
-            else 0.0 for end in range(tile, dec["tile_ptr"].size * tile, tile)]
-    np.testing.assert_allclose(part, want, rtol=1e-12, atol=1e-12)
-    np.testing.assert_array_equal(part != 0, goes_on(indptr, dec["tile_ptr"], tile) & (part != 0))
+    if not needs_fixup(indptr, dec["tile_ptr"], omega * sigma):
+        assert np.all(carry == 0)  # the fix-up, skipped, would have added nothing
 
 
 # -- a hand example: omega = 2, sigma = 2 (tiles of 4 entries) ------------------------------------
 # rows: 0: e0 | 1, 2 empty | 3: e1 .. e9 | 4 empty | 5: e10 e11 e12; a_e = e + 1, x = 1: y = 1, 0, 0, 54, 0, 36.
 # Tiles e0-e3 (lanes e0 e1 | e2 e3), e4-e7, e8-e11; e12 the tail. Tile 0 writes row 0 (1) and row 3's
-# start (2 + 3 + 4: its share, row 3 going on) and zeroes rows 1, 2 (dirty); tile 1 holds row 3 only (its share
-# 5 + 6 + 7 + 8); tile 2 ends row 3 (9 + 26 + 9 + 10), its share of row 5 is 11 + 12, and it zeroes row 4 (dirty);
-# the tail ends row 5 (23 + 13).
+# start (2 + 3 + 4) and zeroes rows 1, 2 (dirty); tile 1 holds row 3 only (carry 5 + 6 + 7 + 8); tile 2
+# hands 9 + 10 to row 3, writes row 5's start (11 + 12) and zeroes row 4 (dirty); the tail carries 13 of row 5.
 HAND_LENGTHS = [1, 0, 0, 9, 0, 3]
 HAND_TILE_PTR = [0, 3, 3, 5]
 HAND_DIRTY = [1, 0, 1]
 HAND_FLAGS = [0b11, 0, 0, 0, 0, 0b01]
-HAND_PART = [9, 26, 23]
+HAND_CARRY = [26, 19, 13]
 HAND_Y = [1, 0, 0, 54, 0, 36]
 
 
@@ -238,10 +233,10 @@ def test_hand_example():
     np.testing.assert_array_equal(dec["tile_ptr"], HAND_TILE_PTR)
     np.testing.assert_array_equal(dec["dirty"], HAND_DIRTY)
     np.testing.assert_array_equal(dec["flags"], HAND_FLAGS)
-    y, part = spmv_reference(indptr, np.arange(1.0, 14.0), dec, sigma=2, omega=2)
-    np.testing.assert_array_equal(part, HAND_PART)
+    y, carry = spmv_reference(indptr, np.arange(1.0, 14.0), dec, sigma=2, omega=2)
+    np.testing.assert_array_equal(carry, HAND_CARRY)
     np.testing.assert_array_equal(y, HAND_Y)
-    assert goes_on(indptr, dec["tile_ptr"], 4).all()
+    assert needs_fixup(indptr, dec["tile_ptr"], 4)
 
 
 def test_hand_example_through_the_family():
@@ -254,7 +249,7 @@ def test_hand_example_through_the_family():
     np.testing.assert_array_equal(FAMILY.run_reference(prepared, np.ones(9)), HAND_Y)
     dec = FAMILY.decomposition(prepared)
     np.testing.assert_array_equal(dec["tile_ptr"], [0])  # no full tile; the tail starts at row 0
-    assert dec["part"].size == dec["flag"].size == 0 and prepared.extra["tail_row"] == 0
+    assert dec["carry"].size == 0 and prepared.extra["tail_row"] == 0 and not prepared.extra["fixup"]
 
 
 # -- the reference against SciPy ------------------------------------------------------------------
@@ -288,16 +283,14 @@ def test_reference_matches_scipy_on_shared_matrices(name, shared_dir):
             _check_against_scipy(_case(name, dtype), dtype, params)
 
 
-# -- which tiles publish a share, memory, the 32-bit guard ----------------------------------------
-def test_a_tile_publishes_a_share_only_where_its_last_row_goes_on_past_it():
-    def on(lengths):
-        A = _rows(lengths, cols=300)
-        return goes_on(A.indptr, decompose(A.indptr, sigma=4)["tile_ptr"], TILE4).tolist()
-
-    assert on([TILE4] * 5) == [False] * 5  # every tile ends a row
-    assert on([TILE4 + 1] * 5) == [True] * 5  # every tile's last row goes on (the fifth's into the tail)
-    assert on([TILE4 * 2 + 3]) == [True, True]  # one row through both tiles into the tail
-    assert on([TILE4 * 2]) == [True, False]  # one row, ending with the second tile: no tail
+# -- when the fix-up runs, memory, the 32-bit guard -----------------------------------------------
+def test_fixup_needed_only_where_a_tile_begins_inside_a_row():
+    aligned = _rows([TILE4] * 5, cols=200)  # every tile begins a row
+    assert not needs_fixup(aligned.indptr, decompose(aligned.indptr, sigma=4)["tile_ptr"], TILE4)
+    shifted = _rows([TILE4 + 1] * 5, cols=200)
+    assert needs_fixup(shifted.indptr, decompose(shifted.indptr, sigma=4)["tile_ptr"], TILE4)
+    tail = _rows([TILE4 * 2 + 3], cols=300)  # the tail begins inside the row
+    assert needs_fixup(tail.indptr, decompose(tail.indptr, sigma=4)["tile_ptr"], TILE4)
 
 
 def test_memory_ratio():
@@ -330,15 +323,14 @@ def _gpu_check(A, dtype: str, params: dict) -> None:
     got, want = FAMILY.decomposition(gpu), FAMILY.decomposition(cpu)
     for key in ("tile_ptr", "dirty", "flags", "values", "columns"):
         np.testing.assert_array_equal(got[key], want[key], err_msg=f"{params}: {key}")
-    for key in ("tail_row", "narrow"):
+    for key in ("tail_row", "fixup", "narrow"):
         assert gpu.extra[key] == cpu.extra[key], f"{params}: {key}"
     if cpu.extra["narrow"]:
         np.testing.assert_array_equal(gpu.extra["base"].get(), cpu.extra["base"])
-    # A share is a partial sum of one row: bounded by the same partial sum of |a||x|.
+    # A carry is a partial sum of one row: bounded by the same partial sum of |a||x|.
     abs_prods = products(abs(A), np.abs(ref.x))
-    _, part_scale = spmv_reference(A.indptr, abs_prods, want, sigma=params["sigma"])
-    assert np.all(np.abs(got["part"] - want["part"]) <= 2 * ref.rtol * part_scale + ref.atol), f"{params}: part"
-    assert not got["flag"].any(), f"{params}: a share published and never read (its flag still set)"
+    _, carry_scale = spmv_reference(A.indptr, abs_prods, want, sigma=params["sigma"])
+    assert np.all(np.abs(got["carry"] - want["carry"]) <= 2 * ref.rtol * carry_scale + ref.atol), f"{params}: carry"
 
 
 @pytest.mark.gpu
