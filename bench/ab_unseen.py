@@ -96,7 +96,7 @@ def compare(files: list[Path], base: str | None = None) -> list[str]:
     for path in sorted(files):
         found = LABEL.search(path.name)
         if found is None:
-            raise SystemExit(f"{path.name}: not a run of `ab_unseen.py run` (…_unseen-ab-<tree>-<n>.json)")
+            raise SystemExit(f"{path.name}: not a run of `ab_unseen.py run` (…_unseen-ab-<tree>-<n>.json.gz)")
         runs[found["tree"]].append(read_json(path)["rows"])
     if len(runs) != 2:
         raise SystemExit(f"compare takes the runs of two trees, got {sorted(runs) or 'none'}")
