@@ -1391,9 +1391,9 @@ def citations(n: int, rng: np.random.Generator, per_row: int = 20, recent: int =
 def torus3d(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     """The 7-point Laplacian on a side^3 grid with periodic boundaries: every row 7 entries, a face's rows also
     the far face's (columns side - 1 planes, rows or places away): 2 / side of the rows span the whole of x."""
-    z, rest = np.divmod(np.arange(side ** 3, dtype=np.int64), side * side)
+    me = np.arange(side ** 3, dtype=np.int64)
+    z, rest = np.divmod(me, side * side)
     y, x = np.divmod(rest, side)
-    me = (z * side + y) * side + x
     rows, cols = [me], [me]
     for dz, dy, dx in ((1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, -1, 0), (0, 0, 1), (0, 0, -1)):
         rows.append(me)
