@@ -224,6 +224,21 @@ Set ``q``, added at stop 72 before anything of that stop was changed, and measur
   among the 2,000 papers before it, half skewed to the oldest;
 - ``torus3d``: the 7-point Laplacian on a 150^3 periodic grid: a face's rows also read the opposite face.
 
+Set ``r``, added at stop 73 before anything of that stop was changed, and measured as it came:
+
+- ``reactdiff``: a reaction-diffusion Jacobian, 20 species a node of a 230^2 grid numbered node by node: a run of 20
+  (the node's reactions) and 4 singles 20 and 4,600 columns away (diffusion), 24 entries a row;
+- ``patree``: the Laplacian of a random tree of 8 M nodes grown in order, node i hanging from node i u^2: 3 entries a
+  row on average, power-law degrees (the first rows thousands long), each row reading its parent far back;
+- ``kronrandom``: the Kronecker product of two random 1,000^2 matrices of 5 a row: up to 25 entries a row in 5
+  clusters, each 5 random columns of a window of 1,000;
+- ``sparseblocks``: 30,000 independent 64 x 64 blocks at 20 % density (a batch of small systems): about 13 random
+  columns a row within the row's own 64;
+- ``tandemqueue``: the generator of a Markov chain of 5 queues in tandem, 20 places each (4 M states): up to 7
+  entries a row at fixed offsets from 1 to 21^4, fewer at the boundaries;
+- ``levy``: a Levy flight's jumps on a ring of 2 M, 16 a row: half within 4 columns of the diagonal, 3 % beyond
+  1,000, a few anywhere.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -1401,6 +1416,83 @@ def torus3d(side: int, rng: np.random.Generator) -> sp.csr_matrix:
     return _csr(np.concatenate(rows), np.concatenate(cols), (side ** 3, side ** 3), rng)
 
 
+def reactdiff(side: int, rng: np.random.Generator, species: int = 20) -> sp.csr_matrix:
+    """A reaction-diffusion Jacobian on a side x side grid, ``species`` unknowns a node numbered node by node: each
+    row the node's whole reaction block (a run of ``species``) and its species at the 4 neighbours (singles
+    ``species`` and ``side * species`` columns away)."""
+    node = np.arange(side * side, dtype=np.int64)
+    y, x = np.divmod(node, side)
+    rows = [np.repeat(np.arange(side * side * species, dtype=np.int64), species)]
+    cols = [np.repeat(node * species, species * species) + np.tile(np.arange(species), side * side * species)]
+    s = np.arange(species)
+    for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+        inside = (y + dy >= 0) & (y + dy < side) & (x + dx >= 0) & (x + dx < side)
+        here, there = node[inside], node[inside] + dy * side + dx
+        rows.append((here[:, None] * species + s).ravel())
+        cols.append((there[:, None] * species + s).ravel())
+    n = side * side * species
+    return _csr(np.concatenate(rows), np.concatenate(cols), (n, n), rng)
+
+
+def patree(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The Laplacian pattern of a random tree grown node by node, node i hanging from node floor(i u^2) (u uniform:
+    the old nodes collect children, degrees a power law as under preferential attachment), in order of arrival:
+    3 entries a row on average, the first rows thousands long, a child's row reading its parent far back."""
+    child = np.arange(1, n, dtype=np.int64)
+    parent = np.floor(child * rng.random(child.size) ** 2).astype(np.int64)
+    diagonal = np.arange(n, dtype=np.int64)
+    return _csr(np.concatenate([diagonal, child, parent]), np.concatenate([diagonal, parent, child]), (n, n), rng)
+
+
+def kronrandom(n: int, rng: np.random.Generator, per_row: int = 5) -> sp.csr_matrix:
+    """The Kronecker product of two random n x n matrices of ``per_row`` random columns a row: n^2 rows of up to
+    per_row^2 entries in per_row clusters (one a column of the first factor), each per_row random columns of a
+    window of n, the windows far apart."""
+    def factor() -> sp.csr_matrix:
+        r = np.repeat(np.arange(n), per_row)
+        return _csr(r, rng.integers(0, n, r.size), (n, n), rng)
+
+    K = sp.kron(factor(), factor(), format="coo")
+    return _csr(K.row, K.col, K.shape, rng)
+
+
+def sparseblocks(blocks: int, rng: np.random.Generator, size: int = 64, density: float = 0.2) -> sp.csr_matrix:
+    """Block diagonal, ``blocks`` independent sparse blocks of size x size each entry present with probability
+    ``density`` (a chemistry Jacobian per cell, a batch of small systems): about 13 random columns a row, all
+    within the row's own 64."""
+    r = np.repeat(np.arange(blocks * size, dtype=np.int64), size)
+    c = (r // size) * size + np.tile(np.arange(size), blocks * size)
+    keep = rng.random(r.size) < density
+    keep |= r == c  # the diagonal always
+    return _csr(r[keep], c[keep], (blocks * size, blocks * size), rng)
+
+
+def tandemqueue(capacity: int, rng: np.random.Generator, queues: int = 5) -> sp.csr_matrix:
+    """The generator of a continuous-time Markov chain, ``queues`` queues in tandem of ``capacity`` each (states
+    numbered with the first queue's length fastest): each row its diagonal, an arrival, a move from each queue to
+    the next and a departure where the state allows: up to queues + 2 entries at offsets +1, (c+1)^(k+1) - (c+1)^k
+    and -(c+1)^(queues-1), fewer at the boundaries."""
+    base = capacity + 1
+    state = np.arange(base ** queues, dtype=np.int64)
+    length = [state // base ** k % base for k in range(queues)]
+    rows, cols = [state], [state]
+    moves = [(length[0] < capacity, 1)]  # an arrival
+    moves += [((length[k] > 0) & (length[k + 1] < capacity), base ** (k + 1) - base ** k) for k in range(queues - 1)]
+    moves += [(length[-1] > 0, -base ** (queues - 1))]  # a departure
+    for allowed, step in moves:
+        rows.append(state[allowed])
+        cols.append(state[allowed] + step)
+    return _csr(np.concatenate(rows), np.concatenate(cols), (state.size, state.size), rng)
+
+
+def levy(n: int, rng: np.random.Generator, per_row: int = 16, tail: float = 0.5) -> sp.csr_matrix:
+    """Jumps of a Levy flight on a ring: row i reads ``per_row`` columns i +- d, d heavy-tailed (1 + Lomax(``tail``),
+    half of them within 4, 3 % beyond 1,000, 0.3 % beyond 100,000): most gathers near the diagonal, a few anywhere."""
+    i = np.repeat(np.arange(n, dtype=np.int64), per_row)
+    d = np.floor(1 + rng.pareto(tail, i.size)).astype(np.int64) % n
+    return _csr(i, (i + np.where(rng.random(i.size) < 0.5, d, -d)) % n, (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1411,7 +1503,8 @@ class Unseen:
     size: int
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
-    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71, "q" 72
+    # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71, "q" 72,
+    # "r" 73
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1516,6 +1609,12 @@ MATRICES = (
     Unseen("interleaved", interleaved, 1_000_000, 174, "q"),       # ~25 M
     Unseen("citations", citations, 1_200_000, 175, "q"),           # ~24 M
     Unseen("torus3d", torus3d, 150, 176, "q", dims=3),             # ~24 M
+    Unseen("reactdiff", reactdiff, 230, 181, "r", dims=2),         # ~25 M
+    Unseen("patree", patree, 8_000_000, 182, "r"),                 # 24 M
+    Unseen("kronrandom", kronrandom, 1_000, 183, "r", dims=2),     # ~24 M
+    Unseen("sparseblocks", sparseblocks, 30_000, 184, "r"),        # ~25 M
+    Unseen("tandemqueue", tandemqueue, 20, 185, "r", dims=5),      # ~24 M
+    Unseen("levy", levy, 2_000_000, 186, "r"),                     # ~23 M
 )
 
 

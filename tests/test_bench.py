@@ -817,6 +817,35 @@ def test_the_unseen_benchmarks_seventeenth_set_builds_the_structures_it_names() 
     assert np.array_equal(torus[0].indices, [0, 1, 4, 5, 20, 25, 100]) and np.all(np.diff(torus.indptr) == 7)
     assert built["torus3d"].nnz == 7 * 32 ** 3
 
+def test_the_unseen_benchmarks_eighteenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set r at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen")
+    built = _unseen_set("r", {"reactdiff", "patree", "kronrandom", "sparseblocks", "tandemqueue", "levy"})
+    grid = module.reactdiff(4, np.random.default_rng(0), species=3)  # node 5 (1, 1), its species 1: row 16
+    assert np.array_equal(grid[16].indices, [4, 13, 15, 16, 17, 19, 28])
+    assert np.diff(built["reactdiff"].indptr).max() == 24  # 20 species and 4 neighbours inside
+    tree = built["patree"]
+    assert (tree.astype(bool) != tree.T.astype(bool)).nnz == 0 and tree.nnz == 3 * tree.shape[0] - 2
+    edges = tree.tocoo()
+    older = np.bincount(edges.row[edges.col < edges.row], minlength=tree.shape[0])
+    assert older[0] == 0 and np.all(older[1:] == 1)  # every node but the first one parent, an older node
+    assert np.argmax(np.diff(tree.indptr)) < 10 and np.diff(tree.indptr).max() > 100  # the oldest collect children
+    kron = built["kronrandom"].tocoo()
+    n = 100  # its factors' order at this scale
+    assert built["kronrandom"].shape == (n * n, n * n) and np.diff(built["kronrandom"].indptr).max() <= 25
+    assert max(np.unique(kron.col[kron.row == r] // n).size for r in range(0, n * n, 997)) <= 5
+    blocks = built["sparseblocks"].tocoo()
+    assert np.all(blocks.col // 64 == blocks.row // 64) and built["sparseblocks"].diagonal().all()
+    queue = module.tandemqueue(2, np.random.default_rng(0), queues=3)  # 27 states, the first queue's length fastest
+    assert np.array_equal(queue[0].indices, [0, 1]) and np.array_equal(queue[1].indices, [1, 2, 3])
+    assert np.array_equal(queue[26].indices, [17, 26])  # all full: only a departure, 2 * 9 states back
+    assert np.diff(built["tandemqueue"].indptr).max() == 7  # 5 queues: itself, an arrival, 4 moves, a departure
+    flight = built["levy"].tocoo()
+    gap = np.abs(flight.col - flight.row)
+    gap = np.minimum(gap, flight.shape[0] - gap)  # on the ring
+    assert np.mean(gap <= 4) > 0.4 and np.mean(gap > 1_000) > 0.01
+
+
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
     module = _bench_module("unseen")
