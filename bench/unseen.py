@@ -1490,7 +1490,7 @@ def levy(n: int, rng: np.random.Generator, per_row: int = 16, tail: float = 0.5)
     half of the draws within 4, 3 % beyond 1,000, 0.3 % beyond 100,000): most gathers near the diagonal, a few
     anywhere."""
     i = np.repeat(np.arange(n, dtype=np.int64), per_row)
-    d = np.floor(1 + rng.pareto(tail, i.size)).astype(np.int64) % n
+    d = np.fmod(np.floor(1 + rng.pareto(tail, i.size)), n).astype(np.int64)  # a draw past 2^63 wraps, not overflows
     return _csr(i, (i + np.where(rng.random(i.size) < 0.5, d, -d)) % n, (n, n), rng)
 
 
