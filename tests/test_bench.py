@@ -353,7 +353,8 @@ def test_probe_h_times_configs_their_spaces_take() -> None:
 
 
 @pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
-                                    "plan_timeline", "probe_firsttouch", "probe_listed", "probe_lofo_size",
+                                    "plan_timeline", "probe_firsttouch", "probe_gather", "probe_listed",
+                                    "probe_lofo_size",
                                     "probe_reference", "probe_rowsort", "probe_tune_scale", "profile_plan", "race_lofo",
                                     "race_lofo_gpu", "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
@@ -367,6 +368,24 @@ def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage:") and path.read_text().split('"""')[1].splitlines()[0][:40] in \
         " ".join(done.stdout.split())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_probe_gather_kernels_compile_with_nvcc(tmp_path: Path) -> None:
+    """bench/probe_gather.py's kernels, kernels/csr_vector.cu with its loads or its rows' order rewritten, each with
+    a float64 and a float32 instantiation: the lines they rewrite are still in csr_vector.cu, and the PTX of the cache
+    hints assembles."""
+    import subprocess
+
+    sources = _bench_module("probe_gather").sources()
+    assert len(sources) == 10
+    uses = "void instantiate_all() { (void)&csr_vector<double, 4, true>; (void)&csr_vector<float, 8, false>; }\n"
+    for name, source in sources.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.cu"
+        path.write_text(source + uses)
+        done = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-arch=sm_90", "-c", str(path), "-o",
+                               str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{name}: {done.stderr}"
 
 
 def test_the_plan_timeline_marks_steps_the_code_still_has_and_each_mark_once_a_call() -> None:
