@@ -17,14 +17,14 @@ for x, STREAM for values and columns):
 
 Stop 73's findings, an H200, twelve unseen matrices, 4 and 8 threads a row (``bench/results/2026-11-29_probe_gather-
 73.txt``, ``..._probe_gather-sweep-73.txt``, ``..._probe_gather-claim-73.txt``): what the L1 keeps of x matters most:
-with ``no_allocate`` no matrix ran faster and citations ran at half speed (0.92 -> 0.46x cuSPARSE). The L2 policies
-helped erdos (x of 800 KB, 250 random columns a row: 0.93 -> 1.39x, float64, 8 threads a row) and hurt as often
-(rgg 1.54 -> 1.38x). The block size moves csr_vector both ways, by up to 1.6x: blocks of 1024 threads against 128 ran
-kronrandom 0.76 -> 1.21x, sawtooth 0.90 -> 1.26x, colperm27 0.93 -> 1.14x, citations 0.82 -> 1.01x (float64, 4 threads
-a row), erdos 1.08 -> 1.57x (float32), but rgg 1.50 -> 1.34x and reactdiff 1.45 -> 1.35x. Blocks of 128 sweeping 4,
-16 or 64 tiles beat blocks of 1024 only on erdos in float32 with 8 threads a row (1.59x against 1.45x, sweeping 4);
-tiles claimed from the SM's share (an atomic a block, the counters zeroed before each product) lost to blocks of 1024
-on every matrix and to blocks of 128 on ten of twelve (rgg 1.50 -> 0.88x).
+with ``no_allocate`` none of the 48 cells (matrix, dtype, threads a row) ran faster, 43 over 2 % slower, citations at
+half speed (0.92 -> 0.46x cuSPARSE). x ``evict_last`` sped 16 cells up by over 2 % (erdos, x of 800 KB and 250 random
+columns a row: 0.93 -> 1.39x, float64, 8 threads a row) and slowed 23 (rgg 1.54 -> 1.38x); the entries ``evict_first``
+15 and 21. The block size moves csr_vector both ways, by up to 1.6x: blocks of 1024 threads against 128 ran kronrandom
+0.76 -> 1.21x, sawtooth 0.90 -> 1.26x, colperm27 0.93 -> 1.14x, citations 0.82 -> 1.01x (float64, 4 threads a row),
+erdos 1.08 -> 1.57x (float32), but rgg 1.50 -> 1.34x and reactdiff 1.45 -> 1.35x. Blocks of 128 sweeping 4, 16 or 64
+tiles beat the better of blocks of 128 and 1024 in 5 of 48 cells, by 1-3 % but on erdos in float32 (1.10x); tiles
+claimed from the SM's share (an atomic a block, the counters zeroed before each product) in none (rgg 1.50 -> 0.88x).
 """
 
 import sys

@@ -1612,9 +1612,9 @@ MATRICES = (
     Unseen("torus3d", torus3d, 150, 176, "q", dims=3),             # ~24 M
     Unseen("reactdiff", reactdiff, 230, 181, "r", dims=2),         # ~25 M
     Unseen("patree", patree, 8_000_000, 182, "r"),                 # 24 M
-    Unseen("kronrandom", kronrandom, 1_000, 183, "r", dims=2),     # ~24 M
-    Unseen("sparseblocks", sparseblocks, 30_000, 184, "r"),        # ~25 M
-    Unseen("tandemqueue", tandemqueue, 20, 185, "r", dims=5),      # ~24 M
+    Unseen("kronrandom", kronrandom, 1_000, 183, "r", dims=2),     # ~25 M
+    Unseen("sparseblocks", sparseblocks, 30_000, 184, "r"),        # ~26 M
+    Unseen("tandemqueue", tandemqueue, 20, 185, "r", dims=5),      # ~27 M
     Unseen("levy", levy, 2_000_000, 186, "r"),                     # ~23 M
 )
 
