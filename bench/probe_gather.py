@@ -44,10 +44,10 @@ from tuner.measure.backend import GpuBackend  # noqa: E402
 
 VARIANTS = {0: "as is", 1: "x no_allocate", 2: "x evict_last", 3: "entries evict_first",
             4: "x evict_last, entries evict_first", 5: "x no_allocate, entries evict_first"}
-TILES = (4, 16, 64)
-"""The tiles of rows a block sweeps (``--mode sweep``)."""
 GATHER = {0: "ld_plain", 1: "ld_na", 2: "ld_last", 3: "ld_plain", 4: "ld_last", 5: "ld_na"}
 STREAM = {0: "ld_plain", 1: "ld_plain", 2: "ld_plain", 3: "ld_first", 4: "ld_first", 5: "ld_first"}
+TILES = (4, 16, 64)
+"""The tiles of rows a block sweeps (``--mode sweep``)."""
 
 HINTED = r"""
 __device__ __forceinline__ double NAME(const double* p) { double v;
