@@ -354,9 +354,8 @@ def test_probe_h_times_configs_their_spaces_take() -> None:
 
 @pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
                                     "plan_timeline", "probe_firsttouch", "probe_gather", "probe_listed",
-                                    "probe_lofo_size",
-                                    "probe_reference", "probe_rowsort", "probe_tune_scale", "profile_plan", "race_lofo",
-                                    "race_lofo_gpu", "spmspv", "unseen"])
+                                    "probe_lofo_size", "probe_reference", "probe_rowsort", "probe_tune_scale",
+                                    "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
     import subprocess
@@ -835,6 +834,7 @@ def test_the_unseen_benchmarks_seventeenth_set_builds_the_structures_it_names() 
     torus = module.torus3d(5, np.random.default_rng(0))
     assert np.array_equal(torus[0].indices, [0, 1, 4, 5, 20, 25, 100]) and np.all(np.diff(torus.indptr) == 7)
     assert built["torus3d"].nnz == 7 * 32 ** 3
+
 
 def test_the_unseen_benchmarks_eighteenth_set_builds_the_structures_it_names() -> None:
     """bench/unseen.py set r at a small scale: each generator's defining trait."""
