@@ -14,6 +14,7 @@ for x, STREAM for values and columns):
     python bench/probe_gather.py perm27,citations,rgg
     python bench/probe_gather.py perm27,citations,rgg --mode sweep   # rows to SMs: block sizes, blocks sweeping tiles
     python bench/probe_gather.py perm27,citations,rgg --mode claim   # each block's tile claimed from its SM's share
+    python bench/probe_gather.py rgg,kronrandom --mode blocks --picks bench/results/*_unseen-r73.json.gz  # predict's
 
 Stop 73's findings, an H200, twelve unseen matrices, 4 and 8 threads a row (``bench/results/2026-11-29_probe_gather-
 73.txt``, ``..._probe_gather-sweep-73.txt``, ``..._probe_gather-claim-73.txt``): what the L1 keeps of x matters most:
@@ -25,6 +26,9 @@ columns a row: 0.93 -> 1.39x, float64, 8 threads a row) and slowed 23 (rgg 1.54 
 erdos 1.08 -> 1.57x (float32), but rgg 1.50 -> 1.34x and reactdiff 1.45 -> 1.35x. Blocks of 128 sweeping 4, 16 or 64
 tiles beat the better of blocks of 128 and 1024 in 5 of 48 cells, by 1-3 % but on erdos in float32 (1.10x); tiles
 claimed from the SM's share (an atomic a block, the counters zeroed before each product) in none (rgg 1.50 -> 0.88x).
+Predict's csr_vector at each block size (``--mode blocks``, ``..._probe_gather-blocks-73.txt``, the 102 cells where
+predict ran csr_vector): its picks 1.195x cuSPARSE, each cell's best block 1.251x, 13 cells over 10 % better, all in
+blocks of 1024; one block size for all 1.193-1.200x.
 """
 
 import sys
@@ -231,6 +235,31 @@ def claimed_runs(fam: Any, A: Any, x: Any, modules: dict[tuple[int, str], Any]) 
     return runs
 
 
+BLOCKS = (64, 128, 256, 512, 1024)
+"""The block sizes ``--mode blocks`` times at predict's threads a row."""
+
+
+def predicted_csr_vector(paths: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(matrix, dtype) -> the csr_vector config ``plan(effort="predict")`` ran, from bench/unseen.py's result files."""
+    import json
+
+    from common.jsonfile import read_json
+
+    return {(r["matrix"], r["dtype"]): json.loads(r["params"]) for path in paths for r in read_json(path)["rows"]
+            if r["effort"] == "predict" and r["kernel"] == "csr_vector"}
+
+
+def blocked_runs(fam: Any, A: Any, x: Any, picked: dict[str, Any]) -> list[tuple[str, Any]]:
+    """csr_vector as predict picked it (``picked``), and its threads a row at each of :data:`BLOCKS`: how much a
+    prediction leaves in the block size alone."""
+    runs = []
+    for block in BLOCKS:
+        prepared = fam.prepare(A, {**picked, "block_size": block})
+        mark = " (predict's)" if block == picked["block_size"] else ""
+        runs.append((f"tpr {picked['threads_per_row']} block {block}{mark}", lambda p=prepared: fam.run(p, x)))
+    return runs
+
+
 def sources() -> dict[str, str]:
     """Every kernel source the probe compiles, by name: what a CPU test compiles with nvcc (the text it rewrites
     in kernels/csr_vector.cu still there)."""
@@ -243,20 +272,25 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("matrices", help="bench/unseen.py's matrices, comma-separated")
-    ap.add_argument("--mode", choices=("hints", "sweep", "claim"), default="hints",
+    ap.add_argument("--mode", choices=("hints", "sweep", "claim", "blocks"), default="hints",
                     help="cache hints on the loads; rows to SMs by block size and blocks sweeping tiles; tiles claimed "
-                         "from the SM's share")
+                         "from the SM's share; predict's csr_vector at each block size (--picks)")
+    ap.add_argument("--picks", nargs="*", default=[],
+                    help="bench/unseen.py result files: predict's picks (--mode blocks)")
     args = ap.parse_args()
     import cupy
 
     backend = GpuBackend()
     fam = get_family("csr_vector")
     modules: dict[tuple[Any, str], Any] = {}
-    runs_of = {"hints": hinted_runs, "sweep": swept_runs, "claim": claimed_runs}[args.mode]
+    picks = predicted_csr_vector(args.picks)
+    runs_of = {"hints": hinted_runs, "sweep": swept_runs, "claim": claimed_runs}.get(args.mode)
     for name, A, dtype in each_unseen(args.matrices):
+        if args.mode == "blocks" and (name, dtype) not in picks:
+            continue
         x = cupy.random.default_rng(0).random(A.shape[1]).astype(dtype)
-        against_cusparse(backend, A, x, runs_of(fam, A, x, modules),
-                         f"{name} {dtype} ({A.shape[0]} x {A.shape[1]}, {A.nnz} nnz)")
+        runs = blocked_runs(fam, A, x, picks[name, dtype]) if runs_of is None else runs_of(fam, A, x, modules)
+        against_cusparse(backend, A, x, runs, f"{name} {dtype} ({A.shape[0]} x {A.shape[1]}, {A.nnz} nnz)")
 
 
 if __name__ == "__main__":
