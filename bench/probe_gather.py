@@ -278,6 +278,8 @@ def main() -> None:
     ap.add_argument("--picks", nargs="*", default=[],
                     help="bench/unseen.py result files: predict's picks (--mode blocks)")
     args = ap.parse_args()
+    if args.mode == "blocks" and not args.picks:
+        ap.error("--mode blocks times predict's picks: name bench/unseen.py result files with --picks")
     import cupy
 
     backend = GpuBackend()
