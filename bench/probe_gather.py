@@ -144,93 +144,100 @@ def variant_source(v: int) -> str:
     return PRELUDE + f"#define GATHER {GATHER[v]}\n#define STREAM {STREAM[v]}\n" + src
 
 
-def hinted_runs(fam: Any, A: Any, x: Any, modules: dict[tuple[int, str], Any]) -> list[tuple[str, Any]]:
-    """csr_vector, 4 and 8 threads a row in blocks of 128, under each variant of :data:`VARIANTS`."""
+def _compiled(modules: dict[tuple[Any, str], Any], key: Any, source: Any, fam: Any, A: Any, prepared: Any) -> Any:
+    """``prepared``'s instantiation of csr_vector (its values, threads a row and columns, narrow where they were
+    attached) out of the rewritten source ``source()``, compiled once a key and dtype."""
     import cupy
 
+    if (key, str(A.dtype)) not in modules:
+        modules[key, str(A.dtype)] = cupy.RawModule(code=source(), options=("-std=c++17",),
+                                                    name_expressions=fam.name_expressions(A.dtype))
+    narrow = "true" if "base" in prepared.extra else "false"
+    tpr = prepared.params["threads_per_row"]
+    return modules[key, str(A.dtype)].get_function(f"csr_vector<{c_type(A.dtype)}, {tpr}, {narrow}>")
+
+
+def _as_is(fam: Any, A: Any, x: Any, params: dict[str, Any], blocks: tuple[int, ...],
+           notes: dict[int, str] | None = None) -> list[tuple[str, Any]]:
+    """csr_vector with ``params`` in each of ``blocks``, the library's own kernel (``notes``: added to a block's
+    label): what the rewritten ones are held to."""
+    runs = []
+    for block in blocks:
+        prepared = fam.prepare(A, {**params, "block_size": block})
+        label = f"tpr {params['threads_per_row']} block {block}{(notes or {}).get(block, '')}"
+        runs.append((label, lambda p=prepared: fam.run(p, x)))
+    return runs
+
+
+def _by_hand(kernel: Any, prepared: Any, A: Any, x: Any, blocks: int, block: int, extra: tuple = (),
+             before: Any = None) -> Any:
+    """A product of ``kernel`` launched by hand, ``blocks`` blocks of ``block`` threads, with csr_vector's arguments
+    for ``prepared`` (then ``extra``) into a y of its own; ``before`` called ahead of each launch."""
+    import cupy
+
+    from kernels._narrow import launch_columns
+
+    assert "listed" not in prepared.extra  # every row, not a list of the nonempty ones
+    out = cupy.empty(A.shape[0], dtype=A.dtype)
+    args = (np.int32(A.shape[0]), A.indptr, A.indices, *launch_columns(prepared.extra, A.indices), A.data, x, out,
+            None, *extra)
+
+    def run() -> Any:
+        if before is not None:
+            before()
+        kernel((blocks,), (block,), args)
+        return out
+
+    return run
+
+
+def hinted_runs(fam: Any, A: Any, x: Any, modules: dict[tuple[Any, str], Any]) -> list[tuple[str, Any]]:
+    """csr_vector, 4 and 8 threads a row in blocks of 128, under each variant of :data:`VARIANTS`."""
     runs = []
     for tpr in (4, 8):
         for v, label in VARIANTS.items():
             prepared = fam.prepare(A, {"threads_per_row": tpr, "block_size": 128, "indices": "narrow"})
-            if (v, str(A.dtype)) not in modules:
-                modules[v, str(A.dtype)] = cupy.RawModule(code=variant_source(v), options=("-std=c++17",),
-                                                          name_expressions=fam.name_expressions(A.dtype))
-            narrow = "true" if "base" in prepared.extra else "false"
-            kernel = f"csr_vector<{c_type(A.dtype)}, {tpr}, {narrow}>"
-            prepared.extra["kernel"] = modules[v, str(A.dtype)].get_function(kernel)
+            prepared.extra["kernel"] = _compiled(modules, v, lambda v=v: variant_source(v), fam, A, prepared)
             runs.append((f"tpr {tpr} {label}", lambda p=prepared: fam.run(p, x)))
     return runs
 
 
-def swept_runs(fam: Any, A: Any, x: Any, modules: dict[tuple[int, str], Any]) -> list[tuple[str, Any]]:
+def swept_runs(fam: Any, A: Any, x: Any, modules: dict[tuple[Any, str], Any]) -> list[tuple[str, Any]]:
     """csr_vector, 4 and 8 threads a row, in blocks of 128, 512 and 1024 as it is, and in blocks of 128 each
     sweeping 4, 16 or 64 tiles of rows (:func:`sweep_source`)."""
-    import cupy
-
     from kernels._cuda import grid
-    from kernels._narrow import launch_columns
 
     runs = []
     for tpr in (4, 8):
-        for block in (128, 512, 1024):
-            prepared = fam.prepare(A, {"threads_per_row": tpr, "block_size": block, "indices": "narrow"})
-            runs.append((f"tpr {tpr} block {block}", lambda p=prepared: fam.run(p, x)))
+        params = {"threads_per_row": tpr, "indices": "narrow"}
+        runs += _as_is(fam, A, x, params, (128, 512, 1024))
         for tiles in TILES:
-            prepared = fam.prepare(A, {"threads_per_row": tpr, "block_size": 128, "indices": "narrow"})
-            assert "listed" not in prepared.extra
-            if (tiles, str(A.dtype)) not in modules:
-                modules[tiles, str(A.dtype)] = cupy.RawModule(code=sweep_source(tiles), options=("-std=c++17",),
-                                                              name_expressions=fam.name_expressions(A.dtype))
-            narrow = "true" if "base" in prepared.extra else "false"
-            kernel = modules[tiles, str(A.dtype)].get_function(f"csr_vector<{c_type(A.dtype)}, {tpr}, {narrow}>")
-            out = cupy.empty(A.shape[0], dtype=A.dtype)
-            m = A.shape[0]
-            args = (np.int32(m), A.indptr, A.indices, *launch_columns(prepared.extra, A.indices), A.data, x, out, None)
-            blocks = -(-grid(m * tpr, 128) // tiles)
-
-            def run(kernel: Any = kernel, blocks: int = blocks, args: tuple = args, out: Any = out) -> Any:
-                kernel((blocks,), (128,), args)
-                return out
-
-            runs.append((f"tpr {tpr} block 128 sweep {tiles}", run))
+            prepared = fam.prepare(A, {**params, "block_size": 128})
+            kernel = _compiled(modules, tiles, lambda t=tiles: sweep_source(t), fam, A, prepared)
+            blocks = -(-grid(A.shape[0] * tpr, 128) // tiles)
+            runs.append((f"tpr {tpr} block 128 sweep {tiles}", _by_hand(kernel, prepared, A, x, blocks, 128)))
     return runs
 
 
-def claimed_runs(fam: Any, A: Any, x: Any, modules: dict[tuple[int, str], Any]) -> list[tuple[str, Any]]:
+def claimed_runs(fam: Any, A: Any, x: Any, modules: dict[tuple[Any, str], Any]) -> list[tuple[str, Any]]:
     """csr_vector, 4 and 8 threads a row, in blocks of 128 and 1024 as it is, and in blocks of 128, 256 and 512
     claiming their tiles from their SM's share (:func:`claim_source`; the counters zeroed before each product)."""
     import cupy
 
     from kernels._cuda import grid
-    from kernels._narrow import launch_columns
 
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     counters = cupy.zeros(sms, dtype=cupy.uint32)
     runs = []
     for tpr in (4, 8):
-        for block in (128, 1024):
-            prepared = fam.prepare(A, {"threads_per_row": tpr, "block_size": block, "indices": "narrow"})
-            runs.append((f"tpr {tpr} block {block}", lambda p=prepared: fam.run(p, x)))
+        params = {"threads_per_row": tpr, "indices": "narrow"}
+        runs += _as_is(fam, A, x, params, (128, 1024))
         for block in (128, 256, 512):
-            prepared = fam.prepare(A, {"threads_per_row": tpr, "block_size": block, "indices": "narrow"})
-            assert "listed" not in prepared.extra
-            if ("claim", str(A.dtype)) not in modules:
-                modules["claim", str(A.dtype)] = cupy.RawModule(code=claim_source(), options=("-std=c++17",),
-                                                                name_expressions=fam.name_expressions(A.dtype))
-            narrow = "true" if "base" in prepared.extra else "false"
-            kernel = modules["claim", str(A.dtype)].get_function(f"csr_vector<{c_type(A.dtype)}, {tpr}, {narrow}>")
-            out = cupy.empty(A.shape[0], dtype=A.dtype)
-            m = A.shape[0]
-            tiles = grid(m * tpr, block)
-            args = (np.int32(m), A.indptr, A.indices, *launch_columns(prepared.extra, A.indices), A.data, x, out, None,
-                    counters, np.int32(sms), np.int64(-(-tiles // sms)))
-
-            def run(kernel: Any = kernel, tiles: int = tiles, block: int = block, args: tuple = args,
-                    out: Any = out) -> Any:
-                counters.fill(0)
-                kernel((tiles,), (block,), args)
-                return out
-
+            prepared = fam.prepare(A, {**params, "block_size": block})
+            kernel = _compiled(modules, "claim", claim_source, fam, A, prepared)
+            tiles = grid(A.shape[0] * tpr, block)
+            extra = (counters, np.int32(sms), np.int64(-(-tiles // sms)))
+            run = _by_hand(kernel, prepared, A, x, tiles, block, extra, before=lambda: counters.fill(0))
             runs.append((f"tpr {tpr} block {block} claimed", run))
     return runs
 
@@ -252,12 +259,7 @@ def predicted_csr_vector(paths: list[str]) -> dict[tuple[str, str], dict[str, An
 def blocked_runs(fam: Any, A: Any, x: Any, picked: dict[str, Any]) -> list[tuple[str, Any]]:
     """csr_vector as predict picked it (``picked``), and its threads a row at each of :data:`BLOCKS`: how much a
     prediction leaves in the block size alone."""
-    runs = []
-    for block in BLOCKS:
-        prepared = fam.prepare(A, {**picked, "block_size": block})
-        mark = " (predict's)" if block == picked["block_size"] else ""
-        runs.append((f"tpr {picked['threads_per_row']} block {block}{mark}", lambda p=prepared: fam.run(p, x)))
-    return runs
+    return _as_is(fam, A, x, picked, BLOCKS, notes={picked["block_size"]: " (predict's)"})
 
 
 def sources() -> dict[str, str]:
