@@ -9,11 +9,14 @@ a fresh store as this GPU's selector; each of the family's matrices of ``--min-n
 built again by its suite's generator (or read from ``--mtx-dir``), checked to be the corpus's matrix (its
 fingerprint), and ``plan()`` runs on it as a user's would, at ``effort="predict"`` and then ``"race"``.
 Then, checked against the float64 reference and timed cold (L2 flushed before every product, the configs
-round-robin): the race's pick, predict's, the selector's first config (``first``: what ``tuner recommend``
-answers, :func:`~tuner.execute.choice.choose`), cuSPARSE's two algorithms and the corpus's ``--best`` fastest
-configs of the matrix (its tuned best, timed again by this commit's kernels). The score of a pick is the
-fastest of them all over the pick's time: 1.0 where nothing known is faster. The corpus must be of this
-GPU's model (its times pick the configs timed again, and its device is the selector's).
+round-robin): the race's pick, predict's, the selector's recommendation (``first``: what ``tuner recommend``
+answers, :func:`~tuner.execute.choice.choose`, its second opinion's csr5 where it expects csr5 faster), its
+ranking's first config (``ranked``: the recommendation before stop 74), cuSPARSE's two algorithms and the
+corpus's ``--best`` fastest configs of the matrix (its tuned best, timed again by this commit's kernels). The
+score of a pick is the fastest of them all over the pick's time: 1.0 where nothing known is faster. The corpus
+must be of this GPU's model (its times pick the configs timed again, and its device is the selector's); one with
+csr5's race survey merged in (``tuner corpus replace ... --family csr5``) teaches the selectors their second
+opinion.
 
     python bench/race_lofo_gpu.py \\
         --corpus bench/results/corpus/2026-11-24_NVIDIA-H100-80GB-HBM3-sm-90_corpus.jsonl.gz \\
@@ -40,7 +43,7 @@ from common.jsonfile import write_json  # noqa: E402
 from db.store import Store  # noqa: E402
 from kernels import BASELINE, BASELINE_CONFIGS, canonical, config_key, config_of, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
-from tuner.execute.choice import choose  # noqa: E402
+from tuner.execute.choice import choose, rank_configs  # noqa: E402
 from tuner.execute.plan import plan  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES, extract_features  # noqa: E402
 from tuner.matrix.fingerprint import fingerprint  # noqa: E402
@@ -84,9 +87,12 @@ def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, se
         store = Store(Path(tmp) / "store.db")
         store.add_device(backend.info.record(backend.copy_bandwidth_gbs()))
         save_model(store, selector, device=backend.info.id, dtype=dtype)
+        features = extract_features(A)
         first = choose(table.fingerprints[i], store=store, device=backend.info.id, dtype=dtype, use_tuned=False,
-                       features=extract_features(A))
+                       features=features)
         picks["first"] = (first.kernel, first.params)
+        ranking, _ = rank_configs(store, device=backend.info.id, dtype=dtype, features=features)
+        picks["ranked"] = (ranking[0].kernel, ranking[0].params)
         for effort in ("predict", "race"):
             start = time.perf_counter()
             ex = plan(A, effort=effort, db=store)
@@ -117,17 +123,18 @@ def one_matrix(backend: GpuBackend, A_host: Any, i: int, table: RankingTable, se
     row["corpus_best"] = corpus_best
     row["timed_s"] = timed
     print(f"{row['matrix']:45s} {dtype} race {row['race_score']:.3f} ({row['race_ratio_to_cusparse']:.2f}x) "
-          f"first {row['first_score']:.3f} predict {row['predict_score']:.3f}  {row['race'][:60]}", flush=True)
+          f"first {row['first_score']:.3f} ranked {row['ranked_score']:.3f} predict {row['predict_score']:.3f}  "
+          f"{row['race'][:60]}", flush=True)
     return row
 
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
-    """Per dtype and pick (the race's, the selector's first config, predict's): the score's geomean, 5th
-    percentile and lowest, and the ratio to cuSPARSE."""
+    """Per dtype and pick (the race's, the selector's recommendation, its ranking's first config, predict's): the
+    score's geomean, 5th percentile and lowest, and the ratio to cuSPARSE."""
     out = []
     for dtype in sorted({r["dtype"] for r in rows if "dtype" in r}):
         mine = [r for r in rows if r.get("dtype") == dtype and "error" not in r]
-        for effort in ("race", "first", "predict"):
+        for effort in ("race", "first", "ranked", "predict"):
             if not all(f"{effort}_score" in r for r in mine):
                 continue
             s = np.array([r[f"{effort}_score"] for r in mine])

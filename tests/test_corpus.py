@@ -176,7 +176,8 @@ def test_cli_export_import_and_train_from_a_corpus(source, tmp_path: Path):
 
 def test_a_survey_replaces_a_familys_trials_on_the_corpus_matrices_only(source, tmp_path: Path):
     """csr_vector measured again (narrow columns) on four of the six matrices and on one the corpus lacks: the
-    corpus's csr_vector trials go, the survey's on its own matrices come in, the other families stay."""
+    corpus's csr_vector trials go, the survey's on its own matrices come in, the other families stay, and the
+    survey's trials of a family not named (csr_scalar at a block the corpus never ran) stay out."""
     base = tmp_path / "base.jsonl.gz"
     export_corpus(source, base)
     known = [m["fingerprint"] for m in source.db["matrices"].rows_where(order_by="fingerprint")]
@@ -191,6 +192,9 @@ def test_a_survey_replaces_a_familys_trials_on_the_corpus_matrices_only(source, 
         survey.add_trials([{"fingerprint": fp, "device": DEVICES[0]["id"], "dtype": "float64", "kernel": "csr_vector",
                             "params": narrow, "study": "portfolio", "trial_uid": f"s-{fp}", "state": "ok",
                             "verified": 1, "time_s": 1e-6} for fp in [*known[:4], "e" * 32]])
+        survey.add_trials([{"fingerprint": known[0], "device": DEVICES[0]["id"], "dtype": "float64",
+                            "kernel": "csr_scalar", "params": {"block_size": 512}, "study": "portfolio",
+                            "trial_uid": "s-scalar", "state": "ok", "verified": 1, "time_s": 1e-7}])
         export_corpus(survey, tmp_path / "survey.jsonl.gz")
     out = tmp_path / "out.jsonl.gz"
     runner = CliRunner()
@@ -200,7 +204,8 @@ def test_a_survey_replaces_a_familys_trials_on_the_corpus_matrices_only(source, 
     trials = [r for kind, r in read_corpus(out) if kind == "trial"]
     vector = [t for t in trials if t["kernel"] == "csr_vector"]
     assert {t["fingerprint"] for t in vector} == set(known[:4]) and all(t["params"] == narrow for t in vector)
-    assert len(trials) - len(vector) == 72 - 24  # cuSPARSE and csr_scalar: every one kept
+    assert len(trials) - len(vector) == 72 - 24  # cuSPARSE and csr_scalar: every one kept, the survey's left out
+    assert not [t for t in trials if t["params"] == {"block_size": 512}]
     assert {r["fingerprint"] for kind, r in read_corpus(out) if kind == "matrix"} == set(known)
     unknown = runner.invoke(app, ["corpus", "replace", str(base), str(base), str(out), "--family", "nope"])
     assert unknown.exit_code == 1 and "unknown kernel 'nope'" in unknown.output

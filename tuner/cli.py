@@ -420,10 +420,11 @@ def train(
                           "to cuSPARSE on the nearest training matrices; race<k>: the best of its first k configs "
                           "and cuSPARSE's two algorithms; cusparse: its best algorithm (tuner.select.evaluation)")
         model = KernelSelector(random_state=seed).fit(table.X, table.times, dtype=dtype, device=table.device,
-                                                      prepare_times=table.prepare)
+                                                      prepare_times=table.prepare, groups=table.families)
         model_id = save_model(store, model, device=device, dtype=dtype, metrics=metrics)
-        console.print(f"saved model {model_id}: {len(model.configs_)} configs ranked, trained on {model.n_train_} "
-                      f"matrices ({model.forest_!r})")
+        second = f", a second opinion on {model.gate_.family}" if model.gate_ is not None else ""
+        console.print(f"saved model {model_id}: {len(model.configs_)} configs ranked{second}, trained on "
+                      f"{model.n_train_} matrices ({model.forest_!r})")
         if ship:
             from tuner.select.shipped import shipped_dir
 

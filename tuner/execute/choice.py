@@ -216,7 +216,9 @@ def ranked_choice(ranking: Sequence[RankedConfig], basis: str, *, nnz: float,
 def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: bool = True,
            features: Mapping[str, float] | None = None) -> Choice:
     """The config recommended without measuring anything: the stored best for (fingerprint, device,
-    dtype), else the selector's first config for ``features``, else the default.
+    dtype), else the selector's first config for ``features`` or, where its second opinion expects the race
+    config of a family it does not rank (csr5) to be faster, that config
+    (:meth:`~tuner.select.model.KernelSelector.second_opinion`), else the default.
 
     ``use_tuned=False`` gives what plan() would predict for a matrix it has never
     tuned (the benchmark compares that with the tuned best).
@@ -225,9 +227,12 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     if stored is not None:
         return stored
     if features is not None:
-        ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features)
+        selector = selector_for(store, device=device, dtype=dtype)
+        ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, selector=selector)
         if ranking:
-            return ranked_choice(ranking, basis, nnz=features["nnz"])
+            model, spec, _ = selector
+            second = model.second_opinion(features, ranking[0], device=spec) if model is not None else None
+            return ranked_choice([second, *ranking] if second is not None else ranking, basis, nnz=features["nnz"])
     return default_choice()
 
 

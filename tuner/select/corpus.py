@@ -207,7 +207,8 @@ def import_corpus(store: Store, path: str | os.PathLike[str], *,
 def replace_families(base: str | os.PathLike[str], survey: str | os.PathLike[str], families: Collection[str],
                      out: str | os.PathLike[str]) -> CorpusReport:
     """Write ``out``: the corpus ``base`` with its trials of ``families`` replaced by ``survey``'s (a corpus file of
-    `tuner corpus measure`) on base's matrices; what ``export_corpus`` wrote. For families whose kernels changed
+    `tuner corpus measure`) on base's matrices, the survey's trials of other families left out; what
+    ``export_corpus`` wrote. For families whose kernels changed
     after the corpus was tuned (csr_vector's narrow columns) or that it predates (merge_path). Matrices only
     the survey holds are left out: measured in its families alone, they would teach a selector that every
     other config is missing."""
@@ -215,7 +216,8 @@ def replace_families(base: str | os.PathLike[str], survey: str | os.PathLike[str
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "corpus.db") as store:
         import_corpus(store, base, keep=lambda trial: trial.get("kernel") not in dropped)
         known = {row["fingerprint"] for row in store.db["matrices"].rows}
-        import_corpus(store, survey, keep=lambda trial: trial.get("fingerprint") in known)
+        import_corpus(store, survey, keep=lambda trial: trial.get("fingerprint") in known
+                      and trial.get("kernel") in dropped)
         return export_corpus(store, out)
 
 

@@ -10,7 +10,8 @@ geometric mean and the 5th percentile over the matrices.
 
 Strategies:
 
-- ``first``: the selector's first config. When the store holds no time for it on the matrix
+- ``first``: the selector's first config, or its second opinion's where it has one (what a recommendation
+  answers, :attr:`Ranking.first`). When the store holds no time for it on the matrix
   (it failed there), it counts as the matrix's slowest measured time times 2,
   as in training; ``unmeasured`` counts those;
 - ``predict`` (where a bound ``cheap`` is given): what ``plan(effort="predict")`` runs
@@ -179,12 +180,21 @@ def corpus_table(path: str | os.PathLike[str], *, dtype: str, device: str | None
 @dataclass(frozen=True)
 class Ranking:
     """A matrix's out-of-fold ranking: config keys in the selector's order (first the one to run), each one's
-    prepare_spmvs and, where asked for with a preparation budget, the key ``plan(effort="predict")`` runs
-    (:func:`~tuner.select.model.predicted`; None: cuSPARSE's default)."""
+    prepare_spmvs, where asked for with a preparation budget the key ``plan(effort="predict")`` runs
+    (:func:`~tuner.select.model.predicted`; None: cuSPARSE's default), and the key of the race config its second
+    opinion puts before the ranking's first (:meth:`~tuner.select.model.KernelSelector.second_opinion`; None: it
+    does not)."""
 
     keys: list[str]
     prepare_spmvs: dict[str, float]
     predicted: str | None = None
+    second: str | None = None
+
+    @property
+    def first(self) -> str:
+        """What a recommendation answers (:func:`tuner.execute.choice.choose`): the second opinion's config where
+        it has one, else the ranking's first."""
+        return self.second or self.keys[0]
 
 
 def cv_folds(table: RankingTable, cv: str, n_splits: int = 5) -> list[np.ndarray]:
@@ -202,9 +212,10 @@ def cv_folds(table: RankingTable, cv: str, n_splits: int = 5) -> list[np.ndarray
 
 def fitted_on(table: RankingTable, rows: np.ndarray, make: Callable[[], KernelSelector] = KernelSelector
               ) -> KernelSelector:
-    """A selector (``make()``) fitted on these ``rows`` of ``table``: their features, times and prepare times."""
+    """A selector (``make()``) fitted on these ``rows`` of ``table``: their features, times, prepare times and
+    structure families."""
     return make().fit(table.X[rows], [table.times[i] for i in rows], dtype=table.dtype, device=table.device,
-                      prepare_times=[table.prepare[i] for i in rows])
+                      prepare_times=[table.prepare[i] for i in rows], groups=[table.families[i] for i in rows])
 
 
 def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelector] = KernelSelector,
@@ -217,9 +228,12 @@ def out_of_fold(table: RankingTable, *, cv: str, make: Callable[[], KernelSelect
         keys = selector.config_keys()
         spmvs = dict(zip(keys, selector.prepare_spmvs_.tolist(), strict=True))
         for i, order in zip(test, selector.rank_order(table.X[test]).tolist(), strict=True):
-            pick = predicted(selector.rank(table.X[i], outcomes=True), cheap) if cheap is not None else None
+            ranking = selector.rank(table.X[i], outcomes=cheap is not None)
+            pick = predicted(ranking, cheap) if cheap is not None else None
+            second = selector.second_opinion(table.X[i], ranking[0])
             out[i] = Ranking([keys[j] for j in order], spmvs,
-                             None if pick is None else config_key(pick.kernel, pick.params))
+                             None if pick is None else config_key(pick.kernel, pick.params),
+                             None if second is None else config_key(second.kernel, second.params))
     return out  # type: ignore[return-value]
 
 
@@ -312,7 +326,7 @@ def evaluate_selector(table: RankingTable, *, cv: str, ks: Sequence[int] = (2, 3
     rankings = out_of_fold(table, cv=cv, make=make, folds=folds, cheap=cheap)
     nan = float("nan")
     best = np.array([min(t.values()) for t in table.times])
-    first_t = np.array([times.get(r.keys[0], nan) for times, r in zip(table.times, rankings, strict=True)])
+    first_t = np.array([times.get(r.first, nan) for times, r in zip(table.times, rankings, strict=True)])
     unmeasured = ~np.isfinite(first_t)
     first_t = np.where(unmeasured, [2 * max(t.values()) for t in table.times], first_t)
     fractions: dict[str, np.ndarray] = {"first": _fraction(best, first_t)}

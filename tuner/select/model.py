@@ -57,9 +57,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sklearn
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, clone
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.exceptions import NotFittedError
+from sklearn.model_selection import KFold, LeaveOneGroupOut
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from common.errors import InvalidConfigError, StoreError
@@ -67,6 +68,7 @@ from kernels import BASELINE, BASELINE_CONFIGS, config_key, config_of
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.measure.metrics import effective_bytes
 from tuner.select.forest import CompactForest
+from tuner.select.gate import SecondOpinion, out_of_fold_gains, race_config
 from tuner.select.shipped import ASK_STORE, StoredRow
 
 if TYPE_CHECKING:
@@ -354,26 +356,34 @@ class KernelSelector(BaseEstimator):
         Leaving each structure family out of the four corpora (5 seeds each, on the CPU,
         ``bench/results/2026-11-27_lofo-shipped-52.txt``), cap 4 with the 75th percentile lifts the first
         config's worst 5 % from 0.676-0.757 to 0.745-0.788 and its geomean from 0.915-0.944 to 0.930-0.943.
+    gated : str or None
+        A family the selector does not rank, whose race config (:meth:`kernels.Family.unranked_config`) a second
+        forest weighs against the ranking's first config (:mod:`tuner.select.gate`, ``gate_``) where the training
+        times hold it on ``coverage`` of the rows: :meth:`second_opinion`, what a recommendation answers
+        (:func:`tuner.execute.choice.choose`). Its configs are never ranked. None: no second opinion (the
+        selectors shipped before stop 74).
     random_state : int or None
         Seed of the forest.
     """
 
     def __init__(self, *, n_estimators: int = 100, min_samples_leaf: int = 2, coverage: float = 0.8,
                  cap: float | None = 4.0, risk_quantile: float | None = 0.8, near_share: float | None = 0.7,
-                 random_state: int | None = 0) -> None:
+                 gated: str | None = "csr5", random_state: int | None = 0) -> None:
         self.n_estimators = n_estimators
         self.min_samples_leaf = min_samples_leaf
         self.coverage = coverage
         self.cap = cap
         self.risk_quantile = risk_quantile
         self.near_share = near_share
+        self.gated = gated
         self.random_state = random_state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A selector pickled before ``cap`` and ``risk_quantile`` were parameters was trained uncapped and
         ranks by expected time: it loads with both None, and ranks as it did; one pickled before ``near_share``
-        loads with it None (its one draw)."""
-        super().__setstate__({"cap": None, "risk_quantile": None, "near_share": None, **state})
+        loads with it None (its one draw), one pickled before ``gated`` with no second opinion."""
+        super().__setstate__({"cap": None, "risk_quantile": None, "near_share": None, "gated": None, "gate_": None,
+                              **state})
 
     def fit(
         self,
@@ -384,10 +394,13 @@ class KernelSelector(BaseEstimator):
         device: DeviceSpec,
         feature_names: Sequence[str] = FEATURE_NAMES,
         prepare_times: Sequence[Mapping[str, float]] | None = None,
+        groups: Sequence[str] | None = None,
     ) -> KernelSelector:
         """Learn from rows of features (arrays in ``feature_names`` order, or mappings), each row's measured
         times (config key (:func:`kernels.config_key`) -> fastest verified seconds) and, optionally, its
-        prepare times (config key -> seconds), measured on ``device`` in ``dtype``.
+        prepare times (config key -> seconds), measured on ``device`` in ``dtype``. ``groups``: each row's
+        structure family, over which the second opinion (``gated``) takes the ranking's first configs out of
+        fold, a family at a time (None: 5 folds of rows).
 
         A candidate config not measured on a row (it failed there, or was not tried) counts as that row's
         slowest candidate times 2 (:data:`MISSING_PENALTY`); rows where no candidate was measured are left out.
@@ -408,11 +421,14 @@ class KernelSelector(BaseEstimator):
         if not len(times) == len(prepare_times) == len(X):
             raise InvalidConfigError(f"{len(X)} feature rows but {len(times)} time rows and {len(prepare_times)} "
                                      "prepare rows")
+        if groups is not None and len(groups) != len(X):
+            raise InvalidConfigError(f"{len(X)} feature rows but {len(groups)} groups")
         counts: dict[str, int] = {}
         for row in times:
             for key in row:
                 counts[key] = counts.get(key, 0) + 1
-        keys = sorted(k for k, c in counts.items() if c >= self.coverage * len(times))
+        keys = sorted(k for k, c in counts.items()
+                      if c >= self.coverage * len(times) and config_of(k)[0] != self.gated)
         T = np.array([[row.get(k, np.nan) for k in keys] for row in times], dtype=np.float64).reshape(len(X), -1)
         used = np.isfinite(T).any(axis=1)
         if used.sum() < 2:
@@ -431,9 +447,47 @@ class KernelSelector(BaseEstimator):
         forest = ExtraTreesRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
                                      random_state=self.random_state, n_jobs=-1).fit(design, targets)
         self.forest_ = CompactForest.from_sklearn(forest, design, targets)  # the estimator itself is dropped
-        self.prepare_spmvs_ = self._prepare_spmvs(X[:, names.index("nnz")], T,
-                                                  [p for p, u in zip(prepare_times, used, strict=True) if u], keys)
+        kept = np.flatnonzero(used).tolist()
+        self.prepare_spmvs_ = self._prepare_spmvs(X[:, names.index("nnz")], T, [prepare_times[i] for i in kept], keys)
+        self.gate_ = self._second_opinion(X, design, [times[i] for i in kept], [prepare_times[i] for i in kept],
+                                          None if groups is None else [groups[i] for i in kept])
         return self
+
+    def _second_opinion(self, X: np.ndarray, design: np.ndarray, times: Sequence[Mapping[str, float]],
+                        prepare: Sequence[Mapping[str, float]], groups: Sequence[str] | None
+                        ) -> SecondOpinion | None:
+        """``gated``'s :class:`~tuner.select.gate.SecondOpinion` on these training rows (features ``X``, their
+        ``design`` rows), the ranking's first configs out of fold by ``groups`` (a family at a time; None: 5 folds
+        of rows); None without ``gated`` or where its race config is measured on fewer than ``coverage`` of the
+        rows."""
+        if self.gated is None:
+            return None
+        names = list(self.feature_names_in_)
+        itemsize = np.dtype(self.dtype_).itemsize
+        gated = [None if (params := race_config(self.gated, dict(zip(names, row, strict=True)), itemsize)) is None
+                 else config_key(self.gated, params) for row in X.tolist()]
+        measured = sum(k is not None and k in t for k, t in zip(gated, times, strict=True))
+        if measured < max(2, self.coverage * len(X)):
+            return None
+        if groups is not None and len(set(groups)) >= 2:
+            splits = LeaveOneGroupOut().split(X, groups=groups)
+        else:
+            splits = KFold(n_splits=min(5, len(X))).split(X)
+        ranker = clone(self).set_params(gated=None)
+        ranked = [{k: v for k, v in t.items() if config_of(k)[0] != self.gated} for t in times]
+
+        def firsts(train: np.ndarray, test: np.ndarray) -> list[str]:
+            fitted = clone(ranker).fit(X[train], [ranked[i] for i in train], dtype=self.dtype_, device=self.device_,
+                                       feature_names=names, prepare_times=[prepare[i] for i in train])
+            keys = fitted.config_keys()
+            return [keys[j] for j in fitted.rank_order(X[test])[:, 0].tolist()]
+
+        gains = out_of_fold_gains(times, gated, splits, firsts)
+        T = np.array([[t.get(k, np.nan) if k else np.nan] for k, t in zip(gated, times, strict=True)])
+        P = [{"gated": p[k]} if k in p else {} for k, p in zip(gated, prepare, strict=True)]
+        spmvs = float(self._prepare_spmvs(X[:, names.index("nnz")], T, P, ["gated"])[0])
+        return SecondOpinion.fit(self.gated, design, gains, cap=self.cap, prepare_spmvs=spmvs,
+                                 n_estimators=self.n_estimators, random_state=self.random_state)
 
     @staticmethod
     def _prepare_spmvs(nnz: np.ndarray, T: np.ndarray, prepare: Sequence[Mapping[str, float]],
@@ -500,6 +554,27 @@ class KernelSelector(BaseEstimator):
         if outcomes and drawn is None:
             drawn = self._outcomes(weights)
         return self.ranked(order[0], expected[0], votes[0], drawn[0][:, order[0]] if outcomes else None)
+
+    def second_opinion(self, features: Any, first: RankedConfig, *, device: DeviceSpec | None = None
+                       ) -> RankedConfig | None:
+        """``gated``'s race config for ONE matrix (a mapping, or one row in ``feature_names_in_`` order) where the
+        second opinion (``gate_``, :mod:`tuner.select.gate`) expects it faster than ``first``, the ranking's first
+        config (:meth:`rank`): its expected time ``first``'s over the expected gain, its votes the share of the
+        second opinion's trees that expect it faster. None where it does not, or there is none."""
+        check_is_fitted(self)
+        if self.gate_ is None:
+            return None
+        names = list(self.feature_names_in_)
+        row = np.atleast_2d(_as_rows(features, names))[0]
+        design, _ = design_matrix(row[None], dtype=self.dtype_, device=self.device_ if device is None else device,
+                                  feature_names=names)
+        gain, votes = self.gate_.gain(design[0])
+        params = race_config(self.gate_.family, dict(zip(names, row.tolist(), strict=True)),
+                             np.dtype(self.dtype_).itemsize)
+        if gain <= 0 or params is None:
+            return None
+        return RankedConfig(self.gate_.family, params, first.expected_s * math.exp(-gain), self.gate_.prepare_spmvs,
+                            votes)
 
     def ranked(self, order: Sequence[int] | np.ndarray, expected: np.ndarray, votes: np.ndarray,
                outcomes: np.ndarray | None = None) -> list[RankedConfig]:
