@@ -285,6 +285,14 @@ the rows keep their order and their lengths, each row's columns scattered over x
 
     python bench/unseen.py --permute-columns --only rgg,sawtooth,prolong3d --effort race --label colperm
 
+``--recommend`` also times, for each matrix and dtype, what ``tuner recommend`` answers measuring nothing
+(:func:`~tuner.execute.choice.choose` with the shipped selector: its ranking's first config, or csr5 where its second
+opinion expects csr5 faster; effort ``recommend``) and the ranking's first config alone (``ranked``: the answer
+before stop 74), each prepared, checked against cuSPARSE's y and timed cold beside cuSPARSE as a plan's pick is
+(no plan cost: they are answers, not plans). With ``--effort`` given no value, those alone:
+
+    python bench/unseen.py --effort --recommend --label recommend
+
 ``--suite NAME`` measures a named suite of :mod:`tuner.matrix.suites` instead, the same way: ``issue18`` is the
 six structures issue #18 names, at its sizes. Those are kinds the selector's corpus has (at smaller sizes, most
 of them), so they are not unseen structures: they say how ``plan()`` does on what the issue measured.
@@ -320,8 +328,9 @@ from common.errors import InvalidConfigError  # noqa: E402
 from common.jsonfile import write_json  # noqa: E402
 from db.shared import shared_store  # noqa: E402
 from db.store import Store  # noqa: E402
-from kernels import BASELINE, BASELINE_CONFIGS, get_family  # noqa: E402
+from kernels import BASELINE, BASELINE_CONFIGS, canonical, get_family  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402
+from tuner.execute.choice import choose, rank_configs  # noqa: E402
 from tuner.execute.plan import EFFORTS, plan  # noqa: E402
 from tuner.execute.race import unranked_entrants  # noqa: E402
 from tuner.execute.renumbered import plan_renumbered  # noqa: E402
@@ -1667,7 +1676,8 @@ def compile_configs(backend: GpuBackend, A_host: sp.csr_matrix) -> None:
 
 
 def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype: str, efforts: list[str],
-              trials: int, warm_up: dict[str, Any], renumber: bool = False) -> list[dict[str, Any]]:
+              trials: int, warm_up: dict[str, Any], renumber: bool = False, recommend: bool = False
+              ) -> list[dict[str, Any]]:
     import cupyx.scipy.sparse as cusp
 
     A = A_host.astype(dtype)
@@ -1687,7 +1697,56 @@ def bench_one(backend: GpuBackend, matrix: Unseen, A_host: sp.csr_matrix, dtype:
     info = {"matrix": matrix.name, "set": matrix.group, "rows": A.shape[0], "cols": A.shape[1], "nnz": A.nnz,
             "dtype": dtype, "compile_s": compile_s, "upload_s": upload_s, "features_s": features_alone(backend, A_dev),
             "features_alike_s": features_alone(backend, A_dev, warm_up=warm_up)}
-    return [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up, renumber) for effort in efforts]
+    rows = [planned(backend, A_dev, x, fns, y_ref, effort, trials, info, warm_up, renumber) for effort in efforts]
+    return rows + (recommended(backend, A_dev, x, fns, y_ref, info) if recommend else [])
+
+
+ANSWERS = ("recommend", "ranked")
+"""``--recommend``'s rows: what ``tuner recommend`` answers, and the selector's ranking's first config."""
+
+
+def recommended(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], y_ref: Any,
+                info: dict[str, Any]) -> list[dict[str, Any]]:
+    """What :func:`~tuner.execute.choice.choose` answers for ``A_dev`` with the shipped selector (no store: nothing
+    of it measured) and its ranking's first config, each prepared, its y checked against cuSPARSE's ``y_ref`` and
+    timed cold beside cuSPARSE (as :func:`planned` times a plan's pick): one row each (:data:`ANSWERS`)."""
+    dtype, device = str(A_dev.dtype), backend.info.id
+    features = extract_features(A_dev)
+    choice = choose("", store=None, device=device, dtype=dtype, use_tuned=False, features=features)
+    ranking, _ = rank_configs(None, device=device, dtype=dtype, features=features)
+    first = (ranking[0].kernel, canonical(ranking[0].kernel, ranking[0].params)) if ranking else \
+        (choice.kernel, choice.params)
+    rows = []
+    for answer, (kernel, params), source in (("recommend", (choice.kernel, choice.params), choice.source),
+                                              ("ranked", first, "predicted" if ranking else choice.source)):
+        row = {**info, "effort": answer, "source": source, "kernel": kernel,
+               "params": json.dumps(params, sort_keys=True)}
+        try:
+            row |= answered(backend, A_dev, x, baseline, y_ref, get_family(kernel), params)
+        except Exception as exc:  # noqa: BLE001  (an answer that fails is recorded, and the run goes on)
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+        print(f"{info['matrix']:18s} {dtype} {answer:9s} " + (
+            f"{row['ratio_to_cusparse']:.3f}x {row['bandwidth_fraction']:4.0%} of copy  {kernel} {params}  error "
+            f"{row['rel_error']:.1e}" if "error" not in row else f"failed: {row['error']}"), flush=True)
+    return rows
+
+
+def answered(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[], object]], y_ref: Any, family: Any,
+             params: dict[str, Any]) -> dict[str, Any]:
+    """One config prepared on ``A_dev``, timed cold beside cuSPARSE's ``baseline`` and its y checked against
+    ``y_ref``: the row's measured part (as :func:`planned`'s)."""
+    prepared = family.prepare(A_dev, params)
+    out = backend.cp.empty(A_dev.shape[0], dtype=A_dev.dtype)
+    t1, t2, t = [r.median_s for r in round_robin(backend, [*baseline, lambda: family.run(prepared, x, out)],
+                                                 repeats=10, max_duration=0.5, flush_l2=True)]
+    y = family.run(prepared, x)
+    rel_error = float(backend.cp.linalg.norm(y - y_ref) / max(float(backend.cp.linalg.norm(y_ref)), 1e-300))
+    best, bandwidth = min(t1, t2), backend.copy_bandwidth_gbs()
+    rate = functools.partial(gbps, A_dev.shape[0], A_dev.shape[1], A_dev.nnz, A_dev.dtype)
+    return {"time_s": t, "cusparse_alg1_s": t1, "cusparse_alg2_s": t2, "cusparse_best_s": best,
+            "ratio_to_cusparse": best / t, "rel_error": rel_error, "bandwidth_fraction": rate(t) / bandwidth,
+            "cusparse_bandwidth_fraction": rate(best) / bandwidth}
 
 
 def features_alone(backend: GpuBackend, A_dev: Any, runs: int = 3, warm_up: dict[str, Any] | None = None) -> float:
@@ -1797,9 +1856,9 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for group in ["all", *sets] if len(sets) > 1 else sets:
         for dtype in sorted({r["dtype"] for r in rows}):
-            for effort in EFFORTS:
+            for effort in (*EFFORTS, *ANSWERS):
                 mine = [r for r in rows if r["dtype"] == dtype and r["effort"] == effort
-                        and group in ("all", r.get("set", "a"))]
+                        and group in ("all", r.get("set", "a")) and "error" not in r]
                 if mine:
                     out.append(f"set {group:3s} {_line(dtype, effort, mine)}")
     return out
@@ -1807,11 +1866,14 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
 
 def _line(dtype: str, effort: str, mine: list[dict[str, Any]]) -> str:
     ratios = np.array([r["ratio_to_cusparse"] for r in mine])
+    head = (f"{dtype} {effort:8s}: geomean {np.exp(np.log(ratios).mean()):.3f}x, lowest {ratios.min():.3f}x "
+            f"({len(mine)} matrices)")
+    if effort in ANSWERS:
+        return f"{head}; {np.mean(ratios < 0.97):.0%} below 0.97x"
     spmvs = np.array([r["plan_spmvs"] for r in mine])
     beyond = np.array([r.get("beyond_features_spmvs", np.nan) for r in mine])
     alike = np.array([r.get("beyond_alike_spmvs", np.nan) for r in mine])
-    return (f"{dtype} {effort:8s}: geomean {np.exp(np.log(ratios).mean()):.3f}x, lowest {ratios.min():.3f}x "
-            f"({len(mine)} matrices); cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}"
+    return (f"{head}; cost median {np.median(spmvs):.0f} SpMVs, highest {spmvs.max():.0f}"
             + (f"; beyond the features median {np.median(beyond):.1f}, highest {beyond.max():.1f} (features timed "
                f"alike: {np.median(alike):.1f}, {alike.max():.1f})" if effort == "predict" else ""))
 
@@ -1820,7 +1882,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--dtype", nargs="+", default=["float64", "float32"])
-    ap.add_argument("--effort", nargs="+", default=list(EFFORTS), choices=EFFORTS)
+    ap.add_argument("--effort", nargs="*", default=list(EFFORTS), choices=EFFORTS,
+                    help="plan()'s efforts to run (none: only --recommend's answers)")
+    ap.add_argument("--recommend", action="store_true", help="also time what `tuner recommend` answers and the "
+                    "selector's ranking's first config (efforts 'recommend' and 'ranked')")
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
     sets = sorted({m.group for m in MATRICES})
@@ -1865,7 +1930,8 @@ def main() -> None:
             print(f"{matrix.name}: not square, left out (--renumbered)", flush=True)
             continue
         for dtype in args.dtype:
-            rows += bench_one(backend, matrix, A, dtype, args.effort, args.trials, warm_up, args.renumbered)
+            rows += bench_one(backend, matrix, A, dtype, args.effort, args.trials, warm_up, args.renumbered,
+                              args.recommend)
         write_json(out / f"{stem}.json.gz",
                    {"env": env, "compile_s": compile_s, "rows": rows, "summary": summary(rows)})
     print("\n".join(summary(rows)))

@@ -1002,6 +1002,20 @@ def test_an_ab_compares_each_matrix_over_its_runs_and_names_what_it_cannot_read(
         module.compare([tmp_path / "2026-11-28_gpu_unseen-x.json"])
 
 
+def test_the_unseen_benchmarks_answers_are_summarized_by_ratio_alone_and_a_failed_one_left_out() -> None:
+    """--recommend's rows (what `tuner recommend` answers, the ranking's first config) have no plan cost: their
+    summary lines give the ratios and the share below 0.97x; a row whose answer failed is not among them."""
+    module = _bench_module("unseen")
+
+    def row(effort: str, ratio: float) -> dict[str, Any]:
+        return {"matrix": "m", "dtype": "float64", "effort": effort, "ratio_to_cusparse": ratio}
+
+    lines = module.summary([row("recommend", 2.0), row("recommend", 0.5), row("ranked", 0.9),
+                            {**row("ranked", 1.0), "error": "OutOfMemoryError: out of memory"}])
+    assert lines == ["set a   float64 recommend: geomean 1.000x, lowest 0.500x (2 matrices); 50% below 0.97x",
+                     "set a   float64 ranked  : geomean 0.900x, lowest 0.900x (1 matrices); 100% below 0.97x"]
+
+
 def test_the_unseen_benchmark_reports_predicts_cost_beyond_both_timings_of_the_features(tmp_path) -> None:
     """A predict row's cost beyond its features, both ways (features back to back, and each after a fresh store
     as a plan starts), in the summary; the fresh store holds the warm-up matrix only, and is gone after."""
