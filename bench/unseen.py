@@ -239,6 +239,21 @@ Set ``r``, added at stop 73 before anything of that stop was changed, and measur
 - ``levy``: a Levy flight's jumps on a ring of 2 M, 16 drawn a row (11.7 distinct): 41 % within 4 columns of the
   diagonal, 4 % beyond 1,000, 0.4 % beyond 100,000.
 
+Set ``s``, added at stop 74 after the selector's second opinion on csr5 (what ``tuner recommend`` answers) and
+measured once as it came:
+
+- ``matricized``: a sparse 3-way tensor unfolded along its first mode, 1 M x 20 M: each row 4 slices (Zipf over
+  2,000, the hot ones anywhere) of 6 random fibre entries each, clusters of 6 columns in windows of 10,000;
+- ``maxwell``: the curl-curl operator plus identity on a periodic 85^3 Yee grid, numbered field by field: 13 entries
+  a row, 5 in its own field's third of x and 4 in each of the other two;
+- ``haar``: the Haar wavelet synthesis of 1.1 M samples (1.1 M x 2.2 M): one column in each of 22 level sections a
+  row, the coarse sections shared by runs of rows;
+- ``conv3dch``: a 3 x 3 x 3 convolution of a 16^3 volume of 16 channels, channels fastest: 27 runs of 16 columns a
+  row (432 inside), x of 65,536;
+- ``driftband``: 20 columns a row within 100 of a centre that random-walks away from the diagonal and back;
+- ``supernodal``: a Cholesky factor's pattern by rows, supernodes of 8 to 64 rows each reading 10 to 40 shared far
+  columns and its own lower triangle: row lengths rising through each supernode.
+
 For each matrix and dtype, in one process on one GPU: cuSPARSE's CSR_ALG1 and
 CSR_ALG2 with descriptors built once, then ``plan()`` at each effort on the
 matrix already on the GPU (``PLANS`` times, each on a fresh store made before
@@ -1503,6 +1518,96 @@ def levy(n: int, rng: np.random.Generator, per_row: int = 16, tail: float = 0.5)
     return _csr(i, (i + np.where(rng.random(i.size) < 0.5, d, -d)) % n, (n, n), rng)
 
 
+def matricized(rows: int, rng: np.random.Generator, slices: int = 2_000, fibre: int = 10_000, per_row: int = 4,
+               per_slice: int = 6, zipf: float = 1.1) -> sp.csr_matrix:
+    """A sparse 3-way tensor unfolded along its first mode (rows x slices * fibre, the matricization a tensor
+    decomposition's MTTKRP multiplies): each row ``per_row`` slices j (Zipf over ``slices``: a few slices hot) and
+    ``per_slice`` random k in each, at column j * fibre + k: x of 20 M (160 MB in float64), gathers in clusters of
+    6 within windows of 10,000."""
+    j = rng.permutation(slices)[_zipf_ranks(rows * per_row, slices, zipf, rng)]  # the hot slices anywhere
+    cols = (np.repeat(j, per_slice) * fibre + rng.integers(0, fibre, j.size * per_slice))
+    return _csr(np.repeat(np.arange(rows), per_row * per_slice), cols, (rows, slices * fibre), rng)
+
+
+def maxwell(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The curl-curl operator plus identity on a periodic side^3 Yee grid (Maxwell's equations, edge unknowns),
+    numbered field by field (every x-edge, then every y-edge, then every z-edge): 13 entries a row, 5 in the row's
+    own third of x (itself and its neighbours across the other two axes) and 4 in each of the other two thirds."""
+    D = sp.diags([-1.0, 1.0, 1.0], [0, 1, 1 - side], shape=(side, side), format="csr")  # periodic forward difference
+    eye = sp.identity(side, format="csr")
+    Dx, Dy, Dz = (sp.kron(sp.kron(a, b), c, format="csr") for a, b, c in ((eye, eye, D), (eye, D, eye), (D, eye, eye)))
+    zero = sp.csr_matrix(Dx.shape)
+    C = sp.bmat([[zero, -Dz, Dy], [Dz, zero, -Dx], [-Dy, Dx, zero]], format="csr")
+    A = (C.T @ C + sp.identity(C.shape[0])).tocsr()
+    A.eliminate_zeros()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def haar(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The Haar wavelet synthesis of a signal of ``n`` samples (n x about 2n, the coefficients level by level): row i
+    one column in each level's section, at i >> k: ceil(log2 n) + 1 entries a row, each in a section of its own,
+    and rows 2^k apart share the level-k column (the coarsest sections read by every row)."""
+    levels = max(1, int(n - 1).bit_length()) + 1
+    lengths = [-(-n // 2**k) for k in range(levels)]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    i = np.arange(n, dtype=np.int64)
+    cols = (offsets[None, :] + (i[:, None] >> np.arange(levels)[None, :])).reshape(-1)
+    return _csr(np.repeat(i, levels), cols, (n, int(sum(lengths))), rng)
+
+
+def conv3dch(side: int, rng: np.random.Generator, channels: int = 16) -> sp.csr_matrix:
+    """A 3 x 3 x 3 convolution of a side^3 volume of ``channels`` channels (zero padding), numbered voxel by voxel,
+    channels fastest: each output (voxel, channel) reads every input channel of its 27 neighbours, 27 runs of 16
+    columns (432 entries a row inside), x of 54,000 at scale 1."""
+    z, rest = np.divmod(np.arange(side**3, dtype=np.int64), side * side)
+    y, x = np.divmod(rest, side)
+    voxel_rows, voxel_cols = [], []
+    for dz in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                inside = ((z + dz >= 0) & (z + dz < side) & (y + dy >= 0) & (y + dy < side) & (x + dx >= 0)
+                          & (x + dx < side))
+                voxel_rows.append(np.flatnonzero(inside))
+                voxel_cols.append(np.flatnonzero(inside) + (dz * side + dy) * side + dx)
+    pattern = sp.csr_matrix((np.ones(sum(r.size for r in voxel_rows)),
+                             (np.concatenate(voxel_rows), np.concatenate(voxel_cols))), shape=(side**3, side**3))
+    A = sp.kron(pattern, np.ones((channels, channels)), format="csr")
+    A.sort_indices()
+    A.data = _values(rng, A.nnz)
+    return A
+
+
+def driftband(n: int, rng: np.random.Generator, per_row: int = 20, width: int = 100, step: float = 30.0
+              ) -> sp.csr_matrix:
+    """Rows whose window of columns drifts: row i draws ``per_row`` columns within ``width`` of a centre that is i
+    plus a random walk (steps of sd ``step``, kept inside): neighbouring rows read nearly the same window, which
+    wanders thousands of columns off the diagonal and back (one drawn twice counted once)."""
+    centre = np.clip(np.arange(n) + np.cumsum(rng.normal(0.0, step, n)), 0, n - 1).astype(np.int64)
+    cols = np.repeat(centre, per_row) + rng.integers(-width, width + 1, n * per_row)
+    return _csr(np.repeat(np.arange(n), per_row), np.clip(cols, 0, n - 1), (n, n), rng)
+
+
+def supernodal(n: int, rng: np.random.Generator, narrowest: int = 8, widest: int = 64, fewest: int = 10,
+               most: int = 40) -> sp.csr_matrix:
+    """A sparse Cholesky factor's pattern stored by rows (lower triangular): supernodes of 8 to 64 consecutive rows;
+    each row of a supernode reads the supernode's shared far columns (10 to 40 of the rows before it, at random)
+    and its own columns from the supernode's first to itself: row lengths rising through each supernode, groups of
+    rows reading one list."""
+    widths = rng.integers(narrowest, widest + 1, n // narrowest + 1)
+    starts = np.concatenate([[0], np.cumsum(widths)])
+    count = int(np.searchsorted(starts, n))
+    starts, widths = starts[:count], np.minimum(widths[:count], n - starts[:count])
+    rows, cols = [], []
+    for s, w in zip(starts.tolist(), widths.tolist(), strict=True):
+        far = np.unique(rng.integers(0, s, int(rng.integers(fewest, most + 1)))) if s else np.empty(0, np.int64)
+        t = np.arange(w)
+        own = np.arange(w * (w + 1) // 2) - np.repeat(t * (t + 1) // 2, t + 1) + s
+        rows += [np.repeat(s + t, far.size), np.repeat(s + t, t + 1)]
+        cols += [np.tile(far, w), own]
+    return _csr(np.concatenate(rows), np.concatenate(cols), (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1514,7 +1619,7 @@ class Unseen:
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
     # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71, "q" 72,
-    # "r" 73
+    # "r" 73, "s" 74
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1625,6 +1730,12 @@ MATRICES = (
     Unseen("sparseblocks", sparseblocks, 30_000, 184, "r"),        # ~26 M
     Unseen("tandemqueue", tandemqueue, 20, 185, "r", dims=5),      # ~27 M
     Unseen("levy", levy, 2_000_000, 186, "r"),                     # ~23 M
+    Unseen("matricized", matricized, 1_000_000, 191, "s"),         # ~24 M
+    Unseen("maxwell", maxwell, 85, 192, "s", dims=3),              # ~24 M
+    Unseen("haar", haar, 1_100_000, 193, "s"),                     # ~24 M
+    Unseen("conv3dch", conv3dch, 16, 194, "s", dims=3),            # ~25 M
+    Unseen("driftband", driftband, 1_250_000, 195, "s"),           # ~24 M
+    Unseen("supernodal", supernodal, 560_000, 196, "s"),           # ~24 M
 )
 
 

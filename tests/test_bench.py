@@ -865,6 +865,29 @@ def test_the_unseen_benchmarks_eighteenth_set_builds_the_structures_it_names() -
     assert np.mean(gap <= 4) > 0.4 and np.mean(gap > 1_000) > 0.01
 
 
+def test_the_unseen_benchmarks_nineteenth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen.py set s at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen")
+    built = _unseen_set("s", {"matricized", "maxwell", "haar", "conv3dch", "driftband", "supernodal"})
+    tensor = built["matricized"]
+    assert tensor.shape[1] == 2_000 * 10_000 and np.diff(tensor.indptr).max() <= 24
+    assert max(np.unique(tensor[r].indices // 10_000).size for r in range(0, tensor.shape[0], 499)) <= 4
+    yee = module.maxwell(4, np.random.default_rng(0))  # 64 edges a field: x-edges, then y, then z
+    assert np.array_equal(yee[0].indices, [0, 4, 12, 16, 48, 64, 65, 76, 77, 128, 129, 176, 177])
+    curl = built["maxwell"].astype(bool)
+    assert np.all(np.diff(curl.indptr) == 13) and (curl != curl.T).nnz == 0  # C^T C + I: a symmetric pattern
+    wavelet = module.haar(8, np.random.default_rng(0))  # sections of 8, 4, 2 and 1 coefficients
+    assert wavelet.shape == (8, 15) and np.array_equal(wavelet[5].indices, [5, 10, 13, 14])
+    conv = module.conv3dch(3, np.random.default_rng(0), channels=2)  # the middle voxel's rows: 27 runs of 2
+    assert np.array_equal(conv[26].indices, np.arange(54)) and np.diff(conv.indptr).min() == 8 * 2
+    drift = built["driftband"].tocoo()
+    assert np.abs(drift.col - drift.row).max() > 1_000 and np.diff(built["driftband"].indptr).max() <= 20
+    factor = built["supernodal"]
+    assert module.sp.triu(factor, 1).nnz == 0 and factor.diagonal().all()
+    lengths = np.diff(factor.indptr)
+    assert np.mean(np.diff(lengths) == 1) > 0.8  # rising by one through each supernode
+
+
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
     module = _bench_module("unseen")
