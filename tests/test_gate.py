@@ -9,6 +9,7 @@ import pytest
 from common.errors import InvalidConfigError
 from db.store import Store
 from kernels import config_key
+from tests.test_model import _features  # a matrix's features drawn at random, with consistent sizes
 from tuner.execute.choice import choose
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.evaluation import RankingTable, evaluate_selector, out_of_fold
@@ -20,15 +21,6 @@ DEVICE = DeviceSpec("gpu-A", bandwidth_gbs=4000.0, l2_bytes=60 * 2**20, sms=132)
 A = config_key("csr_scalar", {"block_size": 128})
 B = config_key("csr_vector", {"block_size": 256, "threads_per_row": 8})
 ALG1 = config_key("cusparse", {"algorithm": "csr_alg1"})
-
-
-def _features(rng: np.random.Generator) -> dict[str, float]:
-    f = {name: float(rng.random()) for name in FEATURE_NAMES}
-    rows, mean = float(rng.integers(10**3, 10**6)), float(rng.uniform(2, 64))
-    f.update(rows=rows, cols=rows, nnz=rows * mean, npr_mean=mean, npr_max=mean * rng.uniform(1, 10),
-             npr_cv=float(rng.uniform(0, 2)), bandwidth=rows * rng.random(), cf_1024=rng.uniform(1, mean),
-             cf_65536=mean)
-    return f
 
 
 def _csr5(f: dict[str, float]) -> str:
@@ -115,6 +107,7 @@ def test_the_recommendation_and_its_evaluation_take_the_second_opinion(fitted, t
         even, varied = _matrix(0.2), _matrix(1.5)
         got = choose("f" * 16, store=store, device=DEVICE.id, dtype=DTYPE, features=even)
         assert (got.kernel, got.params, got.source) == ("csr5", race_config("csr5", even, 8), "predicted")
+        assert got.basis.endswith("whose second opinion expects csr5 faster than its first config (csr_vector)")
         assert choose("f" * 16, store=store, device=DEVICE.id, dtype=DTYPE, features=varied).kernel == "csr_scalar"
     rankings = out_of_fold(table, cv="lofo", make=lambda: KernelSelector(n_estimators=20))
     cv = table.X[:, FEATURE_NAMES.index("npr_cv")]

@@ -232,7 +232,10 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
         if ranking:
             model, spec, _ = selector
             second = model.second_opinion(features, ranking[0], device=spec) if model is not None else None
-            return ranked_choice([second, *ranking] if second is not None else ranking, basis, nnz=features["nnz"])
+            if second is None:
+                return ranked_choice(ranking, basis, nnz=features["nnz"])
+            return ranked_choice([second, *ranking], f"{basis}, whose second opinion expects {second.kernel} faster "
+                                 f"than its first config ({ranking[0].kernel})", nnz=features["nnz"])
     return default_choice()
 
 
