@@ -415,7 +415,8 @@ def train(
             _print_evaluation(result)
             metrics["evaluation"][kind] = result.as_metrics()
         if metrics["evaluation"]:
-            console.print("first: the selector's first config; predict: what plan(effort='predict') runs, its "
+            console.print("first: the selector's first config, or its second opinion's csr5 (what tuner recommend "
+                          "answers); predict: what plan(effort='predict') runs, its "
                           f"first config that is cuSPARSE or expected to prepare within {CHEAP_SPMVS:g} SpMVs, held "
                           "to cuSPARSE on the nearest training matrices; race<k>: the best of its first k configs "
                           "and cuSPARSE's two algorithms; cusparse: its best algorithm (tuner.select.evaluation)")
