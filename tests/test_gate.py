@@ -77,6 +77,11 @@ def test_no_second_opinion_without_its_family_measured_or_named(table):
     assert plain.gate_ is None and plain.second_opinion(_matrix(0.2), plain.rank(_matrix(0.2))[0]) is None
     named_none = KernelSelector(n_estimators=10, gated=None)
     assert named_none.fit(table.X, table.times, dtype=DTYPE, device=DEVICE).gate_ is None
+    # three matrices, two families: one family's two alone cannot rank the third, the third alone not them: no
+    # second opinion (two first configs out of fold are needed), and the ranking is fitted as ever
+    few = KernelSelector(n_estimators=10).fit(table.X[:3], table.times[:3], dtype=DTYPE, device=DEVICE,
+                                              groups=["a", "b", "b"])
+    assert few.gate_ is None and few.rank(_matrix(0.2))
     with pytest.raises(InvalidConfigError, match="150 feature rows but 2 groups"):
         KernelSelector(n_estimators=10).fit(table.X, table.times, dtype=DTYPE, device=DEVICE, groups=["a", "b"])
 
@@ -97,6 +102,8 @@ def test_gains_are_taken_against_the_first_config_out_of_fold():
     gains = out_of_fold_gains(times, ["c{}", "c{}", "c{}"], splits, lambda train, test: firsts[tuple(test)])
     assert gains[0] == pytest.approx(np.log(2.0)) and gains[1] == pytest.approx(np.log(8.0 / 2.0))
     assert np.isnan(gains[2])  # its race config never measured
+    unfitted = out_of_fold_gains(times, ["c{}", "c{}", None], splits, lambda train, test: [None] * len(test))
+    assert np.isnan(unfitted).all()  # no first config out of fold (a fold too small to fit), or no race config
 
 
 def test_the_recommendation_and_its_evaluation_take_the_second_opinion(fitted, table):

@@ -43,16 +43,17 @@ def race_config(family: str, features: Mapping[str, float], itemsize: int) -> di
 
 def out_of_fold_gains(times: Sequence[Mapping[str, float]], gated: Sequence[str | None],
                       splits: Iterable[tuple[np.ndarray, np.ndarray]],
-                      firsts: Callable[[np.ndarray, np.ndarray], Sequence[str]]) -> np.ndarray:
+                      firsts: Callable[[np.ndarray, np.ndarray], Sequence[str | None]]) -> np.ndarray:
     """``log(t_first / t_gated)`` of each row: ``t_first`` the time of the config that ``firsts(train, test)``
     (a selector fitted on the rows ``train``) puts first on each row of ``test``, for every ``(train, test)`` of
     ``splits`` (a first never measured on a row counts as the row's slowest config times 2, as a selector learns
-    it); ``t_gated`` the time of the row's ``gated`` config key. NaN where that is None or not measured."""
+    it); ``t_gated`` the time of the row's ``gated`` config key. NaN where either is None, or the latter not
+    measured."""
     out = np.full(len(times), np.nan)
     for train, test in splits:
         for i, key in zip(test.tolist(), firsts(train, test), strict=True):
             row, gated_key = times[i], gated[i]
-            if gated_key is not None and gated_key in row:
+            if key is not None and gated_key is not None and gated_key in row:
                 out[i] = np.log(row.get(key, 2 * max(row.values())) / row[gated_key])
     return out
 

@@ -458,8 +458,8 @@ class KernelSelector(BaseEstimator):
                         ) -> SecondOpinion | None:
         """``gated``'s :class:`~tuner.select.gate.SecondOpinion` on these training rows (features ``X``, their
         ``design`` rows), the ranking's first configs out of fold by ``groups`` (a family at a time; None: 5 folds
-        of rows); None without ``gated`` or where its race config is measured on fewer than ``coverage`` of the
-        rows."""
+        of rows); None without ``gated``, where its race config is measured on fewer than ``coverage`` of the rows,
+        or where fewer than two rows have a first config out of fold to weigh it against."""
         if self.gated is None:
             return None
         names = list(self.feature_names_in_)
@@ -476,13 +476,19 @@ class KernelSelector(BaseEstimator):
         ranker = clone(self).set_params(gated=None)
         ranked = [{k: v for k, v in t.items() if config_of(k)[0] != self.gated} for t in times]
 
-        def firsts(train: np.ndarray, test: np.ndarray) -> list[str]:
-            fitted = clone(ranker).fit(X[train], [ranked[i] for i in train], dtype=self.dtype_, device=self.device_,
-                                       feature_names=names, prepare_times=[prepare[i] for i in train])
+        def firsts(train: np.ndarray, test: np.ndarray) -> list[str | None]:
+            try:
+                fitted = clone(ranker).fit(X[train], [ranked[i] for i in train], dtype=self.dtype_,
+                                           device=self.device_, feature_names=names,
+                                           prepare_times=[prepare[i] for i in train])
+            except InvalidConfigError:  # too few rows measured outside the fold: no first config out of fold
+                return [None] * len(test)
             keys = fitted.config_keys()
             return [keys[j] for j in fitted.rank_order(X[test])[:, 0].tolist()]
 
         gains = out_of_fold_gains(times, gated, splits, firsts)
+        if np.isfinite(gains).sum() < 2:
+            return None
         T = np.array([[t.get(k, np.nan) if k else np.nan] for k, t in zip(gated, times, strict=True)])
         P = [{"gated": p[k]} if k in p else {} for k, p in zip(gated, prepare, strict=True)]
         spmvs = float(self._prepare_spmvs(X[:, names.index("nnz")], T, P, ["gated"])[0])
