@@ -324,7 +324,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -1849,15 +1849,22 @@ def answered(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[]
     ``y_ref``: the row's measured part (as :func:`planned`'s)."""
     prepared = family.prepare(A_dev, params)
     out = backend.cp.empty(A_dev.shape[0], dtype=A_dev.dtype)
-    t1, t2, t = [r.median_s for r in round_robin(backend, [*baseline, lambda: family.run(prepared, x, out)],
-                                                 repeats=10, max_duration=0.5, flush_l2=True)]
-    y = family.run(prepared, x)
-    rel_error = float(backend.cp.linalg.norm(y - y_ref) / max(float(backend.cp.linalg.norm(y_ref)), 1e-300))
-    best, bandwidth = min(t1, t2), backend.copy_bandwidth_gbs()
+    times = [r.median_s for r in round_robin(backend, [*baseline, lambda: family.run(prepared, x, out)], repeats=10,
+                                             max_duration=0.5, flush_l2=True)]
+    return beside_cusparse(backend, A_dev, times, family.run(prepared, x), y_ref)
+
+
+def beside_cusparse(backend: GpuBackend, A_dev: Any, times: Sequence[float], y: Any, y_ref: Any) -> dict[str, Any]:
+    """A pick's row fields from ``times`` (cuSPARSE's CSR_ALG1, CSR_ALG2 and the pick's, timed round-robin) and its
+    ``y`` against cuSPARSE's ``y_ref``: the times, the ratio to cuSPARSE's best, ``rel_error`` (the norm of the
+    difference over y_ref's) and both kernels' fractions of the copy bandwidth."""
+    t1, t2, t = times
+    cp, best, bandwidth = backend.cp, min(t1, t2), backend.copy_bandwidth_gbs()
     rate = functools.partial(gbps, A_dev.shape[0], A_dev.shape[1], A_dev.nnz, A_dev.dtype)
     return {"time_s": t, "cusparse_alg1_s": t1, "cusparse_alg2_s": t2, "cusparse_best_s": best,
-            "ratio_to_cusparse": best / t, "rel_error": rel_error, "bandwidth_fraction": rate(t) / bandwidth,
-            "cusparse_bandwidth_fraction": rate(best) / bandwidth}
+            "ratio_to_cusparse": best / t,
+            "rel_error": float(cp.linalg.norm(y - y_ref) / max(float(cp.linalg.norm(y_ref)), 1e-300)),
+            "bandwidth_fraction": rate(t) / bandwidth, "cusparse_bandwidth_fraction": rate(best) / bandwidth}
 
 
 def features_alone(backend: GpuBackend, A_dev: Any, runs: int = 3, warm_up: dict[str, Any] | None = None) -> float:
@@ -1909,21 +1916,16 @@ def planned(backend: GpuBackend, A_dev: Any, x: Any, baseline: list[Callable[[],
         moves = [lambda: ex.to_internal(x), lambda: ex.from_internal(out, out=back)]
     times = [t.median_s for t in round_robin(backend, [*baseline, lambda: ex(x_in, out=out), *moves], repeats=10,
                                              max_duration=0.5, flush_l2=True)]
-    t1, t2, t_plan = times[:3]
     y = ex.from_internal(ex(x_in)) if renumber else ex(x)
-    rel_error = float(cp.linalg.norm(y - y_ref) / max(float(cp.linalg.norm(y_ref)), 1e-300))
+    measured = beside_cusparse(backend, A_dev, times[:3], y, y_ref)
     inner = ex.inner if renumber else ex
-    best = min(t1, t2)
-    bandwidth = backend.copy_bandwidth_gbs()
-    rate = functools.partial(gbps, A_dev.shape[0], A_dev.shape[1], A_dev.nnz, A_dev.dtype)
+    best, rel_error = measured["cusparse_best_s"], measured["rel_error"]
     steps = {**inner.cost, "renumber": ex.renumber_s} if renumber else inner.cost
     row = {**info, "effort": effort, "source": inner.source, "kernel": inner.kernel,
-           "params": json.dumps(inner.params, sort_keys=True), "time_s": t_plan, "cusparse_alg1_s": t1,
-           "cusparse_alg2_s": t2, "cusparse_best_s": best, "ratio_to_cusparse": best / t_plan, "plan_s": plan_s,
+           "params": json.dumps(inner.params, sort_keys=True), **measured, "plan_s": plan_s,
            "plan_spmvs": plan_s / best, "beyond_features_spmvs": (plan_s - info["features_s"]) / best,
            "beyond_alike_spmvs": (plan_s - info["features_alike_s"]) / best,
-           "plan_steps_s": steps, "record_behind_s": record_s, "rel_error": rel_error,
-           "bandwidth_fraction": rate(t_plan) / bandwidth, "cusparse_bandwidth_fraction": rate(best) / bandwidth,
+           "plan_steps_s": steps, "record_behind_s": record_s,
            "race": inner.race.table() if inner.race is not None else None,
            "race_steps_s": inner.race.seconds if inner.race is not None else None}
     if renumber:
