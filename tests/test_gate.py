@@ -8,12 +8,12 @@ import pytest
 
 from common.errors import InvalidConfigError
 from db.store import Store
-from kernels import config_key
+from kernels import config_key, get_family
 from tests.test_model import _features  # a matrix's features drawn at random, with consistent sizes
 from tuner.execute.choice import choose
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.select.evaluation import RankingTable, evaluate_selector, out_of_fold
-from tuner.select.gate import out_of_fold_gains, race_config
+from tuner.select.gate import out_of_fold_gains
 from tuner.select.model import DeviceSpec, KernelSelector, compulsory_bytes, save_model
 
 DTYPE = "float64"
@@ -21,10 +21,11 @@ DEVICE = DeviceSpec("gpu-A", bandwidth_gbs=4000.0, l2_bytes=60 * 2**20, sms=132)
 A = config_key("csr_scalar", {"block_size": 128})
 B = config_key("csr_vector", {"block_size": 256, "threads_per_row": 8})
 ALG1 = config_key("cusparse", {"algorithm": "csr_alg1"})
+RACED = get_family("csr5").unranked_config  # csr5's race config for a matrix's features and value size
 
 
 def _csr5(f: dict[str, float]) -> str:
-    return config_key("csr5", race_config("csr5", f, 8))
+    return config_key("csr5", RACED(f, 8))
 
 
 def _times(f: dict[str, float]) -> dict[str, float]:
@@ -65,7 +66,7 @@ def test_the_second_opinion_answers_csr5_where_its_race_config_beats_the_first(f
     first = fitted.rank(even)[0]
     second = fitted.second_opinion(even, first)
     assert first.kernel == "csr_vector" and second is not None
-    assert (second.kernel, second.params) == ("csr5", race_config("csr5", even, 8))
+    assert (second.kernel, second.params) == ("csr5", RACED(even, 8))
     assert second.expected_s < first.expected_s and 0.5 < second.votes <= 1
     for cv in (0.8, 1.5):  # csr_vector, csr_scalar faster than csr5
         assert fitted.second_opinion(_matrix(cv), fitted.rank(_matrix(cv))[0]) is None
@@ -113,7 +114,7 @@ def test_the_recommendation_and_its_evaluation_take_the_second_opinion(fitted, t
         save_model(store, fitted, device=DEVICE.id, dtype=DTYPE)
         even, varied = _matrix(0.2), _matrix(1.5)
         got = choose("f" * 16, store=store, device=DEVICE.id, dtype=DTYPE, features=even)
-        assert (got.kernel, got.params, got.source) == ("csr5", race_config("csr5", even, 8), "predicted")
+        assert (got.kernel, got.params, got.source) == ("csr5", RACED(even, 8), "predicted")
         assert got.basis.endswith("whose second opinion expects csr5 faster than its first config (csr_vector)")
         assert choose("f" * 16, store=store, device=DEVICE.id, dtype=DTYPE, features=varied).kernel == "csr_scalar"
     rankings = out_of_fold(table, cv="lofo", make=lambda: KernelSelector(n_estimators=20))

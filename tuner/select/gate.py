@@ -21,24 +21,16 @@ rows of a hundred entries or more scattered over a wide x (``bench/results/2026-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 from sklearn.ensemble import ExtraTreesRegressor
 
-from kernels import get_family
 from tuner.select.forest import CompactForest
 
-__all__ = ["GATE_LEAF", "SecondOpinion", "out_of_fold_gains", "race_config"]
+__all__ = ["GATE_LEAF", "SecondOpinion", "out_of_fold_gains"]
 
 GATE_LEAF = 3
 """The second opinion's trees' smallest leaf: its target is one noisy ratio a matrix, not the ranking's seventy."""
-
-
-def race_config(family: str, features: Mapping[str, float], itemsize: int) -> dict[str, Any] | None:
-    """The config of ``family`` a race enters first on a matrix of ``features`` (its
-    :meth:`~kernels.Family.unranked_config`); None where it races none there."""
-    return get_family(family).unranked_config(features, itemsize)
 
 
 def out_of_fold_gains(times: Sequence[Mapping[str, float]], gated: Sequence[str | None],

@@ -64,11 +64,11 @@ from sklearn.model_selection import KFold, LeaveOneGroupOut
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from common.errors import InvalidConfigError, StoreError
-from kernels import BASELINE, BASELINE_CONFIGS, config_key, config_of
+from kernels import BASELINE, BASELINE_CONFIGS, config_key, config_of, get_family
 from tuner.matrix.features import FEATURE_NAMES
 from tuner.measure.metrics import effective_bytes
 from tuner.select.forest import CompactForest
-from tuner.select.gate import SecondOpinion, out_of_fold_gains, race_config
+from tuner.select.gate import SecondOpinion, out_of_fold_gains
 from tuner.select.shipped import ASK_STORE, StoredRow
 
 if TYPE_CHECKING:
@@ -463,8 +463,9 @@ class KernelSelector(BaseEstimator):
         if self.gated is None:
             return None
         names = list(self.feature_names_in_)
+        race_config = get_family(self.gated).unranked_config
         itemsize = np.dtype(self.dtype_).itemsize
-        gated = [None if (params := race_config(self.gated, dict(zip(names, row, strict=True)), itemsize)) is None
+        gated = [None if (params := race_config(dict(zip(names, row, strict=True)), itemsize)) is None
                  else config_key(self.gated, params) for row in X.tolist()]
         measured = sum(k is not None and k in t for k, t in zip(gated, times, strict=True))
         if measured < max(2, self.coverage * len(X)):
@@ -575,8 +576,8 @@ class KernelSelector(BaseEstimator):
         design, _ = design_matrix(row[None], dtype=self.dtype_, device=self.device_ if device is None else device,
                                   feature_names=names)
         gain, votes = self.gate_.gain(design[0])
-        params = race_config(self.gate_.family, dict(zip(names, row.tolist(), strict=True)),
-                             np.dtype(self.dtype_).itemsize)
+        params = get_family(self.gate_.family).unranked_config(dict(zip(names, row.tolist(), strict=True)),
+                                                               np.dtype(self.dtype_).itemsize)
         if gain <= 0 or params is None:
             return None
         return RankedConfig(self.gate_.family, params, first.expected_s * math.exp(-gain), self.gate_.prepare_spmvs,
