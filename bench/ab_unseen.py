@@ -33,9 +33,10 @@ sys.path.insert(0, str(REPO))
 
 from common.jsonfile import read_json  # noqa: E402
 
-TREE = ("common", "db", "kernels", "tuner", "bench/unseen.py")
-"""What a tree needs to run bench/unseen.py: the packages it imports and the benchmark itself (the shipped
-selectors are the checkout's, ``$SPMV_TUNER_MODELS``, so that both trees rank with the same ones)."""
+TREE = ("common", "db", "kernels", "tuner", "bench/unseen*.py")
+"""What a tree needs to run bench/unseen.py: the packages it imports and the benchmark itself, with its matrices
+(``unseen_matrices.py``, a tree after stop 74; git's pathspec, so an older tree without it archives too). The
+shipped selectors are the checkout's, ``$SPMV_TUNER_MODELS``, so that both trees rank with the same ones."""
 WORKTREE = "WORKTREE"
 ORDER = (0, 1, 1, 0)
 """Runs of the first tree (0) and the second (1): each pair alternates, so a drift of the host between runs

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen import MATRICES  # noqa: E402
+from unseen_matrices import MATRICES  # noqa: E402
 
 from common.jsonfile import read_json  # noqa: E402
 from db.store import Store  # noqa: E402

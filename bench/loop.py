@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen import MATRICES  # noqa: E402
+from unseen_matrices import MATRICES  # noqa: E402
 
 from db.store import Store  # noqa: E402
 from tuner.benchmark.bench import environment  # noqa: E402

@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen import MATRICES, features_alone, one_plan, rgg  # noqa: E402
+from unseen import features_alone, one_plan  # noqa: E402
+from unseen_matrices import MATRICES, rgg  # noqa: E402
 
 STEPS = (
     ("tuner.matrix.readback", "ReadBack.__init__", "read-back"),

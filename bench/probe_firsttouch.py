@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
 import probing  # noqa: E402
-import unseen  # noqa: E402
+import unseen_matrices  # noqa: E402
 
 from kernels import get_family  # noqa: E402
 from kernels.csr_vector import THREADS_PER_ROW  # noqa: E402
@@ -46,9 +46,9 @@ def main() -> None:
         probe(backend, name, A, dtype)
 
 
-def _columns_permuted(m: unseen.Unseen) -> unseen.Unseen:
+def _columns_permuted(m: unseen_matrices.Unseen) -> unseen_matrices.Unseen:
     """``m`` with its columns alone permuted (``--permute-columns``'s), colperm27 as it is (permuted already)."""
-    return m if m.name == "colperm27" else unseen.columns_permuted(m)
+    return m if m.name == "colperm27" else unseen_matrices.columns_permuted(m)
 
 
 def probe(backend, name: str, A, dtype: str) -> None:

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen import MATRICES  # noqa: E402
+from unseen_matrices import MATRICES  # noqa: E402
 
 from tuner.measure import verify  # noqa: E402
 from tuner.measure.verify import Reference  # noqa: E402

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from unseen import from_suite  # noqa: E402
+from unseen_matrices import from_suite  # noqa: E402
 
 from db.store import Store  # noqa: E402
 

@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen import MATRICES, from_suite  # noqa: E402
+from unseen_matrices import MATRICES, from_suite  # noqa: E402
 
 from kernels import get_family  # noqa: E402
 from kernels._cuda import c_type, grid  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import unseen
+import unseen_matrices
 
 from kernels import BASELINE, BASELINE_CONFIGS, get_family
 from tuner.measure.evaluate import round_robin
@@ -17,13 +17,14 @@ from tuner.measure.evaluate import round_robin
 DTYPES = ("float64", "float32")
 
 
-def each_unseen(only: str, build: Callable[[unseen.Unseen], unseen.Unseen] = lambda m: m
+def each_unseen(only: str, build: Callable[[unseen_matrices.Unseen], unseen_matrices.Unseen] = lambda m: m
                 ) -> Iterator[tuple[str, Any, str]]:
-    """(name, the matrix on the GPU, dtype) for each matrix of bench/unseen.py named in ``only`` (comma-separated),
-    built at scale 1 (after ``build``: probe_firsttouch permutes its columns), in float64 then float32."""
+    """(name, the matrix on the GPU, dtype) for each matrix of bench/unseen_matrices.py named in ``only``
+    (comma-separated), built at scale 1 (after ``build``: probe_firsttouch permutes its columns), in float64 then
+    float32."""
     import cupyx.scipy.sparse as cusp
 
-    for m in unseen.MATRICES:
+    for m in unseen_matrices.MATRICES:
         if m.name in only.split(","):
             made = build(m)
             host = made.make(1.0)

@@ -490,9 +490,9 @@ def test_the_race_replay_says_when_the_times_given_hold_no_cusparse_time(monkeyp
 
 
 def _unseen_set(group: str, names: set[str]) -> dict[str, Any]:
-    """bench/unseen.py's set ``group`` built at 1 % of its size, checked to be the matrices ``names``, each canonical
-    and not empty."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py's set ``group`` built at 1 % of its size, checked to be the matrices ``names``, each
+    canonical and not empty."""
+    module = _bench_module("unseen_matrices")
     built = {m.name: m.make(0.01) for m in module.MATRICES if m.group == group}
     assert set(built) == names
     for A in built.values():
@@ -501,9 +501,9 @@ def _unseen_set(group: str, names: set[str]) -> dict[str, Any]:
 
 
 def test_the_unseen_benchmarks_third_set_is_a_randomly_numbered_mesh() -> None:
-    """bench/unseen.py set c: mesh2d, the 9-point pattern of a grid (9 entries a row inside, 4 at a corner)
+    """bench/unseen_matrices.py set c: mesh2d, the 9-point pattern of a grid (9 entries a row inside, 4 at a corner)
     under a random numbering: its columns far from the diagonal."""
-    module = _bench_module("unseen")
+    module = _bench_module("unseen_matrices")
     (mesh,) = [m for m in module.MATRICES if m.group == "c"]
     A = mesh.make(0.01)  # 120 x 120 nodes
     lengths = np.diff(A.indptr)
@@ -516,7 +516,7 @@ def test_the_unseen_benchmarks_third_set_is_a_randomly_numbered_mesh() -> None:
 
 
 def test_the_unseen_benchmarks_fourth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set d at a small scale: each generator's defining trait, and every matrix canonical."""
+    """bench/unseen_matrices.py set d at a small scale: each generator's defining trait, and every matrix canonical."""
     built = _unseen_set("d", {"fem3x3", "scatterwide", "densepanel", "mixedrows"})
     fem = built["fem3x3"]  # 17^3 nodes
     lengths = np.diff(fem.indptr)
@@ -533,7 +533,7 @@ def test_the_unseen_benchmarks_fourth_set_builds_the_structures_it_names() -> No
 
 
 def test_the_unseen_benchmarks_fifth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set e at a small scale: each generator's defining trait, and every matrix canonical."""
+    """bench/unseen_matrices.py set e at a small scale: each generator's defining trait, and every matrix canonical."""
     built = _unseen_set("e", {"road", "restrict3d", "prolong3d", "lowertri", "bandnoise", "tensorprod"})
     road = built["road"].copy()  # 180 x 180 crossings
     road.data[:] = 1.0
@@ -558,7 +558,7 @@ def test_the_unseen_benchmarks_fifth_set_builds_the_structures_it_names() -> Non
 
 
 def test_the_unseen_benchmarks_seventh_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set g at a small scale: each generator's defining trait, and every matrix canonical."""
+    """bench/unseen_matrices.py set g at a small scale: each generator's defining trait, and every matrix canonical."""
     built = _unseen_set("g", {"debruijn", "blocksparse8", "smallworld", "rowperm7", "colruns", "staircase"})
     shift = built["debruijn"]  # 30,000 nodes
     assert shift.shape == (30_000, 30_000) and np.diff(shift.indptr).max() == 8
@@ -587,7 +587,8 @@ def test_the_unseen_benchmarks_seventh_set_builds_the_structures_it_names() -> N
 
 
 def test_the_unseen_benchmarks_eighth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set h at a small scale: rows out of order in six ways, each generator's defining trait."""
+    """bench/unseen_matrices.py set h at a small scale: rows out of order in six ways, each generator's defining
+    trait."""
     import scipy.sparse as sp
 
     built = _unseen_set("h", {"lengthsorted", "twofield", "tallshuffled", "multicolor", "blockshuffled", "rowhash9"})
@@ -619,7 +620,7 @@ def test_the_unseen_benchmarks_eighth_set_builds_the_structures_it_names() -> No
 
 
 def test_the_unseen_benchmarks_ninth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set i at a small scale: each generator's defining trait."""
+    """bench/unseen_matrices.py set i at a small scale: each generator's defining trait."""
     built = _unseen_set("i", {"groupedrows", "denseblock", "wideclustered", "hypersparse", "globalcols", "tallwide"})
     groups = built["groupedrows"]  # 10,000 rows
     assert groups.shape == (10_000, 10_000) and np.diff(groups.indptr).max() == 24
@@ -644,7 +645,7 @@ def test_the_unseen_benchmarks_ninth_set_builds_the_structures_it_names() -> Non
 
 
 def test_the_unseen_benchmarks_tenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set j at a small scale: each generator's defining trait."""
+    """bench/unseen_matrices.py set j at a small scale: each generator's defining trait."""
     built = _unseen_set("j", {"zipfrows", "stencil125", "vbr3d", "onehot", "antiband", "subsetcols"})
     zipf = np.diff(built["zipfrows"].indptr)  # 20,000 rows: the longest 20,000 draws, 63 % of them distinct
     assert zipf.min() >= 1 and 10_000 < zipf.max() < 15_000 and np.median(zipf) <= 2
@@ -664,8 +665,8 @@ def test_the_unseen_benchmarks_tenth_set_builds_the_structures_it_names() -> Non
 
 
 def test_the_unseen_benchmarks_eleventh_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set k at a small scale: each generator's defining trait."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py set k at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
     built = _unseen_set("k", {"fewlongrows", "degreesorted", "ndgrid", "diagonal", "bitrev5", "log2rows"})
     few = built["fewlongrows"]  # the 64 rows are not scaled below 8: 8 rows of 250,000 draws
     assert few.shape == (8, 30_000_000) and np.diff(few.indptr).min() > 240_000
@@ -691,7 +692,7 @@ def test_the_unseen_benchmarks_eleventh_set_builds_the_structures_it_names() -> 
 
 
 def test_the_unseen_benchmarks_twelfth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set l at a small scale: each generator's defining trait."""
+    """bench/unseen_matrices.py set l at a small scale: each generator's defining trait."""
     built = _unseen_set("l", {"onedenserow", "topheavy", "lattice4d", "termdoc", "everyother", "cliques"})
     dense = built["onedenserow"]  # a 200 x 200 grid
     lengths = np.diff(dense.indptr)
@@ -714,7 +715,7 @@ def test_the_unseen_benchmarks_twelfth_set_builds_the_structures_it_names() -> N
     assert hyper[members][:, members].nnz >= 2 * 30 * 30 - members.size
 
 def test_the_unseen_benchmarks_thirteenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set m at a small scale: each generator's defining trait."""
+    """bench/unseen_matrices.py set m at a small scale: each generator's defining trait."""
     built = _unseen_set("m", {"blocktri", "randperm", "window", "useritem", "mediumwide", "upper27"})
     chain = built["blocktri"]  # 35 blocks of 48
     lengths = np.diff(chain.indptr)
@@ -738,8 +739,8 @@ def test_the_unseen_benchmarks_thirteenth_set_builds_the_structures_it_names() -
 
 
 def test_the_unseen_benchmarks_fourteenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set n at a small scale: each generator's defining trait."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py set n at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
     built = _unseen_set("n", {"widestencil", "morton27", "colperm27", "invertedindex", "cutoff3d", "groupby"})
     wide = built["widestencil"]  # an 8^3 grid: the middle node's row its whole 9^3 box, in 81 runs of 9
     middle = wide[4 * 64 + 4 * 8 + 4].indices
@@ -764,8 +765,8 @@ def test_the_unseen_benchmarks_fourteenth_set_builds_the_structures_it_names() -
 
 
 def test_the_unseen_benchmarks_fifteenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set o at a small scale: each generator's defining trait."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py set o at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
     built = _unseen_set("o", {"prunedlayer", "twofour", "spectralz", "erdos", "wideband", "randblocks"})
     pruned = built["prunedlayer"]  # 1,638^2 at 10 %
     assert pruned.shape == (1_638, 1_638) and 0.08 < pruned.nnz / 1_638**2 < 0.1
@@ -787,8 +788,8 @@ def test_the_unseen_benchmarks_fifteenth_set_builds_the_structures_it_names() ->
 
 
 def test_the_unseen_benchmarks_sixteenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set p at a small scale: each generator's defining trait."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py set p at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
     built = _unseen_set("p", {"hmatrix", "circuit", "tridiag", "dgblocks", "transposed5", "bigbird"})
     far = module.hmatrix(1_000, np.random.default_rng(0))[500].indices  # a run of 32, then 2^5 .. 2^8 either side
     assert np.array_equal(far, [244, 372, 436, 468, *range(484, 516), 532, 564, 628, 756])
@@ -812,8 +813,8 @@ def test_the_unseen_benchmarks_sixteenth_set_builds_the_structures_it_names() ->
     assert set(range(968, 1_032)) <= set(attention[1_000].indices.tolist()) and lengths[8:].max() < 64 + 8 + 48 + 1
 
 def test_the_unseen_benchmarks_seventeenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set q at a small scale: each generator's defining trait."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py set q at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
     built = _unseen_set("q", {"spinchain", "dilated", "sellslices", "interleaved", "citations", "torus3d"})
     ring = module.spinchain(16, np.random.default_rng(0))  # 4 spins: 0101 swaps each of its 4 antiparallel pairs
     assert np.array_equal(ring[5].indices, [3, 5, 6, 9, 12]) and np.array_equal(ring[0].indices, [0])
@@ -837,8 +838,8 @@ def test_the_unseen_benchmarks_seventeenth_set_builds_the_structures_it_names() 
 
 
 def test_the_unseen_benchmarks_eighteenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set r at a small scale: each generator's defining trait."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py set r at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
     built = _unseen_set("r", {"reactdiff", "patree", "kronrandom", "sparseblocks", "tandemqueue", "levy"})
     grid = module.reactdiff(4, np.random.default_rng(0), species=3)  # node 5 (1, 1), its species 1: row 16
     assert np.array_equal(grid[16].indices, [4, 13, 15, 16, 17, 19, 28])
@@ -866,8 +867,8 @@ def test_the_unseen_benchmarks_eighteenth_set_builds_the_structures_it_names() -
 
 
 def test_the_unseen_benchmarks_nineteenth_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set s at a small scale: each generator's defining trait."""
-    module = _bench_module("unseen")
+    """bench/unseen_matrices.py set s at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
     built = _unseen_set("s", {"matricized", "maxwell", "haar", "conv3dch", "driftband", "supernodal"})
     tensor = built["matricized"]
     assert tensor.shape[1] == 2_000 * 10_000 and np.diff(tensor.indptr).max() <= 24
@@ -890,7 +891,7 @@ def test_the_unseen_benchmarks_nineteenth_set_builds_the_structures_it_names() -
 
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
-    module = _bench_module("unseen")
+    module = _bench_module("unseen_matrices")
     sawtooth = next(m for m in module.MATRICES if m.name == "sawtooth")
     A, P = sawtooth.make(0.01), module.columns_permuted(sawtooth).make(0.01)
     assert module.columns_permuted(sawtooth).name == "sawtooth-colperm" and P.has_canonical_format
@@ -902,7 +903,7 @@ def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> 
 
 def test_the_unseen_benchmark_measures_a_named_suite_as_its_own_matrices() -> None:
     """--suite issue18: the six structures issue #18 names, each built by its suite entry (at the size asked)."""
-    module = _bench_module("unseen")
+    module = _bench_module("unseen_matrices")
     matrices = module.from_suite("issue18")
     assert [m.name for m in matrices] == [m.name for m in SUITES["issue18"]]
     assert {m.group for m in matrices} == {"issue18"}
@@ -920,7 +921,7 @@ def test_the_issue18_suite_is_the_six_structures_the_issue_names_at_its_sizes() 
 
 
 def test_the_unseen_benchmarks_second_set_builds_the_structures_it_names() -> None:
-    """bench/unseen.py set b at a small scale: each generator's defining trait, and every matrix canonical."""
+    """bench/unseen_matrices.py set b at a small scale: each generator's defining trait, and every matrix canonical."""
     built = _unseen_set("b", {"incidence", "hubcols", "diagonals", "denserows", "sawtooth", "kkt"})
     lengths = {name: np.diff(A.indptr) for name, A in built.items()}
     incidence = built["incidence"]
@@ -947,6 +948,7 @@ def test_an_ab_archives_both_trees_alike_without_the_shipped_selectors(tmp_path)
     trees = [{p.relative_to(tmp_path / t).as_posix() for p in (tmp_path / t).rglob("*") if p.is_file()}
              for t in ("base", "new")]
     assert {"bench/unseen.py", "tuner/execute/plan.py", "kernels/csr_vector.cu", "db/store.py"} <= trees[0]
+    assert "bench/unseen_matrices.py" in trees[1]  # the benchmark's matrices beside it
     assert not any(f.startswith(("tuner/data/", "tests/")) for f in trees[0] | trees[1])
     assert {f for f in trees[0] if (module.REPO / f).is_file()} <= trees[1]  # the commit's files still there
     with pytest.raises(SystemExit, match="exists"):
