@@ -1,6 +1,5 @@
 """The unseen matrices of ``bench/unseen.py`` (issue #18): generators no corpus, test or selector has seen.
 
-
 The generators here are this benchmark's own: no corpus suite, no test and no
 shipped selector was built from them, so the figures say how ``plan()``
 does on structures outside what it learned. Each matrix has at least 10 M
@@ -254,6 +253,23 @@ measured once as it came:
 - ``driftband``: 20 columns a row within 100 of a centre that random-walks away from the diagonal and back;
 - ``supernodal``: a Cholesky factor's pattern by rows, supernodes of 8 to 64 rows each reading 10 to 40 shared far
   columns and its own lower triangle: row lengths rising through each supernode.
+
+Set ``t``, added at stop 75 (after a replay of derived features for the selector, none kept; nothing of
+``plan()`` changed) and measured once as it came:
+
+- ``exactcover``: the exact-cover matrix of a 180 x 180 Sudoku (boxes of 12 x 15), 5.8 M x 129,600: one column
+  in each of four constraint sections a row (cell, row-value, column-value, box-value), each section read in its
+  own stride;
+- ``resample``: a decimation filter, 1.5 M x 6 M: 16 consecutive columns a row, each row 4 columns on from the
+  one before (x read 4 times over, nearby);
+- ``subdomains``: the 7-point Laplacian of a 160^3 grid numbered subdomain by subdomain (4 x 4 x 4 of 40^3, each
+  lexicographic inside): local rows with halo reads 64,000 columns or a subdomain away;
+- ``tomography``: a parallel-beam CT projector, 24,000 rays (angle by angle) across a 1,000^2 image: rows of
+  about 1,000 pixels along a line, runs of consecutive columns or a stride of 1,000 as the angle turns;
+- ``gnnsample``: a graph network's sampled neighbourhoods, 1 M x 8 M: 25 neighbours drawn a row, popular nodes
+  (Zipf 0.8) anywhere in x;
+- ``dangling``: a web crawl's link matrix, 4 M pages of which 80 % uncrawled (empty rows): log-normal out-degrees
+  (median 20), half the links near the page (its host), half to popular pages anywhere.
 """
 
 from __future__ import annotations
@@ -1521,6 +1537,81 @@ def supernodal(n: int, rng: np.random.Generator, narrowest: int = 8, widest: int
     return _csr(np.concatenate(rows), np.concatenate(cols), (n, n), rng)
 
 
+def exactcover(n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """The exact-cover matrix of an n x n Sudoku (boxes of p x q, p the largest divisor of n up to its square
+    root): row (r, c, v) has one column in each of the cell, row-value, column-value and box-value sections."""
+    p = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    r, c, v = (a.ravel() for a in np.meshgrid(*(np.arange(n, dtype=np.int64),) * 3, indexing="ij"))
+    box = (r // p) * p + c // (n // p)
+    cols = np.stack([r * n + c, n * n + r * n + v, 2 * n * n + c * n + v, 3 * n * n + box * n + v], axis=1)
+    return _csr(np.repeat(np.arange(n**3), 4), cols.ravel(), (n**3, 4 * n * n), rng)
+
+
+def resample(rows: int, rng: np.random.Generator, factor: int = 4, taps: int = 16) -> sp.csr_matrix:
+    """A decimation filter: row i reads the ``taps`` consecutive columns around ``factor * i`` of
+    ``factor * rows`` (cut at the ends)."""
+    cols = factor * rows
+    first = factor * np.arange(rows, dtype=np.int64) - taps // 2 + factor // 2
+    c = (first[:, None] + np.arange(taps)).ravel()
+    r = np.repeat(np.arange(rows), taps)
+    inside = (c >= 0) & (c < cols)
+    return _csr(r[inside], c[inside], (rows, cols), rng)
+
+
+def subdomains(side: int, rng: np.random.Generator, parts: int = 4) -> sp.csr_matrix:
+    """The 7-point Laplacian of a side^3 grid numbered subdomain by subdomain (parts^3 boxes, each lexicographic
+    inside), as a domain decomposition numbers its unknowns."""
+    z, y, x = (a.ravel() for a in np.meshgrid(*(np.arange(side),) * 3, indexing="ij"))
+    edge = -(-side // parts)
+    key = (((z // edge) * parts + y // edge) * parts + x // edge) * side**3 + (z * side + y) * side + x
+    order = np.argsort(key, kind="stable")
+    return _reordered(generate("poisson3d", n=side), order, rng, order)
+
+
+def tomography(rays: int, rng: np.random.Generator, side: int = 1_000, angles: int = 120) -> sp.csr_matrix:
+    """A parallel-beam projector: ``rays`` lines across a side x side image, ``angles`` angles in order, the
+    offsets of each at random; a row the pixels its line samples once a pixel's length (about ``side`` of them)."""
+    angles = min(angles, rays)
+    theta = np.repeat(np.linspace(0.0, np.pi, angles, endpoint=False), -(-rays // angles))[:rays]
+    offset = rng.uniform(-0.45, 0.45, rays) * side
+    t = np.arange(-side, side, dtype=np.float64) * 0.75  # samples 0.75 of a pixel apart: a pixel a sample or two
+    rows, cols = [], []
+    for chunk in np.array_split(np.arange(rays), max(1, rays // 2_000)):
+        cos, sin = np.cos(theta[chunk])[:, None], np.sin(theta[chunk])[:, None]
+        x = side / 2 + t * cos - offset[chunk, None] * sin
+        y = side / 2 + t * sin + offset[chunk, None] * cos
+        inside = (x >= 0) & (x < side) & (y >= 0) & (y < side)
+        rows.append(np.broadcast_to(chunk[:, None], x.shape)[inside])
+        cols.append(y[inside].astype(np.int64) * side + x[inside].astype(np.int64))
+    return _csr(np.concatenate(rows), np.concatenate(cols), (rays, side * side), rng)
+
+
+def gnnsample(rows: int, rng: np.random.Generator, nodes: int = 8_000_000, fanout: int = 25, zipf: float = 0.8
+              ) -> sp.csr_matrix:
+    """A graph network's sampled neighbourhoods: ``fanout`` neighbours drawn for each of ``rows`` seed nodes out
+    of ``nodes``, by popularity (a Zipf(``zipf``) rank sent through a random permutation)."""
+    s = 1.0 - zipf
+    rank = ((nodes**s - 1.0) * rng.random(rows * fanout) + 1.0) ** (1.0 / s)
+    cols = rng.permutation(nodes)[np.minimum(rank.astype(np.int64) - 1, nodes - 1)]
+    return _csr(np.repeat(np.arange(rows), fanout), cols, (rows, nodes), rng)
+
+
+def dangling(n: int, rng: np.random.Generator, crawled: float = 0.2, median: float = 20.0, sigma: float = 1.0,
+             host: int = 5_000, zipf: float = 0.9) -> sp.csr_matrix:
+    """A web crawl's link matrix: ``crawled`` of the pages (at random) have out-links, log-normal in number
+    (``median``), half within ``host`` pages of their own, half to pages by popularity (Zipf rank, permuted);
+    the other rows empty."""
+    pages = np.flatnonzero(rng.random(n) < crawled)
+    degrees = np.maximum(1, rng.lognormal(np.log(median), sigma, pages.size).astype(np.int64))
+    r = np.repeat(pages, degrees)
+    near = rng.random(r.size) < 0.5
+    s = 1.0 - zipf
+    rank = ((n**s - 1.0) * rng.random(r.size) + 1.0) ** (1.0 / s)
+    far = rng.permutation(n)[np.minimum(rank.astype(np.int64) - 1, n - 1)]
+    cols = np.where(near, np.clip(r + rng.integers(-host, host + 1, r.size), 0, n - 1), far)
+    return _csr(r, cols, (n, n), rng)
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1532,7 +1623,7 @@ class Unseen:
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
     # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71, "q" 72,
-    # "r" 73, "s" 74
+    # "r" 73, "s" 74, "t" 75
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1649,6 +1740,12 @@ MATRICES = (
     Unseen("conv3dch", conv3dch, 16, 194, "s", dims=3),            # ~25 M
     Unseen("driftband", driftband, 1_250_000, 195, "s"),           # ~24 M
     Unseen("supernodal", supernodal, 560_000, 196, "s"),           # ~24 M
+    Unseen("exactcover", exactcover, 180, 201, "t", dims=3),       # ~23 M
+    Unseen("resample", resample, 1_500_000, 202, "t"),             # ~24 M
+    Unseen("subdomains", subdomains, 160, 203, "t", dims=3),       # ~28 M
+    Unseen("tomography", tomography, 24_000, 204, "t"),            # ~24 M
+    Unseen("gnnsample", gnnsample, 1_000_000, 205, "t"),           # ~25 M
+    Unseen("dangling", dangling, 4_000_000, 206, "t"),             # ~26 M
 )
 
 

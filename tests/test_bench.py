@@ -889,6 +889,37 @@ def test_the_unseen_benchmarks_nineteenth_set_builds_the_structures_it_names() -
     assert np.mean(np.diff(lengths) == 1) > 0.8  # rising by one through each supernode
 
 
+def test_the_unseen_benchmarks_twentieth_set_builds_the_structures_it_names() -> None:
+    """bench/unseen_matrices.py set t at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
+    built = _unseen_set("t", {"exactcover", "resample", "subdomains", "tomography", "gnnsample", "dangling"})
+    sudoku = module.exactcover(4, np.random.default_rng(0))  # boxes of 2 x 2: row (r, c, v) = (1, 2, 3) is 27, box 1
+    assert sudoku.shape == (64, 64) and np.array_equal(sudoku[27].indices, [6, 23, 43, 55])
+    cover = built["exactcover"]
+    n = round(cover.shape[1] ** 0.5 / 2)
+    assert np.all(np.diff(cover.indptr) == 4) and np.all(cover.indices.reshape(-1, 4) // (n * n) == np.arange(4))
+    assert np.all(np.bincount(cover.indices) == n)  # every constraint met by n candidates
+    filt = module.resample(5, np.random.default_rng(0), factor=2, taps=4)
+    assert filt.shape == (5, 10) and np.array_equal(filt[2].indices, [3, 4, 5, 6])
+    assert np.array_equal(filt[0].indices, [0, 1, 2])  # cut at the start
+    parts = module.subdomains(4, np.random.default_rng(0), parts=2)  # 8 subdomains of 2^3
+    parts.sort_indices()
+    assert np.array_equal(parts[0].indices, [0, 1, 2, 4])  # a corner: its own subdomain alone
+    assert np.array_equal(parts[1].indices, [0, 1, 3, 5, 8])  # x + 1 crosses into the next subdomain
+    assert np.diff(built["subdomains"].indptr).max() == 7
+    rays = built["tomography"]
+    assert rays.shape[1] == 1_000_000 and np.diff(rays.indptr).min() > 100
+    flat = module.tomography(1, np.random.default_rng(0), side=50, angles=1)  # angle 0: one image row
+    assert np.all(np.diff(flat.indices) == 1) and flat.nnz == 50 and len(set(flat.indices // 50)) == 1
+    sampled = built["gnnsample"]
+    assert sampled.shape[1] == 8_000_000 and np.diff(sampled.indptr).max() == 25
+    assert np.bincount(sampled.indices).max() > 20  # popular nodes, drawn by many rows
+    crawl = built["dangling"]
+    assert 0.75 < np.mean(np.diff(crawl.indptr) == 0) < 0.85
+    coo = crawl.tocoo()
+    assert np.mean(np.abs(coo.col - coo.row) <= 5_000) > 0.45  # half the links within the host
+
+
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
     module = _bench_module("unseen_matrices")
