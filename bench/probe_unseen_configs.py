@@ -37,6 +37,7 @@ I: set l's races that fell short of a 40-trial search (cliques and termdoc in fl
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import sys
@@ -165,8 +166,13 @@ def csr_vector_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
 
 
 def main() -> None:
-    part, names, out_path = sys.argv[1], sys.argv[2].split(","), Path(sys.argv[3])
-    scale = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=list("ABCDEFGHI"), help="which probe (see the module's doc)")
+    ap.add_argument("matrices", help="comma-separated names of bench/unseen_matrices.py's (or issue18:KIND)")
+    ap.add_argument("out", type=Path, help="where the result goes (text for B, JSON otherwise)")
+    ap.add_argument("scale", type=float, nargs="?", default=1.0, help="the matrices' size (default 1)")
+    args = ap.parse_args()
+    part, names, out_path, scale = args.part, args.matrices.split(","), args.out, args.scale
     import cupy as cp
     import cupyx.scipy.sparse as cusp
 

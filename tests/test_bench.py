@@ -355,6 +355,7 @@ def test_probe_h_times_configs_their_spaces_take() -> None:
 @pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
                                     "plan_timeline", "probe_firsttouch", "probe_gather", "probe_listed",
                                     "probe_lofo_size", "probe_reference", "probe_rowsort", "probe_tune_scale",
+                                    "probe_unseen_configs",
                                     "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
