@@ -263,7 +263,8 @@ Set ``t``, added at stop 75 (after a replay of derived features for the selector
 - ``resample``: a decimation filter, 1.5 M x 6 M: 16 consecutive columns a row, each row 4 columns on from the
   one before (x read 4 times over, nearby);
 - ``subdomains``: the 7-point Laplacian of a 160^3 grid numbered subdomain by subdomain (4 x 4 x 4 of 40^3, each
-  lexicographic inside): local rows with halo reads 64,000 columns or a subdomain away;
+  lexicographic inside): local rows, a subdomain's face rows reading the next one 1, 4 or 16 subdomains (of 64,000
+  rows) on;
 - ``tomography``: a parallel-beam CT projector, 24,000 rays (angle by angle) across a 1,000^2 image: rows of
   about 1,000 pixels along a line, runs of consecutive columns or a stride of 1,000 as the angle turns;
 - ``gnnsample``: a graph network's sampled neighbourhoods, 1 M x 8 M: 25 neighbours drawn a row, popular nodes
