@@ -271,11 +271,28 @@ Set ``t``, added at stop 75 (after a replay of derived features for the selector
   (Zipf 0.8) anywhere in x;
 - ``dangling``: a web crawl's link matrix, 4 M pages of which 80 % uncrawled (empty rows): log-normal out-degrees
   (median 20), half the links near the page (its host), half to popular pages anywhere.
+
+Set ``u``, added at stop 76 (nothing of ``plan()``, the kernels or the selectors changed since stop 74) and
+measured once as it came:
+
+- ``ghostcols``: one process's rows of a distributed 7-point Laplacian, 150^3 lexicographic, 3.4 M x 3.5 M: its
+  own columns, then its six neighbours' face unknowns (ghosts) face by face: local rows, a face row one far column;
+- ``amr3d``: finite volumes on an adaptively refined 3-D mesh, a 106^3 grid with the cells near a sphere split in
+  eight (3.3 M cells), Z order: 4 to 16 entries a row, four finer neighbours across a refined face;
+- ``specelem``: 2-D spectral elements of order 7, 75 x 75 elements numbered element by element: 64 entries a
+  row inside an element, 120 on an edge, 225 at a corner, in runs of 8;
+- ``molecules``: a graph network's batch of small molecules (10-60 atoms, rings, atoms numbered at random within
+  a molecule), 7.3 M atoms: block diagonal, 3 entries a row, a molecule's columns within 60;
+- ``coupled``: two physics in one matrix: a 27-point 3-D stencil (78^3 rows) over a network of as many rows of
+  log-normal lengths (median 8, up to some 10,000) with random columns anywhere;
+- ``stochgalerkin``: a stochastic Galerkin matrix, a 107^2 grid's 5-point Laplacian through a polynomial chaos of
+  degree 3 in 6 inputs (84 polynomials), polynomial by polynomial: a row 2 to 9 stencils a grid apart.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -1613,6 +1630,107 @@ def dangling(n: int, rng: np.random.Generator, crawled: float = 0.2, median: flo
     return _csr(r, cols, (n, n), rng)
 
 
+
+
+def ghostcols(side: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """One process's rows of a distributed 7-point Laplacian: its side^3 block of the grid, lexicographic, and
+    after its own columns the ghost columns of its six neighbours' faces (side^2 a face, face by face), as a
+    solver's local matrix numbers the unknowns it receives: local rows, each face row one far column a face."""
+    n = side**3
+    A = generate("poisson3d", n=side).tocoo()
+    z, y, x = (a.ravel() for a in np.meshgrid(*(np.arange(side),) * 3, indexing="ij"))
+    rows, cols = [A.row], [A.col]
+    faces = [(x == 0, z, y), (x == side - 1, z, y), (y == 0, z, x), (y == side - 1, z, x), (z == 0, y, x),
+             (z == side - 1, y, x)]
+    for face, (on, a, b) in enumerate(faces):
+        rows.append(np.flatnonzero(on))
+        cols.append(n + face * side * side + a[on] * side + b[on])
+    return _csr(np.concatenate(rows), np.concatenate(cols), (n, n + 6 * side * side), rng)
+
+
+def amr3d(side: int, rng: np.random.Generator, radius: float = 0.35, shell: float = 0.08) -> sp.csr_matrix:
+    """A finite-volume matrix on an adaptively refined 3-D mesh: a side^3 grid of cells, those near a sphere
+    (centres within ``shell`` * side of radius ``radius`` * side) split in eight; each cell coupled to itself and
+    the cells sharing a face with it (one of its level, four finer or one coarser a face), cells numbered in Z
+    order as octree codes number them."""
+    fine = 2 * side
+    c = (np.arange(side) + 0.5) / side - 0.5
+    split = np.abs(np.sqrt(c[:, None, None] ** 2 + c[None, :, None] ** 2 + c[None, None, :] ** 2) - radius) < shell
+    v = np.indices((fine,) * 3).reshape(3, -1)  # each voxel of the fine grid: the first voxel of its cell
+    whole = ~split[v[0] // 2, v[1] // 2, v[2] // 2]
+    corner = [np.where(whole, (a // 2) * 2, a) for a in v]
+    first = (corner[0] * fine + corner[1]) * fine + corner[2]
+    z_rank = np.empty(fine**3, dtype=np.int64)
+    z_rank[_morton(fine, 3)] = np.arange(fine**3)
+    _, cell = np.unique(z_rank[first], return_inverse=True)  # cells by the Z order of their first voxels
+    cells = int(cell.max()) + 1
+    cell = cell.reshape((fine,) * 3)
+    rows, cols = [np.arange(cells)], [np.arange(cells)]
+    for axis in range(3):
+        a, b = (np.moveaxis(cell, axis, 0)[s].ravel() for s in (slice(None, -1), slice(1, None)))
+        across = a != b  # neighbouring voxels of two cells: the cells share a face
+        rows += [a[across], b[across]]
+        cols += [b[across], a[across]]
+    return _csr(np.concatenate(rows), np.concatenate(cols), (cells, cells), rng)
+
+
+def specelem(elements: int, rng: np.random.Generator, order: int = 7) -> sp.csr_matrix:
+    """A 2-D spectral-element matrix: an elements x elements grid of elements of (order + 1)^2 nodes, neighbours
+    sharing their edges' nodes; each node coupled to every node of the elements holding it (64 entries a row inside
+    an element, 120 on an edge, 225 at a corner), nodes numbered element by element, in the order first met."""
+    p, side = order + 1, order * elements + 1
+    ey, ex, ly, lx = np.meshgrid(*(np.arange(elements),) * 2, *(np.arange(p),) * 2, indexing="ij")
+    node = ((ey * order + ly) * side + ex * order + lx).reshape(elements * elements, p * p)
+    _, met = np.unique(node, return_index=True)  # every grid node, where the element-by-element scan first meets it
+    number = np.empty(side * side, dtype=np.int64)
+    number[np.argsort(met)] = np.arange(side * side)
+    local = number[node]
+    rows = np.repeat(local, p * p, axis=1).ravel()
+    return _csr(rows, np.tile(local, (1, p * p)).ravel(), (side * side, side * side), rng)
+
+
+def molecules(atoms: int, rng: np.random.Generator, smallest: int = 10, largest: int = 60) -> sp.csr_matrix:
+    """A batch of small molecular graphs as a graph network batches them: molecules of ``smallest`` to
+    ``largest`` atoms one after another (block diagonal), each a chain-like tree (an atom bonded to one of the
+    four before it) with rings (one atom in six bonded 3 to 6 atoms back), numbered at random within the
+    molecule; a row an atom, itself and its bonds: 2 to 9 entries (3.2 on average), a molecule's columns within 60."""
+    sizes = rng.integers(smallest, largest + 1, atoms // smallest + 1)
+    sizes = sizes[:np.searchsorted(np.cumsum(sizes), atoms) + 1]
+    molecule = np.repeat(np.arange(sizes.size), sizes)
+    start = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    k = np.arange(start.size) - start  # an atom's place in its chain
+    name = np.empty(start.size, dtype=np.int64)  # its number: at random within its molecule
+    name[np.argsort(molecule + rng.random(start.size), kind="stable")] = np.arange(start.size)
+    bonded, ring = k > 0, (k >= 6) & (rng.random(k.size) < 1 / 6)
+    parent = start + k - rng.integers(1, np.clip(k, 1, 4) + 1)
+    back = start + k - rng.integers(3, 7, k.size)
+    a = np.concatenate([np.arange(start.size), np.flatnonzero(bonded), np.flatnonzero(ring)])
+    b = np.concatenate([np.arange(start.size), parent[bonded], back[ring]])
+    return _csr(name[np.concatenate([a, b])], name[np.concatenate([b, a])], (start.size, start.size), rng)
+
+
+def coupled(side: int, rng: np.random.Generator, median: float = 8.0, sigma: float = 1.5) -> sp.csr_matrix:
+    """Two physics in one matrix: the first side^3 rows the 27-point stencil of a 3-D grid (its own columns), the
+    next side^3 rows a network over every unknown: log-normal lengths (``median``), random columns."""
+    n = side**3
+    top = _box_stencil(side, 3).tocoo()
+    lengths = np.maximum(1, rng.lognormal(np.log(median), sigma, n).astype(np.int64))
+    r = n + np.repeat(np.arange(n), lengths)
+    return _csr(np.concatenate([top.row, r]), np.concatenate([top.col, rng.integers(0, 2 * n, r.size)]),
+                (2 * n, 2 * n), rng)
+
+
+def stochgalerkin(side: int, rng: np.random.Generator, variables: int = 6, degree: int = 3) -> sp.csr_matrix:
+    """A stochastic Galerkin matrix: the 5-point Laplacian of a side^2 grid coupled through a polynomial chaos
+    of ``degree`` in ``variables`` random inputs (84 basis polynomials), unknowns numbered polynomial by
+    polynomial: block (i, j) the spatial pattern where the multi-indices of i and j differ by at most one in one
+    input, 2 to 9 blocks a block row: a row 2 to 9 stencils (6 to 45 entries), a grid (side^2 columns) apart."""
+    basis = np.array([a for a in itertools.product(range(degree + 1), repeat=variables) if sum(a) <= degree])
+    G = sp.csr_matrix(np.abs(basis[:, None, :] - basis[None, :, :]).sum(axis=2) <= 1, dtype=np.float64)
+    A = sp.kron(G, generate("poisson2d", n=side), format="csr")
+    A.data = _values(rng, A.nnz)
+    return A
+
 @dataclass(frozen=True)
 class Unseen:
     """One matrix of the benchmark: a generator and its size at scale 1 (the side of a ``dims``-D grid where the
@@ -1624,7 +1742,7 @@ class Unseen:
     seed: int
     group: str = "a"  # "a" the first seven, "b" added after the race's rules were settled, "c" at stop 45,
     # "d" 46, "e" 49, "f" 53, "g" 64, "h" and "i" 65, "j" and "k" 67, "l" and "m" 68, "n" 69, "o" 70, "p" 71, "q" 72,
-    # "r" 73, "s" 74, "t" 75
+    # "r" 73, "s" 74, "t" 75, "u" 76
     dims: int = 1
 
     def make(self, scale: float) -> sp.csr_matrix:
@@ -1747,6 +1865,12 @@ MATRICES = (
     Unseen("tomography", tomography, 24_000, 204, "t"),            # ~24 M
     Unseen("gnnsample", gnnsample, 1_000_000, 205, "t"),           # ~25 M
     Unseen("dangling", dangling, 4_000_000, 206, "t"),             # ~26 M
+    Unseen("ghostcols", ghostcols, 150, 207, "u", dims=3),         # ~24 M
+    Unseen("amr3d", amr3d, 106, 208, "u", dims=3),                 # ~23 M
+    Unseen("specelem", specelem, 75, 209, "u", dims=2),            # ~22 M
+    Unseen("molecules", molecules, 7_300_000, 210, "u"),           # ~23 M
+    Unseen("coupled", coupled, 78, 211, "u", dims=3),              # ~24 M
+    Unseen("stochgalerkin", stochgalerkin, 107, 212, "u", dims=2),  # ~24 M
 )
 
 

@@ -921,6 +921,39 @@ def test_the_unseen_benchmarks_twentieth_set_builds_the_structures_it_names() ->
     assert np.mean(np.abs(coo.col - coo.row) <= 5_000) > 0.45  # half the links within the host
 
 
+
+def test_the_unseen_benchmarks_twenty_first_set_builds_the_structures_it_names() -> None:
+    """bench/unseen_matrices.py set u at a small scale: each generator's defining trait."""
+    module = _bench_module("unseen_matrices")
+    built = _unseen_set("u", {"ghostcols", "amr3d", "specelem", "molecules", "coupled", "stochgalerkin"})
+    ghosts = module.ghostcols(3, np.random.default_rng(0))  # 27 rows, 6 faces of 9 ghosts after them
+    assert ghosts.shape == (27, 81) and np.all(np.diff(ghosts.indptr) == 7)
+    assert np.array_equal(ghosts[0].indices, [0, 1, 3, 9, 27, 45, 63])  # a corner: 3 neighbours, 3 ghosts
+    assert np.array_equal(ghosts[13].indices, [4, 10, 12, 13, 14, 16, 22])  # the centre: no ghost
+    assert np.all(np.diff(built["ghostcols"].indptr) == 7)
+    mesh = module.amr3d(4, np.random.default_rng(0), shell=0.2)
+    pattern = abs(mesh).astype(bool)
+    assert (pattern != pattern.T).nnz == 0 and mesh.shape[0] > 4**3  # split cells: more than the coarse grid
+    assert np.diff(mesh.indptr).max() == 13  # a whole cell beside a split one: 4 finer across that face
+    assert np.diff(built["amr3d"].indptr).max() >= 10
+    spectral = module.specelem(2, np.random.default_rng(0), order=2)  # 2 x 2 elements of 3 x 3 nodes
+    assert spectral.shape == (25, 25) and np.array_equal(spectral[0].indices, np.arange(9))  # element 0 first
+    assert sorted(set(np.diff(spectral.indptr))) == [9, 15, 25]  # inside, on an edge, at the corner of four
+    assert sorted(set(np.diff(built["specelem"].indptr))) == [64, 120, 225]
+    batch = module.molecules(1_000, np.random.default_rng(0))
+    pattern = abs(batch).astype(bool)
+    coo = batch.tocoo()
+    assert (pattern != pattern.T).nnz == 0 and np.abs(coo.row - coo.col).max() < 60 and batch.diagonal().all()
+    assert 2.5 < batch.nnz / batch.shape[0] < 4
+    physics = module.coupled(4, np.random.default_rng(0))  # 64 stencil rows over 64 network rows
+    assert np.array_equal(np.diff(physics.indptr)[:64], np.diff(module._box_stencil(4, 3).indptr))
+    assert physics[:64, 64:].nnz == 0 and physics[64:, 64:].nnz > 0
+    chaos = module.stochgalerkin(3, np.random.default_rng(0), variables=2, degree=1)  # 3 polynomials: 1, x, y
+    assert chaos.shape == (27, 27) and chaos[9:18, 18:].nnz == 0  # x and y differ in two inputs: no block
+    assert chaos[:9, 9:18].nnz == chaos[:9, :9].nnz == 33  # the mean couples to x: the 5-point pattern of 3^2
+    lengths = np.diff(built["stochgalerkin"].indptr)  # 84 polynomials of 6 inputs: 2 to 9 stencils of 3 to 5
+    assert built["stochgalerkin"].shape[0] % 84 == 0 and lengths.min() == 2 * 3 and lengths.max() == 9 * 5
+
 def test_the_unseen_benchmark_permutes_a_matrixs_columns_alone_where_asked() -> None:
     """--permute-columns: the same rows, of the same lengths, each column's entries moved to another column."""
     module = _bench_module("unseen_matrices")
