@@ -103,6 +103,12 @@ class CsrVector(Family):
         v = c_type(dtype)
         return tuple(f"csr_vector<{v}, {t}, {n}>" for t in THREADS_PER_ROW for n in ("true", "false"))
 
+    def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """Raced unranked (no selector for this GPU) with the threads a row that cover an average row's first loads
+        (:func:`threads_covering`), as rcm and rowsort race theirs; the default without features."""
+        params = {} if features is None else {"threads_per_row": threads_covering(features["npr_mean"], itemsize)}
+        return self.space.validate(params, family=self.name)
+
     def fitted_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
         """Where at least :data:`EMPTY_SHARE` of the rows are empty (the product runs over the others alone) and the
         others are alike (the longest at most :data:`LISTED_SPREAD` times their mean): the threads a row that cover

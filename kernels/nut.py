@@ -168,6 +168,7 @@ class Nut(Family):
     source = "Hong et al., 2018 (Hy-SpMSpV: non-uniform tiling)"
     cu_file = "nut.cu"
     adapt_first = "slabs"
+    prepare_spmvs = 40.0  # H200: 3.7 ms on the unseen communities-large (19 SpMVs), 5-9 ms on 24-40 M nonzeros
     space = Space(
         (
             Param("rows_per_panel", ROWS_PER_PANEL, 2048, "rows of a panel at most (its y lives in shared memory)"),
@@ -193,6 +194,12 @@ class Nut(Family):
 
     def name_expressions(self, dtype: Any) -> tuple[str, ...]:
         return _kernel_names(dtype)
+
+    def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """Raced unranked (no selector for this GPU) as a race joins it (:meth:`joined`: the default's tiles as
+        wide as the shared memory takes beside its panel); the race fits its slabs to the L2
+        (:func:`tuner.execute.race.adapted`)."""
+        return self.joined(self.space.defaults(), itemsize=itemsize)
 
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
         """As many slabs as it takes for one slab of x to fill at most a third of the L2 (the rest holds the

@@ -14,10 +14,10 @@ from kernels import BASELINE_CONFIGS, REGISTRY, canonical, get_family
 from tuner.execute.choice import stored_choice
 from tuner.execute.race import (
     CHEAP_SPMVS,
-    DEFAULT_ENTRANTS,
     EARLY_SPMVS,
     ROOF,
     STUDY,
+    UNSELECTED,
     Entrant,
     adapted,
     fitted_entrants,
@@ -203,10 +203,38 @@ def test_where_most_rows_are_empty_csr_vector_races_with_the_threads_the_filled_
     already = [ranked("csr_vector", {"threads_per_row": 32}, 1.0, 0.5)]  # ranked as it fits: not twice
     assert [e.kernel for e in shortlist(already, size=2, features=padded)].count("csr_vector") == 1
 
-def test_without_a_ranking_the_default_entrants_race() -> None:
-    entrants = shortlist(None, size=4)
-    assert [e.kernel for e in entrants] == [k for k, _ in DEFAULT_ENTRANTS] + ["cusparse", "cusparse"]
-    assert all(e.expected_s is None for e in entrants)
+def plain(*kernels: str) -> list[Entrant]:
+    """Entrants of these families' defaults with nothing expected of them, then cuSPARSE's two."""
+    return [Entrant(k, get_family(k).space.validate({}, family=k)) for k in kernels] + \
+        [Entrant(k, dict(p)) for k, p in BASELINE_CONFIGS]
+
+
+def test_without_a_ranking_the_families_that_win_most_race_as_they_do_unranked() -> None:
+    """No selector for this GPU: csr_scalar, csr_vector (threads covering a mean row), csr5 at setSigma's sigma and
+    its second, NuT with tiles joined to the shared memory (costly: it waits for the roof), rcm only where
+    renumbering can pay; nothing expected of any; then cuSPARSE. A race fits NuT's slabs to the L2 in its place."""
+    from kernels.csr5 import RACE_SIGMAS, set_sigma
+    from kernels.csr_vector import threads_covering
+    from tuner.matrix.features import extract_features
+
+    grid = as_csr(sp.kron(sp.eye(60), sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(60, 60))) + sp.eye(3600, k=60))
+    scattered = np.random.default_rng(0).permutation(3600)
+    for A, renumbers in ((grid, False), (as_csr(grid[scattered][:, scattered]), True)):
+        features = extract_features(A)
+        entrants = shortlist(None, size=4, features=features, itemsize=8)
+        kernels = [e.kernel for e in entrants]
+        assert kernels[-2:] == ["cusparse"] * 2 and kernels.count("csr5") == 2 and set(kernels[:-2]) <= set(UNSELECTED)
+        assert set(kernels[:-2]) == {"csr_scalar", "csr_vector", "csr5", "nut", *(["rcm"] if renumbers else [])}
+        assert all(e.expected_s is None for e in entrants)
+        by = {e.kernel: e for e in entrants if e.kernel != "csr5"}
+        assert by["csr_vector"].params["threads_per_row"] == threads_covering(features["npr_mean"], 8)
+        sigmas = [e.params["sigma"] for e in entrants if e.kernel == "csr5"]
+        assert sigmas[0] == set_sigma(features["npr_mean"]) and sigmas[1] in RACE_SIGMAS and len(set(sigmas)) == 2
+        assert by["nut"].params == get_family("nut").joined(get_family("nut").space.defaults(), itemsize=8)
+        assert waits(by["nut"]) and not any(waits(e) for e in entrants if e.kernel in ("csr_scalar", "csr5"))
+    raced = adapted(entrants, None, cols=8_000_000, itemsize=8, l2_bytes=50 << 20)  # x of 64 MB: NuT in 4 slabs
+    assert [e.params["slabs"] for e in raced if e.kernel == "nut"] == [4]
+    assert [e.params["indices"] for e in raced if e.kernel == "csr_scalar"] == ["narrow", "int32"]  # the first's
     with pytest.raises(ValueError, match="at least one entrant"):
         shortlist(None, size=0)
 
@@ -218,7 +246,7 @@ def A() -> sp.csr_matrix:
 
 def test_a_race_on_the_cpu_references_keeps_the_fastest_prepared_and_records_every_lap(A) -> None:
     backend = CpuReferenceBackend()
-    entrants = [*shortlist(None, size=3), Entrant("nut", {"rows_per_panel": 3})]  # not in nut's space: fails
+    entrants = [*plain("csr_vector", "csr_scalar", "specsum"), Entrant("nut", {"rows_per_panel": 3})]  # fails
     ref = Reference.build(A, "float64")
     result = race(backend, A, entrants, ref, ref.x, margin=0.0)
     assert len(result.laps) == 6
@@ -338,8 +366,9 @@ def test_a_cheap_entrant_at_the_roof_leaves_the_costly_ones_unprepared(A, floor_
     result = race(backend, A, [nut, csr5, *entrants[1:]], ref, ref.x, floor_s=0.9)
     assert backend.rounds[0] == 3 and result.skipped == [nut] and result.winner.entrant is csr5
     # no expected preparation (no selector, or a family it does not rank): raced as before, whatever the roof
-    unranked = race(CpuReferenceBackend(), A, shortlist(None, size=3), ref, ref.x, floor_s=1.0)
-    assert [lap.entrant for lap in unranked.laps] == shortlist(None, size=3) and not unranked.skipped
+    cheap = plain("csr_vector", "csr_scalar", "specsum")
+    unranked = race(CpuReferenceBackend(), A, cheap, ref, ref.x, floor_s=1.0)
+    assert [lap.entrant for lap in unranked.laps] == cheap and not unranked.skipped
 
 
 def test_the_roof_is_lower_where_the_values_are_smaller(A) -> None:
@@ -433,7 +462,7 @@ def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
     """NuT's slabs: one slab of x in a third of the L2 (x of 64 MB in float64 against 50 MB: 4 slabs). (A first
     entrant costly to prepare is raced fitted only: the next test.)"""
     nut = Entrant("nut", get_family("nut").space.validate({"cols_per_tile": 4096}, family="nut"), 1e-3, 4.0)
-    entrants = [nut, *shortlist(None, size=2)]
+    entrants = [nut, *plain("csr_vector", "csr_scalar")]
     l2 = 50 << 20
     fitted = adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=l2)
     assert [(e.kernel, e.params.get("slabs")) for e in fitted[:2]] == [("nut", 1), ("nut", 4)]
@@ -446,7 +475,7 @@ def test_the_first_entrant_races_beside_its_config_fitted_to_the_l2() -> None:
     assert adapted(entrants, cols=2_000_000, itemsize=8, l2_bytes=l2) == entrants  # x fits: one slab
     assert adapted(entrants, cols=8_000_000, itemsize=8, l2_bytes=0) == entrants  # L2 unknown (the CPU)
     assert adapted(fitted, cols=8_000_000, itemsize=8, l2_bytes=l2) == fitted  # not twice
-    others = shortlist(None, size=3)  # a family without an adaptation: as it was
+    others = plain("csr_vector", "csr_scalar", "specsum")  # a family without an adaptation: as it was
     assert adapted(others, cols=8_000_000, itemsize=8, l2_bytes=l2) == others
     # x of 192 MB: 4 slabs at most (past them y's passes cost more than the x they keep in L2)
     assert adapted(entrants, cols=24_000_000, itemsize=8, l2_bytes=l2)[1].params["slabs"] == 4
@@ -457,7 +486,7 @@ def test_a_first_entrant_costly_to_prepare_races_fitted_only_and_a_search_seeds_
     cheap first races beside its fit: the test above); a search measures both."""
     params = get_family("nut").space.validate({"cols_per_tile": 4096}, family="nut")
     l2 = 50 << 20
-    costly = [Entrant("nut", params, 1e-3, 150.0), *shortlist(None, size=2)]
+    costly = [Entrant("nut", params, 1e-3, 150.0), *plain("csr_vector", "csr_scalar")]
     raced = adapted(costly, cols=8_000_000, itemsize=8, l2_bytes=l2)
     assert len(raced) == len(costly) and raced[1:] == costly[1:]
     assert (raced[0].params["slabs"], raced[0].params["rows_per_panel"], raced[0].prepare_spmvs) == (4, 4096, 150.0)

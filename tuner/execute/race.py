@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     from tuner.measure.verify import Reference
     from tuner.select.model import RankedConfig
 
-__all__ = ["CHEAP_SPMVS", "DEFAULT_ENTRANTS", "EARLY_SPMVS", "JOIN_SLACK", "ROOF", "SEED_CONFIGS",
-           "STUDY", "Entrant", "Lap", "RaceResult", "adapted", "race", "record_race", "roof", "search_seeds",
-           "shortlist", "fitted_entrants", "unranked_entrants", "waits"]
+__all__ = ["CHEAP_SPMVS", "EARLY_SPMVS", "JOIN_SLACK", "ROOF", "SEED_CONFIGS", "STUDY", "UNSELECTED", "Entrant",
+           "Lap", "RaceResult", "adapted", "race", "record_race", "roof", "search_seeds", "shortlist",
+           "fitted_entrants", "unranked_entrants", "waits"]
 
 STUDY = "race"
 """The ``study`` of a race's trials in the store (tuning's trials carry their optuna study's name)."""
@@ -110,12 +110,14 @@ SEED_CONFIGS = 8
 (``bench/race_lofo.py --seed-configs``, strategy 'seeds'), these configs hold one within 3 % of the corpus's
 best on 66-75 % of the matrices with 4 and on 82-87 % with 8."""
 
-DEFAULT_ENTRANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("csr_vector", {"threads_per_row": 4, "block_size": 256}),
-    ("csr_scalar", {"block_size": 256}),
-    ("specsum", {}),
-)
-"""What races without a selector for this GPU: cheap to prepare, and each best on some structures."""
+UNSELECTED: tuple[str, ...] = ("csr_scalar", "csr_vector", "csr5", "nut", "rcm", "rowsort", "firsttouch")
+"""The families a race enters without a selector for this GPU (no selector trained or shipped for its
+architecture), each with the configs it races where no selector ranks it (:meth:`kernels.Family.unranked_configs`:
+csr_vector's threads a row and csr5's sigma from the mean row length, NuT's tiles and slabs fitted to the shared
+memory and the L2, the renumbering families only where they can pay). The four first won 221 of the unseen
+benchmark's 240 races on the H200 (stops 75-76, the shipped selector ranking: csr5 103, csr_vector 49, NuT 44,
+csr_scalar 25), the three others 13 (cuSPARSE 6); until stop 76 such a race had csr_vector, csr_scalar and specsum
+alone (specsum won none of those races)."""
 
 
 @dataclass(frozen=True)
@@ -210,13 +212,13 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
     (:attr:`kernels.Family.prepare_spmvs`: rcm's waits for the roof in :func:`race`, csr5's does not); and the
     configs each family the ranking holds fits to a matrix of these ``features`` beyond it (:func:`fitted_entrants`:
     csr_vector's threads a row for the nonempty rows where most are empty). cuSPARSE's
-    configs in the ranking are left for the two always raced. Without a ranking (no selector for this GPU):
-    :data:`DEFAULT_ENTRANTS`.
+    configs in the ranking are left for the two always raced. Without a ranking (no selector for this GPU): the
+    configs the families of :data:`UNSELECTED` race unranked on a matrix of these ``features``, whatever ``size``.
     """
     if size < 1:
         raise ValueError(f"a race needs at least one entrant besides cuSPARSE, got size={size}")
     if ranking is None:
-        picked = [Entrant(k, get_family(k).space.validate(p, family=k)) for k, p in DEFAULT_ENTRANTS[:size]]
+        picked = [e for e in unranked_entrants((), features, itemsize) if e.kernel in UNSELECTED]
     else:
         ranked = [r for r in ranking if r.kernel != BASELINE]
         anchor = next((r for r in ranking if _cost(r) <= cheap), None)
@@ -306,7 +308,16 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       on the H200 beside the ranked 4-slab config of 4096 columns and 512 threads at 286, alone before). Its
       preparation waits for the roof (:func:`race`). (csr_scalar's variant, int32 columns in float64, races
       only beside a csr_scalar first.)
+    - an entrant raced unranked (no expectation: no selector for this GPU, or a family the selector does not rank)
+      of a family that fits first (:attr:`kernels.Family.adapt_first`) as its family fits it, in its place:
+      nothing ranked of its family to race beside (NuT in a race without a selector, :data:`UNSELECTED`).
     """
+
+    def fitted(kernel: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        return get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
+
+    entrants = [replace(e, params=own) if e.expected_s is None and get_family(e.kernel).adapt_first is not None
+                and (own := fitted(e.kernel, e.params)) is not None else e for e in entrants]
     configs = with_adapted([(e.kernel, e.params) for e in entrants], cols=cols, itemsize=itemsize,
                            l2_bytes=l2_bytes)
     out, fit = list(entrants), None
@@ -317,9 +328,6 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
             out[0] = fit
         else:
             out.insert(1, fit)
-
-    def fitted(kernel: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        return get_family(kernel).adapt(params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)
 
     def leads(kernel: str, params: dict[str, Any]) -> bool:
         """Whether ``params`` have right what their family fits first."""
