@@ -18,7 +18,8 @@ from kernels._cuda import c_type, get_kernels, grid
 from kernels._family import Family, Prepared
 from kernels._narrow import attach, indices_param, launch_columns, narrow_rows
 from kernels._reference import RowSumReference
-from kernels._space import Param, Space
+from kernels._space import Param, Space, Value
+from kernels.csr_vector import lanes_balanced
 
 UNROLL = (1, 2, 4, 8)
 
@@ -35,6 +36,11 @@ class CsrScalar(RowSumReference, Family):
               "flight on short rows; 1: the plain loop, what configs recorded before this parameter ran)"),
         indices_param("row"),
     ))
+
+    def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """Raced unranked (no selector for this GPU) as it is by default, where one lane a row keeps the lanes
+        balanced (:func:`kernels.csr_vector.lanes_balanced`)."""
+        return None if features is not None and not lanes_balanced(features, 1) else self.space.defaults()
 
     def adapt(self, params: Mapping[str, Any], *, cols: int, itemsize: int, l2_bytes: int) -> dict[str, Any] | None:
         """In float64, the same config with int32 columns where it reads narrow ones: an entry's 12 bytes

@@ -40,6 +40,12 @@ empty."""
 LISTED_SPREAD = 8.0
 """A race enters csr_vector fitted to the nonempty rows (:meth:`CsrVector.fitted_configs`) only where the longest is
 at most this many times their mean: one group size fits them all."""
+RESIDENT_LANES = 1 << 18
+"""About the threads an H100 or H200 keeps resident (132 SMs x 2,048): a product's entries spread over them."""
+LONGEST_SHARE = 4.0
+"""A kernel of a few lanes a row races without a selector only where its longest row gives a lane at most this
+many times the entries each resident lane takes on average (eight at least): :func:`lanes_balanced`."""
+
 _EMPTY_ROWS = "_spmv_empty_rows"
 """The attribute :func:`note_empty_rows` keeps its count in."""
 
@@ -50,6 +56,18 @@ def threads_covering(npr_mean: float, itemsize: int) -> int:
     takes (what rcm and rowsort race on their reordered matrices, :meth:`kernels.rcm.Rcm.unranked_config`)."""
     lanes = npr_mean * itemsize / BATCH_BYTES
     return next((t for t in THREADS_PER_ROW if t * t >= lanes * lanes / 2), THREADS_PER_ROW[-1])
+
+
+def lanes_balanced(features: Mapping[str, float], threads_per_row: int) -> bool:
+    """Whether a kernel of ``threads_per_row`` lanes a row (csr_scalar: one) keeps the longest row of a matrix of
+    these features within :data:`LONGEST_SHARE` of a lane's average share of the entries (:data:`RESIDENT_LANES`):
+    where not, the lanes of that row run on long after the others. A race without a selector enters csr_scalar
+    and csr_vector only where they are balanced: on the unseen fewlongrows (64 rows of 470 K entries, stop 76, the
+    H200 without a selector) csr_scalar's product took 63 ms and csr_vector's (32 threads a row) 1.9 against
+    cuSPARSE's 0.37, their check and screening product 340 SpMVs of the race; every unseen matrix either family
+    won a race on (the shipped selector ranking) gives its lanes 1 to 56 entries of that row, against 270 or more."""
+    share = max(features["nnz"] / RESIDENT_LANES, 8.0)
+    return features["npr_max"] / threads_per_row <= LONGEST_SHARE * share
 
 
 def note_empty_rows(A: Any, count: int) -> None:
@@ -105,9 +123,14 @@ class CsrVector(Family):
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
         """Raced unranked (no selector for this GPU) with the threads a row that cover an average row's first loads
-        (:func:`threads_covering`), as rcm and rowsort race theirs; the default without features."""
-        params = {} if features is None else {"threads_per_row": threads_covering(features["npr_mean"], itemsize)}
-        return self.space.validate(params, family=self.name)
+        (:func:`threads_covering`), as rcm and rowsort race theirs, where those keep the lanes balanced
+        (:func:`lanes_balanced`); the default without features."""
+        if features is None:
+            return self.space.defaults()
+        threads = threads_covering(features["npr_mean"], itemsize)
+        if not lanes_balanced(features, threads):
+            return None
+        return self.space.validate({"threads_per_row": threads}, family=self.name)
 
     def fitted_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
         """Where at least :data:`EMPTY_SHARE` of the rows are empty (the product runs over the others alone) and the

@@ -212,7 +212,8 @@ def plain(*kernels: str) -> list[Entrant]:
 def test_without_a_ranking_the_families_that_win_most_race_as_they_do_unranked() -> None:
     """No selector for this GPU: csr_scalar, csr_vector (threads covering a mean row), csr5 at setSigma's sigma and
     its second, NuT with tiles joined to the shared memory (costly: it waits for the roof), rcm only where
-    renumbering can pay; nothing expected of any; then cuSPARSE. A race fits NuT's slabs to the L2 in its place."""
+    renumbering can pay; nothing expected of any; then cuSPARSE. A race fits NuT's slabs to the L2 in its place.
+    Rows too long for their lanes keep csr_scalar and csr_vector out."""
     from kernels.csr5 import RACE_SIGMAS, set_sigma
     from kernels.csr_vector import threads_covering
     from tuner.matrix.features import extract_features
@@ -235,6 +236,8 @@ def test_without_a_ranking_the_families_that_win_most_race_as_they_do_unranked()
     raced = adapted(entrants, None, cols=8_000_000, itemsize=8, l2_bytes=50 << 20)  # x of 64 MB: NuT in 4 slabs
     assert [e.params["slabs"] for e in raced if e.kernel == "nut"] == [4]
     assert [e.params["indices"] for e in raced if e.kernel == "csr_scalar"] == ["narrow", "int32"]  # the first's
+    long_rows = {**features, "rows": 64.0, "nnz": 30e6, "npr_mean": 30e6 / 64, "npr_max": 480e3}  # fewlongrows
+    assert {e.kernel for e in shortlist(None, features=long_rows, itemsize=8)} == {"csr5", "nut", "cusparse"}
     with pytest.raises(ValueError, match="at least one entrant"):
         shortlist(None, size=0)
 
@@ -500,7 +503,7 @@ def test_a_search_also_measures_first_what_a_race_enters_unranked() -> None:
     enters beside the ranking; a search seeded from that ranking measures them too, after the ranked ones."""
     ranking = [ranked("csr_vector", {"threads_per_row": 2}, 1.0, 0.5), ranked("nut", {}, 1.2, 150.0)]
     scattered = {"rows": 1e6, "cols": 1e6, "cf_128": 1.05, "npr_cv": 0.1, "col_cv": 0.1, "npr_mean": 27.0,
-                 "diag_frac": 0.0}
+                 "npr_max": 27.0, "diag_frac": 0.0, "nnz": 27e6}
     seeds = search_seeds(ranking, size=2, cols=20_000, itemsize=4, l2_bytes=50 << 20, features=scattered)
     assert seeds[:2] == [("csr_vector", ranking[0].params), ("nut", ranking[1].params)]
     raced = [(e.kernel, e.params) for e in unranked_entrants(ranking, scattered, 4)]
