@@ -187,19 +187,20 @@ def test_where_most_rows_are_empty_csr_vector_races_with_the_threads_the_filled_
               "npr_cv": 7.0, "col_cv": 0.5, "cf_128": 5.0, "diag_frac": 0.0}
     fitted = get_family("csr_vector").space.validate({"threads_per_row": 32}, family="csr_vector")
     for itemsize in (8, 4):
-        assert [(e.kernel, e.params) for e in fitted_entrants(ranking, padded, itemsize)] == [("csr_vector", fitted)]
+        kernels = [r.kernel for r in ranking]
+        assert [(e.kernel, e.params) for e in fitted_entrants(kernels, padded, itemsize)] == [("csr_vector", fitted)]
         entrants = shortlist(ranking, size=2, features=padded, itemsize=itemsize)
         assert ("csr_vector", fitted) in [(e.kernel, e.params) for e in entrants[:-2]]
         assert [e.kernel for e in entrants[-2:]] == ["cusparse", "cusparse"]
         seeds = search_seeds(ranking, size=2, cols=5_000_000, itemsize=itemsize, l2_bytes=50 << 20, features=padded)
         assert ("csr_vector", fitted) in seeds
     half = {**padded, "empty_row_frac": 0.5, "nnz": 100e6}  # rows of 40: 8 threads in float64
-    assert fitted_entrants(ranking, half, 8)[0].params["threads_per_row"] == 8
+    assert fitted_entrants([r.kernel for r in ranking], half, 8)[0].params["threads_per_row"] == 8
     filled = {**padded, "empty_row_frac": 0.3}
     one_long = {**padded, "npr_max": LISTED_SPREAD * 190.0 * 1.5}
     for features in (filled, one_long, None):
-        assert fitted_entrants(ranking, features, 8) == []
-    assert fitted_entrants(ranking[:1], padded, 8) == []
+        assert fitted_entrants([r.kernel for r in ranking], features, 8) == []
+    assert fitted_entrants([ranking[0].kernel], padded, 8) == []
     already = [ranked("csr_vector", {"threads_per_row": 32}, 1.0, 0.5)]  # ranked as it fits: not twice
     assert [e.kernel for e in shortlist(already, size=2, features=padded)].count("csr_vector") == 1
 
@@ -231,11 +232,18 @@ def test_without_a_ranking_the_families_that_win_most_race_as_they_do_unranked()
         assert by["csr_vector"].params["threads_per_row"] == threads_covering(features["npr_mean"], 8)
         sigmas = [e.params["sigma"] for e in entrants if e.kernel == "csr5"]
         assert sigmas[0] == set_sigma(features["npr_mean"]) and sigmas[1] in RACE_SIGMAS and len(set(sigmas)) == 2
-        assert by["nut"].params == get_family("nut").joined(get_family("nut").space.defaults(), itemsize=8)
+        assert [by["nut"].params[k] for k in ("rows_per_panel", "cols_per_tile", "threads")] == [4096, 8192, 1024]
         assert waits(by["nut"]) and not any(waits(e) for e in entrants if e.kernel in ("csr_scalar", "csr5"))
     raced = adapted(entrants, None, cols=8_000_000, itemsize=8, l2_bytes=50 << 20)  # x of 64 MB: NuT in 4 slabs
     assert [e.params["slabs"] for e in raced if e.kernel == "nut"] == [4]
     assert [e.params["indices"] for e in raced if e.kernel == "csr_scalar"] == ["narrow", "int32"]  # the first's
+    nut = next(e for e in shortlist(None, features=features, itemsize=4) if e.kernel == "nut")  # float32
+    assert [nut.params[k] for k in ("rows_per_panel", "cols_per_tile", "threads")] == [8192, 16384, 1024]
+    # most rows empty, the others alike: csr_vector also with the threads that cover them (fitted, as ranked)
+    top = {**features, "rows": 5e6, "nnz": 5e6 * 0.02 * 200, "npr_mean": 4.0, "npr_max": 300.0, "empty_row_frac": 0.98}
+    vector = [e.params["threads_per_row"] for e in shortlist(None, features=top, itemsize=8)
+              if e.kernel == "csr_vector"]
+    assert vector == [threads_covering(4.0, 8), 32]
     long_rows = {**features, "rows": 64.0, "nnz": 30e6, "npr_mean": 30e6 / 64, "npr_max": 480e3}  # fewlongrows
     assert {e.kernel for e in shortlist(None, features=long_rows, itemsize=8)} == {"csr5", "nut", "cusparse"}
     with pytest.raises(ValueError, match="at least one entrant"):

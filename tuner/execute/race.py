@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -219,6 +219,7 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
         raise ValueError(f"a race needs at least one entrant besides cuSPARSE, got size={size}")
     if ranking is None:
         picked = [e for e in unranked_entrants((), features, itemsize) if e.kernel in UNSELECTED]
+        families: Iterable[str] = UNSELECTED
     else:
         ranked = [r for r in ranking if r.kernel != BASELINE]
         anchor = next((r for r in ranking if _cost(r) <= cheap), None)
@@ -248,8 +249,9 @@ def shortlist(ranking: Sequence[RankedConfig] | None, *, features: Mapping[str, 
         picked = [Entrant(r.kernel, dict(r.params), r.expected_s, r.prepare_spmvs)
                   for r in sorted(chosen, key=lambda r: order[id(r)])]
         picked += unranked_entrants(ranking, features, itemsize)
-        picked += [e for e in fitted_entrants(ranking, features, itemsize)
-                   if not any(p.kernel == e.kernel and p.params == e.params for p in picked)]
+        families = [r.kernel for r in ranking]
+    picked += [e for e in fitted_entrants(families, features, itemsize)
+               if not any(p.kernel == e.kernel and p.params == e.params for p in picked)]
     expected = {(r.kernel, _key(r.params)): r for r in ranking or () if r.kernel == BASELINE}
     for kernel, params in BASELINE_CONFIGS:
         r = expected.get((kernel, _key(params)))
@@ -366,13 +368,12 @@ def unranked_entrants(ranking: Sequence[RankedConfig], features: Mapping[str, fl
             for params in family.unranked_configs(features, itemsize)]
 
 
-def fitted_entrants(ranking: Sequence[RankedConfig], features: Mapping[str, float] | None,
-                    itemsize: int) -> list[Entrant]:
-    """The configs each family the ranking holds fits to a matrix of these ``features`` with values of ``itemsize``
-    bytes beyond what the selector learned (:meth:`kernels.Family.fitted_configs`), with what its family says a
-    preparation costs."""
+def fitted_entrants(families: Iterable[str], features: Mapping[str, float] | None, itemsize: int) -> list[Entrant]:
+    """The configs each of these families (those a ranking holds; without a selector, :data:`UNSELECTED`) fits to
+    a matrix of these ``features`` with values of ``itemsize`` bytes beyond what a selector learned
+    (:meth:`kernels.Family.fitted_configs`), with what its family says a preparation costs."""
     return [Entrant(k, params, prepare_spmvs=REGISTRY[k].prepare_spmvs)
-            for k in dict.fromkeys(r.kernel for r in ranking) if k != BASELINE
+            for k in dict.fromkeys(families) if k != BASELINE
             for params in REGISTRY[k].fitted_configs(features, itemsize)]
 
 
@@ -396,7 +397,7 @@ def search_seeds(ranking: Sequence[RankedConfig] | None, *, size: int, cols: int
     first = [Entrant(r.kernel, dict(r.params), r.expected_s) for r in ranking[:size]]
     seeds = [(e.kernel, e.params) for e in adapted(first, ranking, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes)]
     seeds += [(k, params) for k, family in _unranked(ranking) for params in family.unranked_seeds(features, itemsize)]
-    return seeds + [(e.kernel, e.params) for e in fitted_entrants(ranking, features, itemsize)
+    return seeds + [(e.kernel, e.params) for e in fitted_entrants((r.kernel for r in ranking), features, itemsize)
                     if (e.kernel, e.params) not in seeds]
 
 
