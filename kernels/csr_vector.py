@@ -64,8 +64,7 @@ def lanes_balanced(features: Mapping[str, float], threads_per_row: int) -> bool:
     where not, the lanes of that row run on long after the others. A race without a selector enters csr_scalar
     and csr_vector only where they are balanced: on the unseen fewlongrows (64 rows of 470 K entries, stop 76, the
     H200 without a selector) csr_scalar's product took 63 ms and csr_vector's (32 threads a row) 1.9 against
-    cuSPARSE's 0.37, their check and screening product 340 SpMVs of the race; every unseen matrix either family
-    won a race on (the shipped selector ranking) gives its lanes 1 to 56 entries of that row, against 270 or more."""
+    cuSPARSE's 0.37, and their checks and screening products made most of the race's 720 SpMVs."""
     share = max(features["nnz"] / RESIDENT_LANES, 8.0)
     return features["npr_max"] / threads_per_row <= LONGEST_SHARE * share
 

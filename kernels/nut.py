@@ -168,7 +168,7 @@ class Nut(Family):
     source = "Hong et al., 2018 (Hy-SpMSpV: non-uniform tiling)"
     cu_file = "nut.cu"
     adapt_first = "slabs"
-    prepare_spmvs = 40.0  # H200: 3.7 ms on the unseen communities-large (19 SpMVs), 5-9 ms on 24-40 M nonzeros
+    prepare_spmvs = 30.0  # H200, stop 76: 11-45 SpMVs (median 25) in the races without a selector on unseen matrices
     space = Space(
         (
             Param("rows_per_panel", ROWS_PER_PANEL, 2048, "rows of a panel at most (its y lives in shared memory)"),
