@@ -66,7 +66,7 @@ def lanes_balanced(features: Mapping[str, float], threads_per_row: int) -> bool:
     H200 without a selector) csr_scalar's product took 63 ms and csr_vector's (32 threads a row) 1.9 against
     cuSPARSE's 0.37, and their checks and screening products made most of the race's 720 SpMVs. Of the 49 unseen
     matrices either family won a race on with the shipped selector ranking, csr_vector's unranked config is balanced
-    on all, csr_scalar's on all csr_scalar won (out only where rows run to hundreds of entries, won by csr_vector)."""
+    on all, csr_scalar's on all csr_scalar won (out only where rows run to hundreds of entries or more)."""
     share = max(features["nnz"] / RESIDENT_LANES, 8.0)
     return features["npr_max"] / threads_per_row <= LONGEST_SHARE * share
 
