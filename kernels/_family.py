@@ -79,6 +79,11 @@ class Family(ABC):
         ``itemsize`` bytes; None where the family does not race there. Here: its default, everywhere."""
         return self.space.defaults()
 
+    def judged_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """The config whose times teach a second opinion on the family (:mod:`tuner.select.gate`: where is the
+        config it answers with, :meth:`unranked_config`, faster than the ranking's first?). Here that config."""
+        return self.unranked_config(features, itemsize)
+
     def unranked_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
         """Every config a race at plan time enters where the selector ranks none of the family's
         (:func:`tuner.execute.race.unranked_entrants`): here :meth:`unranked_config`, none where it is None."""

@@ -81,6 +81,16 @@ def check_size(shape: tuple[int, int], nnz: int) -> None:
         )
 
 
+FLOAT64_SIGMA = 8
+"""The most sigma a float64 config of the family's own rule takes (:meth:`Csr5.unranked_config`): a lane's
+sigma values are twice the registers in float64. On the H200's race survey
+(``bench/results/corpus/..._survey-race.jsonl.gz``, every sigma measured), setSigma's sigma at most 8 ran 0.975 of
+the best sigma's speed in float64 (geomean) on the 52 matrices of 8 M nonzeros and more, 0.898 on the 120 of 1 M
+and more, against setSigma's own 0.929 and 0.842; in float32 no cap did better than none (at most 16: 0.941 against
+0.929 and 0.821 against 0.855). On the H200's races of the unseen benchmark (stops 68-76), where setSigma's sigma
+was over 8 and 8 raced beside it, 8 was the faster on 81 of 118 matrices in float64 (setSigma's took 1.033x its
+time, geomean), on 38 of 118 in float32 (0.985x)."""
+
 RACE_SIGMAS = (8, 16)
 """The sigma a race enters beside setSigma's (:meth:`Csr5.unranked_configs`): the first, or the second where
 setSigma's is the first. On the H200's race survey (``bench/results/corpus/..._survey-race.jsonl.gz``, every sigma
@@ -242,21 +252,38 @@ class Csr5(Family):
                 f"csr5_transpose<{v}>")
 
     def unranked_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
-        """Raced unranked with sigma as CSR5's own code picks it from the mean row length (:func:`set_sigma`;
-        the default without features)."""
-        params = {} if features is None else {"sigma": set_sigma(features["npr_mean"])}
-        return self.space.validate(params, family=self.name)
+        """The family's own config for a matrix (what a recommendation's second opinion answers with, and the
+        race's first csr5): sigma as CSR5's own code picks it from the mean row length (:func:`set_sigma`; the
+        default without features), at most :data:`FLOAT64_SIGMA` in float64."""
+        config = self._set_sigmas(features)
+        return config if itemsize < 8 else {**config, "sigma": min(int(config["sigma"]), FLOAT64_SIGMA)}
 
     def unranked_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
-        """setSigma's config (:meth:`unranked_config`) and the same with the second sigma of :data:`RACE_SIGMAS`
-        (its first where setSigma's is not that): setSigma is a rule of thumb, and one more preparation (0.4-1 ms
-        on the unseen matrices) takes back most of what it misses."""
-        config = self.unranked_config(features, itemsize)
-        second = RACE_SIGMAS[int(config["sigma"] == RACE_SIGMAS[0])]
+        """The family's own config (:meth:`unranked_config`) and, where its sigma was capped, the same with
+        setSigma's, else with the second sigma of :data:`RACE_SIGMAS` (its first where the config's is not that):
+        setSigma is a rule of thumb, and one more preparation (0.4-1 ms on the unseen matrices) takes back most of
+        what it misses."""
+        config, own = self.unranked_config(features, itemsize), self._set_sigmas(features)
+        second = own["sigma"] if own != config else RACE_SIGMAS[int(config["sigma"] == RACE_SIGMAS[0])]
         return [config, {**config, "sigma": second}]
 
+    def judged_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
+        """setSigma's config, uncapped (:meth:`_set_sigmas`): in float64 the second opinion answers with a sigma of
+        at most :data:`FLOAT64_SIGMA` (:meth:`unranked_config`), faster more often than not, and judges by
+        setSigma's, a margin. Leaving each structure family of the H200's corpus out (replayed on its times,
+        ``bench/results/2026-11-29_second-opinion-sigma-77.txt``), on its 92 matrices of 1 M nonzeros and more in
+        float64: taught by the capped config's times, the second opinion answered on 54 against 36 and the
+        recommendation went from 0.845 to 0.848 of the tuned best, its worst 5 % from 0.586 to 0.505 (lp: 0.810
+        to 0.702); taught by setSigma's, 0.857 and 0.621."""
+        return self._set_sigmas(features)
+
+    def _set_sigmas(self, features: Mapping[str, float] | None) -> dict[str, Value]:
+        """The config with setSigma's sigma (:func:`set_sigma`), the default without features."""
+        return self.space.validate({} if features is None else {"sigma": set_sigma(features["npr_mean"])},
+                                   family=self.name)
+
     def unranked_seeds(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
-        """The race's configs and setSigma's with the sigmas next to it in the space. On the 91 matrices of 1 M
+        """The race's configs and the sigmas next to its first in the space. On the 91 matrices of 1 M
         nonzeros and more of the H200's race survey (every sigma measured), setSigma picked the best sigma on
         21-22 % and one of the three on 42-45 %; the best of the three is 0.92-0.96 of the best sigma's speed,
         setSigma's alone 0.86-0.87. (A 30-trial search on the large suite's lp, seeded with setSigma's 24, never

@@ -26,6 +26,7 @@ from kernels import get_family
 from kernels._reference import products
 from kernels.csr5 import (
     BLOCK_SIZES,
+    FLOAT64_SIGMA,
     INDEX_MAX,
     OMEGA,
     SIGMAS,
@@ -149,23 +150,35 @@ def test_conformance_suite_runs_every_sigma():
                                             (32.0, 32), (200.0, 32), (256.9, 32), (300.0, 6)])
 def test_sigma_as_csr5_picks_it_from_the_mean_row(npr, sigma):
     assert set_sigma(npr) == sigma
-    assert FAMILY.unranked_config({"npr_mean": npr}, 8) == {"sigma": sigma, "block_size": 128, "indices": "narrow"}
-    assert FAMILY.unranked_config(None, 4) == FAMILY.space.defaults()
+    own = {"sigma": sigma, "block_size": 128, "indices": "narrow"}
+    assert FAMILY.unranked_config({"npr_mean": npr}, 4) == own == FAMILY.judged_config({"npr_mean": npr}, 4)
+    # float64: at most FLOAT64_SIGMA, while a second opinion is still taught by setSigma's own
+    assert FAMILY.unranked_config({"npr_mean": npr}, 8) == {**own, "sigma": min(sigma, FLOAT64_SIGMA)}
+    assert FAMILY.judged_config({"npr_mean": npr}, 8) == own
+    assert FAMILY.unranked_config(None, 4) == FAMILY.space.defaults() == FAMILY.judged_config(None, 8)
+    assert FAMILY.unranked_config(None, 8) == {**FAMILY.space.defaults(), "sigma": FLOAT64_SIGMA}
 
 
 def test_a_race_enters_setsigmas_config_and_the_same_with_sigma_8_or_16_where_that_is_setsigmas() -> None:
-    """setSigma is a rule of thumb: a race measures its sigma and 8 (16 where setSigma's is 8)."""
-    assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 27.0}, 8)] == [24, 8]
+    """setSigma is a rule of thumb: a race measures its sigma and 8 (16 where setSigma's is 8); in float64 the
+    same two, 8 first where setSigma's is more."""
+    assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 27.0}, 4)] == [24, 8]
+    assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 27.0}, 8)] == [8, 24]
     assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 8.5}, 4)] == [8, 16]
-    assert [p["sigma"] for p in FAMILY.unranked_configs(None, 8)] == [16, 8]
+    assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 8.5}, 8)] == [8, 16]
+    assert [p["sigma"] for p in FAMILY.unranked_configs({"npr_mean": 2.0}, 8)] == [4, 8]
+    assert [p["sigma"] for p in FAMILY.unranked_configs(None, 4)] == [16, 8]
+    assert [p["sigma"] for p in FAMILY.unranked_configs(None, 8)] == [8, 16]
     assert all(p["block_size"] == 128 and p["indices"] == "narrow" for p in FAMILY.unranked_configs(None, 8))
 
 
-def test_a_search_seeds_the_races_sigmas_and_those_beside_setsigmas() -> None:
-    """A search measures what the race enters and the sigmas beside setSigma's in the space, each once."""
+def test_a_search_seeds_the_races_sigmas_and_those_beside_its_first() -> None:
+    """A search measures what the race enters and the sigmas beside its first in the space, each once."""
     assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 2.0}, 8)] == [4, 8, 6]
-    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 12.0}, 8)] == [12, 8, 16]
-    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 100.0}, 8)] == [32, 8, 24]
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 12.0}, 4)] == [12, 8, 16]
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 12.0}, 8)] == [8, 12, 6]
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 100.0}, 4)] == [32, 8, 24]
+    assert [p["sigma"] for p in FAMILY.unranked_seeds({"npr_mean": 100.0}, 8)] == [8, 32, 6, 12]
     assert all(FAMILY.space.validate(p, family="csr5") == p for p in FAMILY.unranked_seeds(None, 4))
 
 

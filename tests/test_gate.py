@@ -21,20 +21,22 @@ DEVICE = DeviceSpec("gpu-A", bandwidth_gbs=4000.0, l2_bytes=60 * 2**20, sms=132)
 A = config_key("csr_scalar", {"block_size": 128})
 B = config_key("csr_vector", {"block_size": 256, "threads_per_row": 8})
 ALG1 = config_key("cusparse", {"algorithm": "csr_alg1"})
-RACED = get_family("csr5").unranked_config  # csr5's race config for a matrix's features and value size
+RACED = get_family("csr5").unranked_config  # csr5's race config for a matrix's features and value size: answered
+JUDGED = get_family("csr5").judged_config  # the config whose times teach the second opinion: setSigma's
 
 
-def _csr5(f: dict[str, float]) -> str:
-    return config_key("csr5", RACED(f, 8))
+def _csr5(f: dict[str, float]) -> list[str]:
+    """The keys of csr5's judged and race configs (one where they are the same)."""
+    return [config_key("csr5", JUDGED(f, 8)), config_key("csr5", RACED(f, 8))]
 
 
 def _times(f: dict[str, float]) -> dict[str, float]:
-    """csr_scalar fast where rows vary (npr_cv > 1), csr_vector elsewhere, csr5's race config faster than both
+    """csr_scalar fast where rows vary (npr_cv > 1), csr_vector elsewhere, csr5's configs faster than both
     where they vary least (npr_cv < 0.5) and slow elsewhere; in multiples of the compulsory bytes' time."""
     t = compulsory_bytes(f["rows"], f["cols"], f["nnz"], DTYPE) / (DEVICE.bandwidth_gbs * 1e9)
     varied, even = f["npr_cv"] > 1.0, f["npr_cv"] < 0.5
     return {A: t * (1.2 if varied else 3.0), B: t * (3.0 if varied else 1.2), ALG1: t * 2.0,
-            _csr5(f): t * (1.0 if even else 4.0)}
+            **dict.fromkeys(_csr5(f), t * (1.0 if even else 4.0))}
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +64,14 @@ def test_the_second_opinion_answers_csr5_where_its_race_config_beats_the_first(f
     assert all(kernel != "csr5" for kernel, _ in fitted.configs_)  # never ranked
     assert fitted.gate_ is not None and fitted.gate_.family == "csr5"
     assert fitted.gate_.prepare_spmvs == pytest.approx(3.0)
-    even = _matrix(0.2)
-    first = fitted.rank(even)[0]
-    second = fitted.second_opinion(even, first)
-    assert first.kernel == "csr_vector" and second is not None
-    assert (second.kernel, second.params) == ("csr5", RACED(even, 8))
-    assert second.expected_s < first.expected_s and 0.5 < second.votes <= 1
+    for even in (_matrix(0.2), _matrix(0.2, seed=1)):  # rows of 2.7 and 40.7 entries
+        first = fitted.rank(even)[0]
+        second = fitted.second_opinion(even, first)
+        assert first.kernel == "csr_vector" and second is not None
+        assert (second.kernel, second.params) == ("csr5", RACED(even, 8))
+        assert second.expected_s < first.expected_s and 0.5 < second.votes <= 1
+    # taught by setSigma's config on the second, answered with the race's: its sigma at most 8 in float64
+    assert JUDGED(even, 8)["sigma"] > RACED(even, 8)["sigma"] == 8
     for cv in (0.8, 1.5):  # csr_vector, csr_scalar faster than csr5
         assert fitted.second_opinion(_matrix(cv), fitted.rank(_matrix(cv))[0]) is None
 
@@ -85,6 +89,20 @@ def test_no_second_opinion_without_its_family_measured_or_named(table):
     assert few.gate_ is None and few.rank(_matrix(0.2))
     with pytest.raises(InvalidConfigError, match="150 feature rows but 2 groups"):
         KernelSelector(n_estimators=10).fit(table.X, table.times, dtype=DTYPE, device=DEVICE, groups=["a", "b"])
+
+
+def test_the_second_opinion_is_taught_by_the_judged_configs_times(table):
+    """csr5's judged config (setSigma's) teaches it, not the race config it answers with (in float64 a sigma of 8
+    where setSigma's is more: on most rows of the table)."""
+    feats = [dict(zip(FEATURE_NAMES, row, strict=True)) for row in table.X.tolist()]
+
+    def only(which: int) -> list[dict[str, float]]:
+        return [{k: v for k, v in t.items() if not k.startswith("csr5") or k == _csr5(f)[which]}
+                for t, f in zip(table.times, feats, strict=True)]
+
+    fit = {"dtype": DTYPE, "device": DEVICE, "groups": table.families}
+    assert KernelSelector(n_estimators=10).fit(table.X, only(0), **fit).gate_ is not None
+    assert KernelSelector(n_estimators=10).fit(table.X, only(1), **fit).gate_ is None
 
 
 def test_a_selector_pickled_before_the_second_opinion_loads_without_one(fitted):

@@ -139,13 +139,14 @@ def test_the_shortlist_races_what_covers_the_nearest_matrices_where_the_ranking_
 def test_a_family_the_selector_does_not_know_races_with_its_default() -> None:
     """One added to the registry after the selector was trained (csr5, for the selectors shipped on
     2026-11-24) cannot be ranked: the configs its family races unranked are measured, beyond ``size``, with
-    what its family says a preparation costs (csr5: its default without features, and the same with sigma 8).
-    merge_path races only where a selector ranks it."""
+    what its family says a preparation costs (csr5 without features, in float64: its default with sigma 8, then
+    its default's 16). merge_path races only where a selector ranks it."""
     ranking = [r for r in RANKING if r.kernel not in ("merge_path", "csr5")]
     entrants = shortlist(ranking, size=2)
     assert [e.kernel for e in entrants] == ["nut", "csr_vector", "csr5", "csr5", "cusparse", "cusparse"]
-    assert entrants[2].params == get_family("csr5").space.defaults() and entrants[2].expected_s is None
-    assert entrants[3].params == {**entrants[2].params, "sigma": 8}
+    csr5 = get_family("csr5").space.defaults()
+    assert entrants[2].params == {**csr5, "sigma": 8} and entrants[2].expected_s is None
+    assert entrants[3].params == csr5 and csr5["sigma"] == 16
     for csr5 in entrants[2:4]:
         assert CHEAP_SPMVS < csr5.prepare_spmvs == get_family("csr5").prepare_spmvs <= EARLY_SPMVS
         assert not waits(csr5)  # costlier than predict's bound, yet raced from the first round

@@ -358,9 +358,10 @@ class KernelSelector(BaseEstimator):
         config's worst 5 % from 0.676-0.757 to 0.745-0.788 and its geomean from 0.915-0.944 to 0.930-0.943.
     gated : str or None
         A family the selector does not rank, whose race config (:meth:`kernels.Family.unranked_config`) a second
-        forest weighs against the ranking's first config (:mod:`tuner.select.gate`, ``gate_``) where the training
-        times hold it on ``coverage`` of the rows: :meth:`second_opinion`, what a recommendation answers
-        (:func:`tuner.execute.choice.choose`). Its configs are never ranked. None: no second opinion (the
+        forest weighs against the ranking's first config (:mod:`tuner.select.gate`, ``gate_``), taught by the times
+        of :meth:`kernels.Family.judged_config` where the training times hold it on ``coverage`` of the rows:
+        :meth:`second_opinion`, what a recommendation answers (:func:`tuner.execute.choice.choose`). Its configs
+        are never ranked. None: no second opinion (the
         selectors shipped before stop 74).
     random_state : int or None
         Seed of the forest.
@@ -458,14 +459,14 @@ class KernelSelector(BaseEstimator):
                         ) -> SecondOpinion | None:
         """``gated``'s :class:`~tuner.select.gate.SecondOpinion` on these training rows (features ``X``, their
         ``design`` rows), the ranking's first configs out of fold by ``groups`` (a family at a time; None: 5 folds
-        of rows); None without ``gated``, where its race config is measured on fewer than ``coverage`` of the rows,
+        of rows); None without ``gated``, where its judged config is measured on fewer than ``coverage`` of the rows,
         or where fewer than two rows have a first config out of fold to weigh it against."""
         if self.gated is None:
             return None
         names = list(self.feature_names_in_)
-        race_config = get_family(self.gated).unranked_config
+        judged = get_family(self.gated).judged_config
         itemsize = np.dtype(self.dtype_).itemsize
-        gated = [None if (params := race_config(dict(zip(names, row, strict=True)), itemsize)) is None
+        gated = [None if (params := judged(dict(zip(names, row, strict=True)), itemsize)) is None
                  else config_key(self.gated, params) for row in X.tolist()]
         measured = sum(k is not None and k in t for k, t in zip(gated, times, strict=True))
         if measured < max(2, self.coverage * len(X)):
