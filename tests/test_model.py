@@ -543,23 +543,6 @@ def test_choose_predicted_default_and_tuned(store):
         "predicted"
 
 
-def test_choose_answers_a_nut_first_fitted_to_this_matrixs_x_and_the_l2_as_a_race_enters_it(store):
-    """The selector ranks NuT of one slab first everywhere; choose() answers it with the slabs its family fits to
-    an x beyond the L2 (what a race enters in place of a first that costly to prepare), as ranked where x fits."""
-    nut = {"cols_per_tile": 16384, "rows_per_panel": 8192, "slabs": 1, "threads": 1024}
-    feats, times = _table(40, seed=5)
-    times = [{**t, config_key("nut", nut): 0.5 * min(t.values())} for t in times]
-    save_model(store, KernelSelector(n_estimators=10).fit(_array(feats), times, dtype=DTYPE, device=DEVICE),
-               device=DEV_A, dtype=DTYPE)
-    narrow = choose("f" * 16, store=store, device=DEV_A, dtype=DTYPE, features={**feats[0], "cols": 1e5})
-    assert (narrow.kernel, narrow.params) == ("nut", canonical("nut", nut)) and "fitted" not in narrow.basis
-    wide = choose("f" * 16, store=store, device=DEV_A, dtype=DTYPE, features={**feats[0], "cols": 64e6})
-    fitted = get_family("nut").adapt(nut, cols=64_000_000, itemsize=8, l2_bytes=DEVICE.l2_bytes)
-    assert (wide.kernel, wide.params, wide.source) == ("nut", canonical("nut", fitted), "predicted")
-    assert wide.params["slabs"] == 4 and wide.basis.endswith("fitted to this matrix's x and the GPU's L2 "
-                                                             "(cols_per_tile 16384 -> 4096, slabs 1 -> 4, bands 1)")
-
-
 def test_configs_the_registry_no_longer_knows_fall_back_to_the_default(store):
     table = ranking_table(store, device=DEV_A, dtype=DTYPE)
     retired = [{config_key("retired_family", {}): 1e-5}] * len(table)

@@ -15,10 +15,8 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from common.errors import InvalidConfigError
 from db.store import Store
@@ -220,8 +218,7 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     """The config recommended without measuring anything: the stored best for (fingerprint, device,
     dtype), else the selector's first config for ``features`` or, where its second opinion expects the race
     config of a family it does not rank (csr5) to be faster, that config
-    (:meth:`~tuner.select.model.KernelSelector.second_opinion`), either as its family fits it to this matrix's x
-    and the GPU's L2 (:func:`fitted_choice`), else the default.
+    (:meth:`~tuner.select.model.KernelSelector.second_opinion`), else the default.
 
     ``use_tuned=False`` gives what plan() would predict for a matrix it has never
     tuned (the benchmark compares that with the tuned best).
@@ -232,35 +229,15 @@ def choose(fp: str, *, store: Store | None, device: str, dtype: str, use_tuned: 
     if features is not None:
         selector = selector_for(store, device=device, dtype=dtype)
         ranking, basis = rank_configs(store, device=device, dtype=dtype, features=features, selector=selector)
-        model, spec, _ = selector
-        if ranking and model is not None:
-            second = model.second_opinion(features, ranking[0], device=spec)
-            chosen = (ranked_choice(ranking, basis, nnz=features["nnz"]) if second is None else
-                      ranked_choice([second, *ranking], f"{basis}, whose second opinion expects {second.kernel} "
-                                    f"faster than its first config ({ranking[0].kernel})", nnz=features["nnz"]))
-            return fitted_choice(chosen, cols=int(features["cols"]), itemsize=np.dtype(dtype).itemsize,
-                                 l2_bytes=(spec or model.device_).l2_bytes)
+        if ranking:
+            model, spec, _ = selector
+            second = model.second_opinion(features, ranking[0], device=spec) if model is not None else None
+            if second is None:
+                return ranked_choice(ranking, basis, nnz=features["nnz"])
+            return ranked_choice([second, *ranking], f"{basis}, whose second opinion expects {second.kernel} faster "
+                                 f"than its first config ({ranking[0].kernel})", nnz=features["nnz"])
     return default_choice()
 
 
-def fitted_choice(choice: Choice, *, cols: int, itemsize: int, l2_bytes: int) -> Choice:
-    """A predicted ``choice`` with its config as its family fits it to a matrix of ``cols`` columns of
-    ``itemsize``-byte values on a GPU of ``l2_bytes`` of L2 (:meth:`kernels.Family.adapt`), where the family fits
-    its configs to the GPU (:attr:`kernels.Family.adapt_first`: NuT's slabs to the L2, its panels and tiles to the
-    slabs), as a race enters a costly first in its place (:func:`tuner.execute.race.adapted`): the selector's
-    corpus could not teach it that fit. ``choice`` where its family does not fit it (csr_scalar's variant in
-    float64 is one to time beside it, not a fit), or it fits already."""
-    family = get_family(choice.kernel)
-    fitted = family.adapt(choice.params, cols=cols, itemsize=itemsize, l2_bytes=l2_bytes) if family.adapt_first \
-        else None
-    if fitted is None:
-        return choice
-    before = choice.params
-    changed = ", ".join(f"{k} {before[k]} -> {v}" if k in before else f"{k} {v}" for k, v in fitted.items()
-                        if before.get(k) != v)
-    return replace(choice, params=canonical(choice.kernel, fitted),
-                   basis=f"{choice.basis}, fitted to this matrix's x and the GPU's L2 ({changed})")
-
-
-__all__ = ["NO_SELECTOR", "Choice", "QueuedRanking", "choose", "default_choice", "fitted_choice", "queue_ranking",
-           "rank_configs", "ranked_choice", "selector_for", "stored_choice"]
+__all__ = ["NO_SELECTOR", "Choice", "QueuedRanking", "choose", "default_choice", "queue_ranking", "rank_configs",
+           "ranked_choice", "selector_for", "stored_choice"]
