@@ -288,7 +288,7 @@ def adapted(entrants: Sequence[Entrant], ranking: Sequence[RankedConfig] | None 
       recorded there (both GPUs, both dtypes) the fitted config beat the one it was fitted from (by 2-30 %).
       Not everywhere: timed beside it on the GPU's held-out corpus matrices (stop 77, the recommendation's first
       config fitted, ``bench/results/2026-11-29_race-lofo-gpu-fit77-not-kept.txt``), it lost on 11 of 15, by up to
-      12 % (lp's x of 64-600 MB, and arrowband's where fewer slabs were fitted).
+      13 % (lp's x of 64-600 MB, and arrowband's where fewer slabs were fitted).
       (:func:`search_seeds` gives no preparation costs: a search measures both.)
     - before cuSPARSE, for each family of ``ranking`` that names what it fits first
       (:attr:`kernels.Family.adapt_first`: NuT's slabs) and has no entrant yet, the config of it the selector
