@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -352,10 +353,25 @@ def test_probe_h_times_configs_their_spaces_take() -> None:
     assert sorted({p["slabs"] for k, p in configs if k == "nut"}) == [1, 4]
 
 
+def test_the_sigma_probe_reads_the_race_survey_as_the_float64_cap_says() -> None:
+    """bench/probe_csr5_sigma.py survey on the H200's race survey: in float64 setSigma's sigma capped at
+    FLOAT64_SIGMA runs closer to the best sigma than setSigma's own on the large matrices (what the cap rests on),
+    and the race's pair (the faster of its two configs) closer than either."""
+    from kernels.csr5 import FLOAT64_SIGMA
+
+    corpus = Path(__file__).resolve().parents[1] / "bench/results/corpus"
+    survey = corpus / "2026-11-26_NVIDIA-H200-sm-90_survey-race.jsonl.gz"
+    lines = [line for line in _bench_module("probe_csr5_sigma").survey(survey) if "float64 >= 1e+06" in line]
+    assert len(lines) == 1
+    scores = dict(re.findall(r"(\d+) (0\.\d+)", lines[0].split("at most ")[1].split(";")[0]))
+    pair = float(lines[0].rsplit(" ", 1)[1])
+    assert float(scores[str(FLOAT64_SIGMA)]) > float(scores["32"]) + 0.03 and pair > float(scores[str(FLOAT64_SIGMA)])
+
+
 @pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
                                     "plan_timeline", "probe_firsttouch", "probe_gather", "probe_listed",
-                                    "probe_lofo_size", "probe_reference", "probe_rowsort", "probe_tune_scale",
-                                    "probe_unseen_configs",
+                                    "probe_csr5_sigma", "probe_lofo_size", "probe_reference", "probe_rowsort",
+                                    "probe_tune_scale", "probe_unseen_configs",
                                     "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv", "unseen"])
 def test_bench_scripts_import_and_describe_themselves_without_a_gpu(script: str) -> None:
     """Each command-line script of bench/ imports on any machine (a broken import shows here, not on a GPU)."""
