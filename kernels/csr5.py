@@ -82,8 +82,8 @@ def check_size(shape: tuple[int, int], nnz: int) -> None:
 
 
 FLOAT64_SIGMA = 8
-"""The most sigma a float64 config of the family's own rule takes (:meth:`Csr5.unranked_config`): a lane's
-sigma values are twice the registers in float64. On the H200's race survey
+"""The most sigma a float64 config of the family's own rule takes (:meth:`Csr5.unranked_config`; a lane keeps its
+sigma values in registers, two each in float64). On the H200's race survey
 (``bench/results/corpus/..._survey-race.jsonl.gz``, every sigma measured), setSigma's sigma at most 8 ran 0.975 of
 the best sigma's speed in float64 (geomean) on the 52 matrices of 8 M nonzeros and more, 0.898 on the 120 of 1 M
 and more, against setSigma's own 0.929 and 0.842; in float32 no cap did better than none (at most 16: 0.941 against
@@ -255,7 +255,7 @@ class Csr5(Family):
         """The family's own config for a matrix (what a recommendation's second opinion answers with, and the
         race's first csr5): sigma as CSR5's own code picks it from the mean row length (:func:`set_sigma`; the
         default without features), at most :data:`FLOAT64_SIGMA` in float64."""
-        config = self._set_sigmas(features)
+        config = self._set_sigma_config(features)
         return config if itemsize < 8 else {**config, "sigma": min(int(config["sigma"]), FLOAT64_SIGMA)}
 
     def unranked_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
@@ -263,21 +263,21 @@ class Csr5(Family):
         setSigma's, else with the second sigma of :data:`RACE_SIGMAS` (its first where the config's is not that):
         setSigma is a rule of thumb, and one more preparation (0.4-1 ms on the unseen matrices) takes back most of
         what it misses."""
-        config, own = self.unranked_config(features, itemsize), self._set_sigmas(features)
+        config, own = self.unranked_config(features, itemsize), self._set_sigma_config(features)
         second = own["sigma"] if own != config else RACE_SIGMAS[int(config["sigma"] == RACE_SIGMAS[0])]
         return [config, {**config, "sigma": second}]
 
     def judged_config(self, features: Mapping[str, float] | None, itemsize: int) -> dict[str, Value] | None:
-        """setSigma's config, uncapped (:meth:`_set_sigmas`): in float64 the second opinion answers with a sigma of
-        at most :data:`FLOAT64_SIGMA` (:meth:`unranked_config`), faster more often than not, and judges by
+        """setSigma's config, uncapped (:meth:`_set_sigma_config`): in float64 the second opinion answers with a
+        sigma of at most :data:`FLOAT64_SIGMA` (:meth:`unranked_config`), faster more often than not, and judges by
         setSigma's, a margin. Leaving each structure family of the H200's corpus out (replayed on its times,
         ``bench/results/2026-11-29_second-opinion-sigma-77.txt``), on its 92 matrices of 1 M nonzeros and more in
         float64: taught by the capped config's times, the second opinion answered on 54 against 36 and the
         recommendation went from 0.845 to 0.848 of the tuned best, its worst 5 % from 0.586 to 0.505 (lp: 0.810
         to 0.702); taught by setSigma's, 0.857 and 0.621."""
-        return self._set_sigmas(features)
+        return self._set_sigma_config(features)
 
-    def _set_sigmas(self, features: Mapping[str, float] | None) -> dict[str, Value]:
+    def _set_sigma_config(self, features: Mapping[str, float] | None) -> dict[str, Value]:
         """The config with setSigma's sigma (:func:`set_sigma`), the default without features."""
         return self.space.validate({} if features is None else {"sigma": set_sigma(features["npr_mean"])},
                                    family=self.name)

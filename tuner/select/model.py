@@ -361,8 +361,7 @@ class KernelSelector(BaseEstimator):
         forest weighs against the ranking's first config (:mod:`tuner.select.gate`, ``gate_``), taught by the times
         of :meth:`kernels.Family.judged_config` where the training times hold it on ``coverage`` of the rows:
         :meth:`second_opinion`, what a recommendation answers (:func:`tuner.execute.choice.choose`). Its configs
-        are never ranked. None: no second opinion (the
-        selectors shipped before stop 74).
+        are never ranked. None: no second opinion (the selectors shipped before stop 74).
     random_state : int or None
         Seed of the forest.
     """
