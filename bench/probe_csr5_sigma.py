@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.jsonfile import read_json  # noqa: E402
-from kernels import get_family  # noqa: E402
+from kernels import config_key, get_family  # noqa: E402
 from kernels.csr5 import SIGMAS, Csr5, set_sigma  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.select.evaluation import corpus_table, out_of_fold  # noqa: E402
@@ -72,8 +72,7 @@ def survey(corpus: Path) -> list[str]:
 
 
 def _key(params: dict[str, int]) -> str:
-    from kernels import config_key
-
+    """csr5's config key with ``params`` over its defaults (the survey's block size and indices)."""
     return config_key("csr5", {**Csr5.space.defaults(), **params})
 
 

@@ -230,6 +230,11 @@ def _tail(y: np.ndarray, indptr: np.ndarray, prods: np.ndarray, start: int, tail
     return float(sums[~begun].sum())
 
 
+def _capped(config: dict[str, Value], itemsize: int) -> dict[str, Value]:
+    """``config`` with its sigma at most :data:`FLOAT64_SIGMA` where the values are of 8 bytes or more."""
+    return config if itemsize < 8 else {**config, "sigma": min(int(config["sigma"]), FLOAT64_SIGMA)}
+
+
 # -- the family -----------------------------------------------------------------------------------
 class Csr5(Family):
     name = "csr5"
@@ -255,15 +260,15 @@ class Csr5(Family):
         """The family's own config for a matrix (what a recommendation's second opinion answers with, and the
         race's first csr5): sigma as CSR5's own code picks it from the mean row length (:func:`set_sigma`; the
         default without features), at most :data:`FLOAT64_SIGMA` in float64."""
-        config = self._set_sigma_config(features)
-        return config if itemsize < 8 else {**config, "sigma": min(int(config["sigma"]), FLOAT64_SIGMA)}
+        return _capped(self._set_sigma_config(features), itemsize)
 
     def unranked_configs(self, features: Mapping[str, float] | None, itemsize: int) -> list[dict[str, Value]]:
         """The family's own config (:meth:`unranked_config`) and, where its sigma was capped, the same with
         setSigma's, else with the second sigma of :data:`RACE_SIGMAS` (its first where the config's is not that):
         setSigma is a rule of thumb, and one more preparation (0.4-1 ms on the unseen matrices) takes back most of
         what it misses."""
-        config, own = self.unranked_config(features, itemsize), self._set_sigma_config(features)
+        own = self._set_sigma_config(features)
+        config = _capped(own, itemsize)
         second = own["sigma"] if own != config else RACE_SIGMAS[int(config["sigma"] == RACE_SIGMAS[0])]
         return [config, {**config, "sigma": second}]
 
