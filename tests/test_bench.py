@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from common.errors import TunerError
 from common.jsonfile import write_json
-from kernels import BASELINE, REGISTRY
+from kernels import BASELINE, REGISTRY, config_key
 from tuner.benchmark.bench import COLUMNS, PLAN_LABEL
 from tuner.benchmark.report import render
 from tuner.cli import app
-from tuner.matrix.generate import generate
+from tuner.matrix.generate import KINDS, generate
 from tuner.matrix.suites import SUITES, approx_nnz
 
 runner = CliRunner()
@@ -368,8 +368,42 @@ def test_the_sigma_probe_reads_the_race_survey_as_the_float64_cap_says() -> None
     assert float(scores[str(FLOAT64_SIGMA)]) > float(scores["32"]) + 0.03 and pair > float(scores[str(FLOAT64_SIGMA)])
 
 
-@pytest.mark.parametrize("script", ["ab_unseen", "convergence", "loadtest", "ncu_spmv", "probe_csr_scalar_unroll",
-                                    "plan_timeline", "probe_firsttouch", "probe_gather", "probe_listed",
+def test_the_grown_corpus_names_one_family_a_generator_and_keys_legacy_configs_as_the_corpus_does(tmp_path) -> None:
+    """bench/grow_corpus.py: every generator of its sets once a scale, each a structure family of its own by its
+    name (none taken for a real matrix, none for a family the corpus has); and its export keys the csr_vector and
+    csr_scalar trials that ran with the int32 columns and the plain loop as the corpus keys those configs (as they
+    ran before the parameters existed), leaving others alone."""
+    from db.store import Store
+    from tuner.select.evaluation import structure_family
+    from tuner.select.portfolio import read_portfolio
+
+    grow = _bench_module("grow_corpus")
+    grown = grow.grown()
+    families = [structure_family(name) for _, _, name in grown]
+    assert len(grown) == len(set(n for _, _, n in grown)) == 2 * len(set(families))
+    assert families == [m.name for m, _, _ in grown] and not set(families) & set(KINDS)
+    portfolio = read_portfolio(grow.PORTFOLIO)
+    assert {k for k, p in portfolio if p.get("indices") == "int32"} == {"csr_vector", "csr_scalar"}
+    with Store(tmp_path / "s.db") as store:
+        store.add_device({"id": "d", "name": "d", "kind": "gpu"})
+        store.add_matrix("fp", name=grown[0][2], rows=2, cols=2, nnz=2, features={})
+        base = {"fingerprint": "fp", "device": "d", "dtype": "float64", "state": "ok", "time_s": 1.0}
+        store.add_trials([{**base, "kernel": "csr_scalar", "params": {"block_size": 64, "indices": "int32",
+                                                                          "unroll": 1}},
+                          {**base, "kernel": "csr_scalar", "params": {"block_size": 64, "indices": "int32",
+                                                                          "unroll": 4}},
+                          {**base, "kernel": "csr_vector", "params": {"block_size": 64, "threads_per_row": 2,
+                                                                          "indices": "int32"}},
+                          {**base, "kernel": "csr5", "params": {"sigma": 8, "indices": "int32"}}])
+        assert grow.legacy_keys(store) == 2
+        assert sorted(config_key(r["kernel"], r["params"]) for r in store.trials("fp", device="d")) == sorted([
+            'csr_scalar{"block_size": 64}', 'csr_scalar{"block_size": 64, "indices": "int32", "unroll": 4}',
+            'csr_vector{"block_size": 64, "threads_per_row": 2}', 'csr5{"indices": "int32", "sigma": 8}'])
+
+
+@pytest.mark.parametrize("script", ["ab_unseen", "convergence", "grow_corpus", "loadtest", "ncu_spmv",
+                                    "probe_csr_scalar_unroll", "plan_timeline", "probe_firsttouch", "probe_gather",
+                                    "probe_listed",
                                     "probe_csr5_sigma", "probe_lofo_size", "probe_reference", "probe_rowsort",
                                     "probe_tune_scale", "probe_unseen_configs",
                                     "profile_plan", "race_lofo", "race_lofo_gpu", "spmspv", "unseen"])

@@ -637,6 +637,9 @@ def test_structure_family() -> None:
     assert structure_family("poisson2d-n64") == "poisson2d"
     assert structure_family("lp_fit2p") == "real" and structure_family("uniform") == "real"
     assert structure_family("newkind-3", kinds=["newkind"]) == "newkind"
+    # named as generated matrices are (bench/grow_corpus.py's), of a generator outside the package
+    assert structure_family("rgg-400000-s11") == "rgg" and structure_family("lp-9809-width500-s10072") == "lp"
+    assert structure_family("ca-HepPh_rawids") == "real" and structure_family("wb-cs-stanford") == "real"
 
 
 def _ranking_table(n: int = 60) -> RankingTable:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -75,14 +76,20 @@ CV_KINDS = ("kfold", "lofo")
 
 
 def structure_family(name: str, kinds: Sequence[str] | None = None) -> str:
-    """The generator kind of a synthetic matrix (its name starts with ``<kind>-``), else "real". ``kinds``
-    defaults to :data:`tuner.matrix.generate.KINDS` as it is when called."""
+    """The generator kind of a synthetic matrix: its name starts with ``<kind>-``, ``kind`` one of ``kinds``
+    (default: :data:`tuner.matrix.generate.KINDS` as it is when called), or is named as generated matrices are,
+    ``<kind>-<size>[-<option>...]-s<seed>`` (``bench/grow_corpus.py``'s, of generators outside the package);
+    else "real"."""
     if kinds is None:
         from tuner.matrix.generate import KINDS
 
         kinds = list(KINDS)
     prefix, dash, _ = name.partition("-")
-    return prefix if dash and prefix in kinds else "real"
+    return prefix if dash and prefix in kinds or _GENERATED.fullmatch(name) else "real"
+
+
+_GENERATED = re.compile(r"[a-z][a-z0-9]*-\d+(?:-[^-]+)*-s\d+")
+"""A generated matrix's name (:func:`structure_family`): no real matrix's in the shared set has this form."""
 
 
 @dataclass(frozen=True)
