@@ -38,7 +38,7 @@ from common.jsonfile import read_json  # noqa: E402
 from kernels import config_key, get_family  # noqa: E402
 from kernels.csr5 import SIGMAS, Csr5, set_sigma  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
-from tuner.select.evaluation import corpus_table, out_of_fold  # noqa: E402
+from tuner.select.evaluation import corpus_table, out_of_fold, picked_speed  # noqa: E402
 
 CAPS = (4, 6, 8, 12, 16, 24, 32)
 
@@ -106,7 +106,8 @@ def replay(corpus: Path, cv: str, variant: str) -> list[str]:
     for dtype in ("float64", "float32"):
         t = corpus_table(corpus, dtype=dtype)
         rankings = out_of_fold(t, cv=cv)
-        ranked, first = _scores(t.times, [r.keys[0] for r in rankings]), _scores(t.times, [r.first for r in rankings])
+        ranked = picked_speed(t.times, [r.keys[0] for r in rankings])
+        first = picked_speed(t.times, [r.first for r in rankings])
         large = t.X[:, FEATURE_NAMES.index("nnz")] >= 1e6
         families = np.array(t.families)
         w5 = lambda a: float(np.percentile(a, 5))  # noqa: E731
@@ -121,11 +122,6 @@ def replay(corpus: Path, cv: str, variant: str) -> list[str]:
                          + (f"   large {big.sum():2d} {geomean(ranked[big]):.3f} -> {geomean(first[big]):.3f}"
                             if big.any() else ""))
     return lines
-
-
-def _scores(times: Sequence[dict[str, float]], keys: Sequence[str]) -> np.ndarray:
-    """Each row's fastest time over its ``keys`` config's (one never measured: the row's slowest times 2)."""
-    return np.array([min(t.values()) / t.get(k, 2 * max(t.values())) for t, k in zip(times, keys, strict=True)])
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ its first plan(): CuPy keeps compiled kernels on disk, so a machine pays it
 once) and the copy-bandwidth probe (once a process) come first, and are
 reported apart (``compile_s``).
 
-    python bench/unseen.py --out bench/results            # every set, both dtypes, every effort
+    python bench/unseen.py --out bench/results            # sets g on (no selector learned them), both dtypes
     python bench/unseen.py --set b --effort predict race   # the set added at stop 37
     python bench/unseen.py --dtype float32 --effort race --only rgg,perm27 --scale 0.25
     python bench/unseen.py --suite issue18 --effort predict race   # the six structures issue #18 names
@@ -86,7 +86,7 @@ run and 1.3 ms in the next); one plan() a cell left the cost medians to that."""
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from unseen_matrices import MATRICES, Unseen, columns_permuted, from_suite, rgg  # noqa: E402
+from unseen_matrices import GROWN, MATRICES, Unseen, columns_permuted, from_suite, rgg  # noqa: E402
 
 from common.errors import InvalidConfigError  # noqa: E402
 from common.jsonfile import write_json  # noqa: E402
@@ -349,7 +349,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12, help="trials of effort='tune'")
     ap.add_argument("--only", default="", help="comma-separated matrix names")
     sets = sorted({m.group for m in MATRICES})
-    ap.add_argument("--set", nargs="+", default=sets, choices=sets, help="which sets of matrices")
+    ap.add_argument("--set", nargs="+", default=[s for s in sets if s not in GROWN], choices=sets,
+                    help="which sets of matrices (default: those no shipped selector learned from, g on)")
     ap.add_argument("--suite", default="", help="a named suite of tuner.matrix.suites instead (issue18: the six "
                     "structures issue #18 names); --set and --only are then not used")
     ap.add_argument("--scale", type=float, default=1.0, help="size factor (nonzeros scale about linearly)")

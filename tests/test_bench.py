@@ -380,7 +380,7 @@ def test_the_grown_corpus_names_one_family_a_generator_and_keys_legacy_configs_a
     grow = _bench_module("grow_corpus")
     grown = grow.grown()
     families = [structure_family(name) for _, _, name in grown]
-    assert len(grown) == len(set(n for _, _, n in grown)) == 2 * len(set(families))
+    assert len(grown) == len(set(n for _, _, n in grown)) == 3 * len(set(families)) == 87
     assert families == [m.name for m, _, _ in grown] and not set(families) & set(KINDS)
     portfolio = read_portfolio(grow.PORTFOLIO)
     assert {k for k, p in portfolio if p.get("indices") == "int32"} == {"csr_vector", "csr_scalar"}

@@ -30,6 +30,7 @@ from tuner.select.evaluation import (
     corpus_table,
     evaluate_selector,
     out_of_fold,
+    picked_speed,
     ranking_table,
     structure_family,
 )
@@ -640,6 +641,11 @@ def test_structure_family() -> None:
     # named as generated matrices are (bench/grow_corpus.py's), of a generator outside the package
     assert structure_family("rgg-400000-s11") == "rgg" and structure_family("lp-9809-width500-s10072") == "lp"
     assert structure_family("ca-HepPh_rawids") == "real" and structure_family("wb-cs-stanford") == "real"
+
+
+def test_picked_speed_is_the_best_time_over_the_picks_and_a_pick_never_measured_counts_as_the_slowest_twice() -> None:
+    times = [{"a": 1.0, "b": 2.0}, {"a": 4.0, "b": 2.0}]
+    assert picked_speed(times, ["b", "c"]).tolist() == [0.5, 2.0 / 8.0]
 
 
 def _ranking_table(n: int = 60) -> RankingTable:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +60,7 @@ __all__ = [
     "cv_folds",
     "evaluate_selector",
     "out_of_fold",
+    "picked_speed",
     "ranking_table",
     "structure_family",
 ]
@@ -310,6 +311,12 @@ class Evaluation:
         for f in self.families:
             lines.append(f"{f.family:<12}{f.matrices:>5}" + "".join(f"{f.geomean[n]:>10.3f}" for n in names))
         return "\n".join(lines)
+
+
+def picked_speed(times: Sequence[Mapping[str, float]], keys: Sequence[str]) -> np.ndarray:
+    """Each row's fastest time over the time of its ``keys`` config (1: the tuned best); a config never measured
+    on the row counts as the row's slowest times 2, as the selector learns it."""
+    return np.array([min(t.values()) / t.get(k, 2 * max(t.values())) for t, k in zip(times, keys, strict=True)])
 
 
 def _geomean(x: np.ndarray) -> float:
