@@ -1,7 +1,7 @@
 """Grow the H200's corpus with structures it lacks: some of the unseen benchmark's generators, smaller, surveyed.
 
 Leaving 3 of the corpus's 13 other structure families out of training, on top of the held-out one, costs the
-recommendation 0.014-0.024 of the tuned best on the held-out large matrices (float32, the CPU's replay): the
+recommendation 0.014-0.024 of the tuned best on the held-out large matrices (float32, a scratch replay): the
 selector generalizes by the variety it has seen. So this adds families: the generators of the unseen benchmark's
 sets a to f (:mod:`unseen_matrices`, the 29 of the 30 oldest structures that are not one of the others at another
 size), each at a quarter, a sixteenth and half its benchmark size, surveyed with the portfolio the corpus was
@@ -60,7 +60,7 @@ def grown(sets: tuple[str, ...] = GROWN, scales: tuple[float, ...] = SCALES) -> 
     """Each generator of ``sets`` (one per structure: a name with a dash is another's at another size) at each
     scale, all of the first scale first, with its corpus name ``<generator>-<size>-s<seed>``."""
     chosen = [m for m in MATRICES if m.group in sets and "-" not in m.name]
-    return [(m, scale, f"{m.name}-{max(8, round(m.size * scale ** (1 / m.dims)))}-s{m.seed}")
+    return [(m, scale, f"{m.name}-{m.size_at(scale)}-s{m.seed}")
             for scale in scales for m in chosen]
 
 

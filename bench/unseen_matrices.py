@@ -1745,9 +1745,12 @@ class Unseen:
     # "r" 73, "s" 74, "t" 75, "u" 76
     dims: int = 1
 
+    def size_at(self, scale: float) -> int:
+        """The generator's size for ``scale`` (nonzeros scale about linearly with it)."""
+        return max(8, round(self.size * scale ** (1 / self.dims)))
+
     def make(self, scale: float) -> sp.csr_matrix:
-        size = max(8, round(self.size * scale ** (1 / self.dims)))
-        return as_csr(self.build(size, np.random.default_rng(self.seed)))
+        return as_csr(self.build(self.size_at(scale), np.random.default_rng(self.seed)))
 
 
 MATRICES = (
