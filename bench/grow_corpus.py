@@ -46,7 +46,14 @@ from tuner.matrix.sources import Source  # noqa: E402
 from tuner.measure.backend import get_backend  # noqa: E402
 from tuner.search.survey import survey  # noqa: E402
 from tuner.select.corpus import export_corpus, import_corpus  # noqa: E402
-from tuner.select.evaluation import RankingTable, corpus_table, fitted_on, out_of_fold, picked_speed  # noqa: E402
+from tuner.select.evaluation import (  # noqa: E402
+    RankingTable,
+    corpus_table,
+    fitted_on,
+    out_of_fold,
+    picked_speed,
+    ranking_table,
+)
 from tuner.select.model import KernelSelector  # noqa: E402
 from tuner.select.portfolio import read_portfolio  # noqa: E402
 
@@ -92,7 +99,8 @@ def legacy_keys(store: Store) -> int:
 
 def replay(base: Path, grown_corpus: Path, dtype: str) -> list[str]:
     """The recommendation's scores (fastest time / its config's, geomean and worst 5 %) before and after growing."""
-    before, after = corpus_table(base, dtype=dtype), _merged_table(base, grown_corpus, dtype)
+    before = corpus_table(base, dtype=dtype)
+    after = _merged_table(base, grown_corpus, dtype, before.device.id)
     old = dict(zip(before.names, picked_speed(before.times, [r.first for r in out_of_fold(before, cv="lofo")]),
                    strict=True))
     new = dict(zip(after.names, picked_speed(after.times, [r.first for r in out_of_fold(after, cv="lofo")]),
@@ -114,14 +122,12 @@ def replay(base: Path, grown_corpus: Path, dtype: str) -> list[str]:
     return lines
 
 
-def _merged_table(base: Path, grown_corpus: Path, dtype: str) -> RankingTable:
-    """The ranking table of both corpora's trials (the base's device record kept)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        with Store(Path(tmp) / "m.db") as store:
-            for path in (base, grown_corpus):
-                import_corpus(store, path)
-            export_corpus(store, Path(tmp) / "m.jsonl.gz")
-        return corpus_table(Path(tmp) / "m.jsonl.gz", dtype=dtype)
+def _merged_table(base: Path, grown_corpus: Path, dtype: str, device: str) -> RankingTable:
+    """The ranking table of both corpora's trials on ``device`` (the base's device record kept)."""
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "m.db") as store:
+        for path in (base, grown_corpus):
+            import_corpus(store, path)
+        return ranking_table(store, device=device, dtype=dtype)
 
 
 def _recommended(selector: KernelSelector, x: np.ndarray) -> str:
