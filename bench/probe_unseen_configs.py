@@ -31,8 +31,15 @@ I: set l's races that fell short of a 40-trial search (cliques and termdoc in fl
    at every panel (2048 to 8192 rows), tile and thread count, csr5's sigma and block sizes, and the SURAA config
    the search found on cliques, beside cuSPARSE. Result: ..._probe_unseen_l68.json.
 
+J: NuT with its dense panels cut by rows (kernels/nut.py ``_cut_dense_panels``, stop 79) against the panels
+   whole (as before), the same configs, same run, the same y (checked): panels of 2048 to 8192 rows, tiles of
+   4096 and 16384 columns, 512 and 1024 threads, one slab and the slabs Nut.adapt fits, and the config the
+   H200's ranking put first on denseblock in float32. Only configs whose panels the cut changes are timed.
+   Result: ..._probe_nut_dense_panels-79.txt (and ..._probe_nut_heavy_panels-79.txt: an earlier rule, which cut
+   every panel of more than the cap's nonzeros, hub rows' too).
+
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
-    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to I; MATRICES: a,b,...
+    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to J; MATRICES: a,b,...
 """
 
 from __future__ import annotations
@@ -165,11 +172,58 @@ def csr_vector_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
             for tpr in TPR] + [f"   (cuSPARSE best {base * 1e6:.1f} us)"]
 
 
+def dense_panels_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
+    """J: each NuT config with its dense panels cut and whole, cold, round-robin three times; same y."""
+    from kernels import nut
+
+    family = get_family("nut")
+    out = cp.empty(A.shape[0], A.dtype)
+    cut = nut._cut_dense_panels
+    fns = {a: _runner("cusparse", A, {"algorithm": a}, x, out) for a in ("csr_alg1", "csr_alg2")}
+    lines = []
+    configs = [{"rows_per_panel": 4096, "cols_per_tile": 8192, "threads": 1024, "slabs": 2, "bands": 1}]
+    for r, c, t in itertools.product((2048, 4096, 8192), (4096, 16384), (512, 1024)):
+        one = {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1}
+        fitted = family.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
+        configs += [p for p in (one, fitted) if p is not None and p not in configs]
+    for params in configs:
+        try:
+            cut_p = family.prepare(A, dict(params))
+            nut._cut_dense_panels = lambda *args, **kwargs: None
+            whole_p = family.prepare(A, dict(params))
+        except Exception as exc:  # a config that fails here is reported and left out
+            lines.append(f"   {params} failed: {type(exc).__name__}: {str(exc)[:100]}")
+            continue
+        finally:
+            nut._cut_dense_panels = cut
+        panels = (whole_p.extra["panel_ptr"].size - 1, cut_p.extra["panel_ptr"].size - 1)
+        if panels[0] == panels[1]:
+            lines.append(f"   {params}: panels {panels[0]} not cut")
+            continue
+        y = family.run(cut_p, x, out).copy()
+        family.run(whole_p, x, out)
+        scale = float(cp.abs(y).max()) or 1.0
+        assert float(cp.abs(out - y).max()) <= 1e-3 * scale, f"nut {params}: cut panels give another y"
+        runs = {"cut": lambda p=cut_p: family.run(p, x, out), "whole": lambda p=whole_p: family.run(p, x, out)}
+        samples: dict[str, list[float]] = {}
+        for _ in range(3):
+            for key, fn in {**fns, **runs}.items():
+                samples.setdefault(key, []).append(backend.time(fn, repeats=6, max_duration=0.3,
+                                                                flush_l2=True).median_s)
+        t = {k: float(np.median(v)) for k, v in samples.items()}
+        base = min(t["csr_alg1"], t["csr_alg2"])
+        lines.append(f"   {params}: panels {panels[0]} -> {panels[1]}: whole {base / t['whole']:.3f}x  "
+                     f"cut {base / t['cut']:.3f}x cuSPARSE (best {base * 1e6:.1f} us)")
+        del cut_p, whole_p
+        cp.get_default_memory_pool().free_all_blocks()
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=list("ABCDEFGHI"), help="which probe (see the module's doc)")
+    ap.add_argument("part", choices=list("ABCDEFGHIJ"), help="which probe (see the module's doc)")
     ap.add_argument("matrices", help="comma-separated names of bench/unseen_matrices.py's (or issue18:KIND)")
-    ap.add_argument("out", type=Path, help="where the result goes (text for B, JSON otherwise)")
+    ap.add_argument("out", type=Path, help="where the result goes (text for B and J, JSON otherwise)")
     ap.add_argument("scale", type=float, nargs="?", default=1.0, help="the matrices' size (default 1)")
     args = ap.parse_args()
     part, names, out_path, scale = args.part, args.matrices.split(","), args.out, args.scale
@@ -186,8 +240,8 @@ def main() -> None:
             A = cusp.csr_matrix(H.astype(dtype))
             x = cp.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
             head = f"== {name} {dtype} {A.shape} nnz={A.nnz}"
-            if part == "B":
-                lines += [head, *csr_vector_ab(backend, cp, A, x)]
+            if part in "BJ":
+                lines += [head, *{"B": csr_vector_ab, "J": dense_panels_ab}[part](backend, cp, A, x)]
             else:
                 configs = ({"D": rows_per_panel_configs, "G": slab_configs}[part](A, backend.info.l2_bytes)
                            if part in "DG" else CONFIGS[part])
@@ -199,7 +253,7 @@ def main() -> None:
             print("\n".join(lines[-7:]), flush=True)
             del A, x
             cp.get_default_memory_pool().free_all_blocks()
-    if part == "B":
+    if part in "BJ":
         out_path.write_text(f"{backend.info.id}\n" + "\n".join(lines) + "\n")
     else:
         out_path.write_text(json.dumps({"device": backend.info.id, "rows": rows}, indent=1) + "\n")

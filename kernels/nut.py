@@ -13,6 +13,9 @@ Panels. ``rows_per_panel`` rows each, unless that gives fewer than 2 x SMs
 panels (a small matrix would leave the GPU idle): then the rows are cut into
 2 x SMs panels of about equal nonzeros, and any panel longer than
 ``rows_per_panel`` rows is cut again, so a panel always fits the shared y.
+A panel with a tile of more than :func:`item_cap` nonzeros is then cut by rows
+(a row is never cut) and tiled again: a tile's entries are one block's work,
+and dense rows narrower than a tile are one tile.
 ``panel_ptr`` holds the panel starts (rows).
 
 Slabs (beyond the paper; ``slabs=1``, the default, is the paper's tiling). With
@@ -349,22 +352,34 @@ def build(
     i64 = xp.int64
     indptr = indptr.astype(i64)
 
-    # Panels: row starts (on the host), then the active columns and tiles of each (see _tiles).
-    panel_ptr_host = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
-    panel_ptr = xp.asarray(panel_ptr_host)
     on_gpu = hasattr(xp, "RawModule")  # CuPy: kernels of nut.cu, not a dozen passes over nnz-long temporaries
-    if on_gpu:
-        tiles = _tiles_on_gpu(xp, _kernels(data.dtype), indptr, indices, panel_ptr, n, slabs=slabs,
-                              cols_per_tile=cols_per_tile)
-        tile_entry_ptr = tiles.tile_entry_ptr
-    else:
-        tiles = _tiles(xp, indptr, indices, panel_ptr, n, slabs=slabs, cols_per_tile=cols_per_tile)
-        tile_sorted = tiles.tile_sorted
-        tile_entry_ptr = xp.searchsorted(tile_sorted, xp.arange(tiles.n_tiles + 1, dtype=tile_sorted.dtype),
-                                         side="left")
+
+    def tiled(starts: np.ndarray) -> tuple[Any, _Tiles, np.ndarray, np.ndarray]:
+        """The panels of ``starts`` on ``xp``, their tiles, where each tile's entries start and each group's tile
+        count (NumPy)."""
+        panel_ptr = xp.asarray(starts)
+        if on_gpu:
+            tiles = _tiles_on_gpu(xp, _kernels(data.dtype), indptr, indices, panel_ptr, n, slabs=slabs,
+                                  cols_per_tile=cols_per_tile)
+            entry_ptr = tiles.tile_entry_ptr
+        else:
+            tiles = _tiles(xp, indptr, indices, panel_ptr, n, slabs=slabs, cols_per_tile=cols_per_tile)
+            entry_ptr = xp.searchsorted(tiles.tile_sorted, xp.arange(tiles.n_tiles + 1, dtype=tiles.tile_sorted.dtype),
+                                        side="left")
+        return panel_ptr, tiles, to_numpy(entry_ptr), to_numpy(tiles.tiles_per_group)
+
+    # Panels: row starts (on the host), then the active columns and tiles of each (see _tiles); where a tile
+    # holds more than a work item may, its panel is cut by rows and tiled again (_cut_dense_panels).
+    panel_ptr_host = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
+    panel_ptr, tiles, tile_entry_ptr, tiles_per_group = tiled(panel_ptr_host)
+    cut = _cut_dense_panels(xp, indptr, panel_ptr_host, tile_entry_ptr, tiles_per_group, slabs=slabs,
+                            cap=item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms))
+    if cut is not None:
+        panel_ptr_host = cut
+        panel_ptr, tiles, tile_entry_ptr, tiles_per_group = tiled(cut)
     if max_item_nnz is None:
         max_item_nnz = item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms)
-    items = _work_items(to_numpy(tile_entry_ptr), to_numpy(tiles.tiles_per_group), to_numpy(tiles.group_tile_ptr),
+    items = _work_items(tile_entry_ptr, tiles_per_group, to_numpy(tiles.group_tile_ptr),
                         panel_ptr_host, m=m, nnz=nnz, slabs=slabs, bands=bands, threads=threads,
                         max_item_nnz=max_item_nnz)
 
@@ -377,7 +392,8 @@ def build(
         _encode_on_gpu(tiles, s, w, tile_ptr, data, enc_idx, enc_val)
     else:
         order = tiles.order
-        q = xp.arange(nnz, dtype=i64) - tile_entry_ptr[tile_sorted]
+        tile_sorted = tiles.tile_sorted
+        q = xp.arange(nnz, dtype=i64) - xp.asarray(tile_entry_ptr)[tile_sorted]
         s_e, w_e = s[tile_sorted], w[tile_sorted]
         j = q % s_e
         pos = tile_ptr[tile_sorted] + j * w_e + q // s_e
@@ -731,6 +747,34 @@ def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int)
     bounds = np.unique(np.concatenate([[0], ends, [m]]).astype(np.int64))  # distinct, increasing starts
     pieces = (np.diff(bounds) + rows - 1) // rows
     return np.append(_ranges(np, bounds[:-1], pieces, rows), bounds[-1])
+
+
+def _cut_dense_panels(xp: Any, indptr: Any, starts: np.ndarray, tile_entry_ptr: np.ndarray,
+                      tiles_per_group: np.ndarray, *, slabs: int, cap: int) -> np.ndarray | None:
+    """``starts`` (panel starts, NumPy int64, ending with m) with each panel that has a tile of more than ``cap``
+    nonzeros cut by rows into pieces of about equal nonzeros, as many as that tile holds caps (a row is never cut);
+    None where no tile holds more.
+
+    Why: a tile's entries are one block's work, and dense rows narrower than a tile are one tile: the unseen
+    benchmark's denseblock (a 4,000 x 4,000 dense block in a 2-D Laplacian) put 16 M entries in one tile and ran
+    at 0.02-0.10x cuSPARSE whole, 0.66-1.26x cut (the H200, 31 configs in both dtypes,
+    ``bench/results/..._probe_nut_dense_panels-79.txt``). A panel heavy by many tiles (a hub row's) is left whole:
+    its tiles are cut into work items, and cut by rows it regathers the x its pieces share (invertedindex there:
+    1.62x cuSPARSE whole, 1.28x with every panel of more than the cap cut, ``..._probe_nut_heavy_panels-79.txt``).
+    """
+    tile_nnz = np.diff(tile_entry_ptr)
+    if tile_nnz.size == 0 or tile_nnz.max() <= cap:
+        return None
+    densest = np.zeros(starts.shape[0] - 1, dtype=np.int64)
+    np.maximum.at(densest, _owner(np, tiles_per_group) // slabs, tile_nnz)
+    heavy = np.nonzero(densest > cap)[0]
+    pieces = -(-densest[heavy] // cap)
+    lo, hi = to_numpy(indptr[xp.asarray(np.concatenate([starts[heavy], starts[heavy + 1]]))]).reshape(2, -1)
+    owner = np.repeat(np.arange(heavy.shape[0]), pieces - 1)
+    k = _ranges(np, np.ones(heavy.shape[0], dtype=np.int64), pieces - 1)  # 1 .. pieces-1 of each heavy panel
+    targets = lo[owner] + (hi - lo)[owner] * k // pieces[owner]
+    cuts = to_numpy(xp.searchsorted(indptr, xp.asarray(targets), side="left"))
+    return np.unique(np.concatenate([starts, cuts.astype(np.int64)]))
 
 
 def _ranges(xp: Any, starts: Any, counts: Any, step: int = 1) -> Any:

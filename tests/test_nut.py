@@ -214,6 +214,34 @@ def test_a_hub_row_is_cut_into_many_items():
     np.testing.assert_allclose(f.run_reference(p, x), A @ x, rtol=1e-12)
 
 
+def dense_block_matrix() -> sp.csr_matrix:
+    """A tridiagonal 40 000 x 40 000 matrix with a dense 600 x 600 block in its corner (360 000 of its ~480 000
+    nonzeros): rows narrower than a tile, so a panel of them is one tile."""
+    rng = np.random.default_rng(3)
+    band = sp.diags([1.0, -2.0, 1.0], [-1, 0, 1], shape=(40_000, 40_000), format="lil")
+    band[:600, :600] = rng.uniform(-1, 1, (600, 600))
+    return as_csr(band.tocsr())
+
+
+def test_a_panel_of_dense_rows_is_cut_into_panels():
+    """The dense block's rows (600 of 600 entries) hold twenty times the cap: cut by rows, no panel holds
+    more than the cap and a row, nor does any tile; the tridiagonal's panels stay whole, and the product is
+    exact."""
+    A, rng = dense_block_matrix(), np.random.default_rng(4)
+    ex = build(A.indptr, A.indices, A.data, A.shape, **HUB, num_sms=4)
+    uniform = -(-A.shape[0] // HUB["rows_per_panel"])
+    cap = nut.item_cap(A.nnz, uniform, 4)
+    panel_ptr = ex["panel_ptr"].astype(np.int64)
+    panel_nnz = np.diff(A.indptr[panel_ptr])
+    assert A.indptr[600] > 20 * cap and panel_nnz.max() <= cap + 600
+    assert ex["tile_nnz"].max() <= cap + 600
+    np.testing.assert_array_equal(panel_ptr[panel_ptr >= 768], np.arange(768, A.shape[0], 256).tolist() + [A.shape[0]])
+    assert len(panel_ptr) - 1 > uniform
+    f = Nut(num_sms=4)
+    x = rng.uniform(-1, 1, A.shape[1])
+    np.testing.assert_allclose(f.run_reference(f.prepare_reference(A, HUB), x), A @ x, rtol=1e-12)
+
+
 def test_a_corrupt_encoding_is_caught_by_decode():
     _, got = hand_build()
     bad = dict(got, enc_idx=got["enc_idx"].copy())
@@ -633,6 +661,14 @@ def test_gpu_items_of_a_hub_row_add_to_y(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_panels_of_dense_rows_cut(dtype):
+    """The dense block's panels cut by rows (as the CPU reference cuts them), with and without slabs."""
+    for params in (HUB, {**HUB, "slabs": 2, "bands": 2}):
+        _gpu_check(Nut(num_sms=4), dense_block_matrix(), dtype, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_shared_memory_above_48_kb(dtype):
     """Uniform 8192-row panels with 16384-column tiles: 192 KB (float64) / 96 KB (float32) a block."""
     A = as_csr(sp.random(20_000, 20_000, density=10 / 20_000, format="csr", random_state=8))
@@ -682,7 +718,7 @@ def test_gpu_structure_with_active_columns_from_a_bitmap_or_a_sort(actives, chun
     a panel's entries are ranked in many chunks, and the hub row's panel (about 60 tiles) takes larger ones."""
     monkeypatch.setattr(nut, "BITMAP_BITS_PER_NONZERO", ACTIVES[actives])
     monkeypatch.setattr(nut, "_CHUNK", chunk)
-    for A in (*(CASES[name]() for name in sorted(CASES)), hub_matrix()):
+    for A in (*(CASES[name]() for name in sorted(CASES)), hub_matrix(), dense_block_matrix()):
         if A.nnz == 0 or A.shape[0] == 0:
             continue
         for params in (*CONFIGS, {**HUB, "slabs": 4, "bands": 4}):
