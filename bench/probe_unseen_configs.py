@@ -253,10 +253,10 @@ def main() -> None:
             print("\n".join(lines[-7:]), flush=True)
             del A, x
             cp.get_default_memory_pool().free_all_blocks()
-    if part in "BJ":
-        out_path.write_text(f"{backend.info.id}\n" + "\n".join(lines) + "\n")
-    else:
-        out_path.write_text(json.dumps({"device": backend.info.id, "rows": rows}, indent=1) + "\n")
+        if part in "BJ":  # after each matrix: a run cut short keeps what it measured
+            out_path.write_text(f"{backend.info.id}\n" + "\n".join(lines) + "\n")
+        else:
+            out_path.write_text(json.dumps({"device": backend.info.id, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,18 @@ opinion.
     python bench/race_lofo_gpu.py \\
         --corpus bench/results/corpus/2026-11-24_NVIDIA-H100-80GB-HBM3-sm-90_corpus.jsonl.gz \\
         --out bench/results --label <commit> [--dtype float64] [--family lp kronecker] [--min-nnz 1e6]
+
+Fitting a selector each family out takes minutes of CPU a family (its second opinion fits one a family again);
+``--fit-only --fits DIR`` fits them (the families whose matrices it finds) on any machine and writes them to DIR,
+and ``--fits DIR`` then reads them there, so that a GPU's time goes to racing.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -161,13 +167,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=6, help="processes building the matrices ahead of the GPU")
     ap.add_argument("--label", default="", help="added to the result file's name")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--fits", type=Path, help="a folder of selectors fitted each family out: read from it (those "
+                                              "it lacks are fitted here), or written by --fit-only")
+    ap.add_argument("--fit-only", action="store_true", help="fit the selectors into --fits and stop (no GPU needed)")
     args = ap.parse_args()
-    backend = GpuBackend()
-    env = environment(backend)
+    if args.fit_only and args.fits is None:
+        ap.error("--fit-only needs --fits, the folder to write the selectors to")
     tables = {dtype: corpus_table(args.corpus, dtype=dtype) for dtype in args.dtype}
     first = next(iter(tables.values()))
-    if first.device.id != backend.info.id:
-        raise SystemExit(f"{args.corpus} was measured on {first.device.id}, this GPU is {backend.info.id}")
     known = {s.name: s for s in sources([args.mtx_dir] if args.mtx_dir else [], None)}
     for suite in ("corpus", "corpus-more"):
         known.update({s.name: s for s in sources([], suite)})
@@ -177,10 +184,21 @@ def main() -> None:
               if f in families and args.min_nnz <= first.X[i, nnz] < args.max_nnz]
     missing = [first.names[i] for i in chosen if first.names[i] not in known]
     srcs: list[Source] = [known[first.names[i]] for i in chosen if first.names[i] in known]
-    selectors = {(dtype, f): fitted_on(t, np.flatnonzero(np.asarray(t.families) != f))
-                 for dtype, t in tables.items() for f in families}
+    raced = sorted({first.families[i] for i in chosen if first.names[i] in known})
+    if args.fit_only:
+        args.fits.mkdir(parents=True, exist_ok=True)
+        for (dtype, f), selector in left_out_selectors(tables, raced, None).items():
+            with gzip.open(fitted_path(args.fits, dtype, f), "wb") as fh:
+                pickle.dump(selector, fh)
+        print(f"{len(raced)} families' selectors in {args.dtype} written to {args.fits}")
+        return
+    backend = GpuBackend()
+    env = environment(backend)
+    if first.device.id != backend.info.id:
+        raise SystemExit(f"{args.corpus} was measured on {first.device.id}, this GPU is {backend.info.id}")
+    selectors = left_out_selectors(tables, raced, args.fits)
     index = {dtype: dict(zip(t.names, range(len(t)), strict=True)) for dtype, t in tables.items()}
-    print(f"{env['device']}: {len(srcs)} matrices of {len(families)} families ({len(missing)} not found: "
+    print(f"{env['device']}: {len(srcs)} matrices of {len(raced)} families ({len(missing)} not found: "
           f"{missing[:5]})", flush=True)
     stem = f"{env['date'][:10]}_{slug(env['device'])}_race_lofo_gpu{'-' + args.label if args.label else ''}"
     out = Path(args.out)
@@ -201,6 +219,27 @@ def main() -> None:
         write_json(out / f"{stem}.json.gz", {"env": env, "corpus": args.corpus, "missing": missing, "rows": rows,
                                              "summary": summary(rows)})  # a run's rows: about a megabyte of JSON
     print("\n".join(summary(rows)))
+
+
+def fitted_path(folder: Path, dtype: str, family: str) -> Path:
+    """Where ``--fit-only`` writes the selector fitted without ``family``'s matrices, in ``dtype``."""
+    return folder / f"{dtype}_{family}.pkl.gz"
+
+
+def left_out_selectors(tables: dict[str, RankingTable], families: Sequence[str], folder: Path | None
+                       ) -> dict[tuple[str, str], KernelSelector]:
+    """For each dtype's table and each of ``families``: a selector fitted on the other families' rows, read from
+    ``folder`` where it holds one (:func:`fitted_path`), else fitted here."""
+    out = {}
+    for dtype, t in tables.items():
+        for f in families:
+            path = fitted_path(folder, dtype, f) if folder is not None else None
+            if path is not None and path.exists():
+                with gzip.open(path, "rb") as fh:
+                    out[dtype, f] = pickle.load(fh)
+            else:
+                out[dtype, f] = fitted_on(t, np.flatnonzero(np.asarray(t.families) != f))
+    return out
 
 
 if __name__ == "__main__":

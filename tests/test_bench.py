@@ -493,6 +493,21 @@ def test_the_gpu_race_replay_scores_each_pick_against_every_config_it_checked_an
     assert predict.startswith("float64 predict: pick / fastest known 0.720")
 
 
+def test_the_gpu_race_replay_reads_the_selectors_fitted_elsewhere(tmp_path: Path) -> None:
+    """bench/race_lofo_gpu.py ``--fits``: a family's selector written by ``--fit-only`` is read back, not fitted
+    again (its table is not touched); a family the folder lacks is fitted from the table."""
+    import gzip
+    import pickle
+
+    module = _bench_module("race_lofo_gpu")
+    written = {"fitted": "elsewhere"}
+    with gzip.open(module.fitted_path(tmp_path, "float64", "lp"), "wb") as fh:
+        pickle.dump(written, fh)
+    assert module.left_out_selectors({"float64": None}, ["lp"], tmp_path) == {("float64", "lp"): written}
+    with pytest.raises(AttributeError):  # not in the folder: fitted from the table (None here)
+        module.left_out_selectors({"float64": None}, ["kronecker"], tmp_path)
+
+
 def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under_the_roof() -> None:
     """bench/race_lofo.py's ``roof``: the entrants that wait join cheapest first, each as the leader allows;
     csr5 (its family's 8 SpMVs, EARLY_SPMVS) does not wait."""
