@@ -35,8 +35,9 @@ J: NuT with its dense panels cut by rows (kernels/nut.py ``_cut_dense_panels``, 
    whole (as before), the same configs, same run, the same y (checked): panels of 2048 to 8192 rows, tiles of
    4096 and 16384 columns, 512 and 1024 threads, one slab and the slabs Nut.adapt fits, and the config the
    H200's ranking put first on denseblock in float32. Only configs whose panels the cut changes are timed.
-   Result: ..._probe_nut_dense_panels-79.txt (and ..._probe_nut_heavy_panels-79.txt: an earlier rule, which cut
-   every panel of more than the cap's nonzeros, hub rows' too).
+   Results: ..._probe_nut_dense_panels-79.txt, -gu-79.txt (sets g-u) with a tile of more than one work-item cap
+   cut, -caps-79.txt with more than 8 (kernels/nut.py DENSE_TILE_CAPS); ..._probe_nut_heavy_panels-79.txt: an
+   earlier rule, which cut every panel of more than the cap's nonzeros, hub rows' too.
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
     python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to J; MATRICES: a,b,...

@@ -13,9 +13,9 @@ Panels. ``rows_per_panel`` rows each, unless that gives fewer than 2 x SMs
 panels (a small matrix would leave the GPU idle): then the rows are cut into
 2 x SMs panels of about equal nonzeros, and any panel longer than
 ``rows_per_panel`` rows is cut again, so a panel always fits the shared y.
-A panel with a tile of more than :func:`item_cap` nonzeros is then cut by rows
-(a row is never cut) and tiled again: a tile's entries are one block's work,
-and dense rows narrower than a tile are one tile.
+A panel with a tile of more than :data:`DENSE_TILE_CAPS` times :func:`item_cap`
+nonzeros is then cut by rows (a row is never cut) and tiled again: a tile's
+entries are one block's work, and dense rows narrower than a tile are one tile.
 ``panel_ptr`` holds the panel starts (rows).
 
 Slabs (beyond the paper; ``slabs=1``, the default, is the paper's tiling). With
@@ -105,6 +105,13 @@ Held on the H200 (stop 66, probe G, ``..._probe_unseen_slabs.json``) where rows 
 R-MAT at 131 M entries 1.07x / 0.98x and 1.19x / 1.15x, its LP (x of 128 MB) 2.41x / 2.37x and 1.97x / 1.96x;
 8 slabs ahead by 1-4 % on its 40 %-empty rows (x of 96 MB: 1.66x against 1.61x in float64), tallwide and
 scatterwide in float32: within what a second run moves."""
+DENSE_TILE_CAPS = 8
+"""A tile of more than this many work-item caps (:func:`item_cap`) has its panel cut by rows
+(:func:`_cut_dense_panels`): at most one SM's share of the nonzeros stays one block's work. On the H200 (probe J,
+``bench/results/..._probe_nut_dense_panels-gu-79.txt``), cutting where a tile held more than one cap changed 4 of
+the 90 unseen structures: denseblock, whose densest tile holds 54-217 caps, from 0.02-0.10x cuSPARSE to 0.66-1.26x;
+degreesorted, topheavy and invertedindex (tiles of 1-4.6 caps) by -5 % to +25 % a config, 0.99-1.03 in geomean: not
+worth tiling a matrix twice. With 8, denseblock alone is cut (``..._probe_nut_dense_panels-caps-79.txt``)."""
 FIT_PANEL_BYTES = 32 * 1024
 """The least shared y of a panel :meth:`Nut.adapt` gives a config it cuts into slabs: 8192 rows in float32,
 4096 in float64. Slabs split a panel's entries into one work item a slab, and a panel of the corpus's
@@ -369,11 +376,11 @@ def build(
         return panel_ptr, tiles, to_numpy(entry_ptr), to_numpy(tiles.tiles_per_group)
 
     # Panels: row starts (on the host), then the active columns and tiles of each (see _tiles); where a tile
-    # holds more than a work item may, its panel is cut by rows and tiled again (_cut_dense_panels).
+    # holds many times what a work item may, its panel is cut by rows and tiled again (_cut_dense_panels).
     panel_ptr_host = _panel_starts(xp, indptr, m, nnz, rows_per_panel, 2 * num_sms)
     panel_ptr, tiles, tile_entry_ptr, tiles_per_group = tiled(panel_ptr_host)
     cut = _cut_dense_panels(xp, indptr, panel_ptr_host, tile_entry_ptr, tiles_per_group, slabs=slabs,
-                            cap=item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms))
+                            cap=item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms), caps=DENSE_TILE_CAPS)
     if cut is not None:
         panel_ptr_host = cut
         panel_ptr, tiles, tile_entry_ptr, tiles_per_group = tiled(cut)
@@ -750,24 +757,24 @@ def _panel_starts(xp: Any, indptr: Any, m: int, nnz: int, rows: int, small: int)
 
 
 def _cut_dense_panels(xp: Any, indptr: Any, starts: np.ndarray, tile_entry_ptr: np.ndarray,
-                      tiles_per_group: np.ndarray, *, slabs: int, cap: int) -> np.ndarray | None:
-    """``starts`` (panel starts, NumPy int64, ending with m) with each panel that has a tile of more than ``cap``
-    nonzeros cut by rows into pieces of about equal nonzeros, as many as that tile holds caps (a row is never cut);
-    None where no tile holds more.
+                      tiles_per_group: np.ndarray, *, slabs: int, cap: int, caps: int) -> np.ndarray | None:
+    """``starts`` (panel starts, NumPy int64, ending with m) with each panel that has a tile of more than ``caps`` x
+    ``cap`` nonzeros cut by rows into pieces of about equal nonzeros, as many as that tile holds caps (a row is never
+    cut); None where no tile holds that many.
 
     Why: a tile's entries are one block's work, and dense rows narrower than a tile are one tile: the unseen
     benchmark's denseblock (a 4,000 x 4,000 dense block in a 2-D Laplacian) put 16 M entries in one tile and ran
-    at 0.02-0.10x cuSPARSE whole, 0.66-1.26x cut (the H200, 31 configs in both dtypes,
-    ``bench/results/..._probe_nut_dense_panels-79.txt``). A panel heavy by many tiles (a hub row's) is left whole:
+    at 0.02-0.10x cuSPARSE whole, 0.67-1.27x cut (the H200, 31 configs in both dtypes,
+    ``bench/results/..._probe_nut_dense_panels-caps-79.txt``). A panel heavy by many tiles (a hub row's) is left whole:
     its tiles are cut into work items, and cut by rows it regathers the x its pieces share (invertedindex there:
     1.62x cuSPARSE whole, 1.28x with every panel of more than the cap cut, ``..._probe_nut_heavy_panels-79.txt``).
     """
     tile_nnz = np.diff(tile_entry_ptr)
-    if tile_nnz.size == 0 or tile_nnz.max() <= cap:
+    if tile_nnz.size == 0 or tile_nnz.max() <= caps * cap:
         return None
     densest = np.zeros(starts.shape[0] - 1, dtype=np.int64)
     np.maximum.at(densest, _owner(np, tiles_per_group) // slabs, tile_nnz)
-    heavy = np.nonzero(densest > cap)[0]
+    heavy = np.nonzero(densest > caps * cap)[0]
     pieces = -(-densest[heavy] // cap)
     lo, hi = to_numpy(indptr[xp.asarray(np.concatenate([starts[heavy], starts[heavy + 1]]))]).reshape(2, -1)
     owner = np.repeat(np.arange(heavy.shape[0]), pieces - 1)

@@ -224,19 +224,19 @@ def dense_block_matrix() -> sp.csr_matrix:
 
 
 def test_a_panel_of_dense_rows_is_cut_into_panels():
-    """The dense block's rows (600 of 600 entries) hold twenty times the cap: cut by rows, no panel holds
-    more than the cap and a row, nor does any tile; the tridiagonal's panels stay whole, and the product is
-    exact."""
+    """The first two panels (256 dense rows of 600 entries each: one tile of ten work-item caps) are cut by rows
+    into pieces of a cap and a row at most; the third (88 dense rows: a tile of 3.5 caps, under
+    ``DENSE_TILE_CAPS``) and the tridiagonal's panels stay whole, and the product is exact."""
     A, rng = dense_block_matrix(), np.random.default_rng(4)
     ex = build(A.indptr, A.indices, A.data, A.shape, **HUB, num_sms=4)
     uniform = -(-A.shape[0] // HUB["rows_per_panel"])
     cap = nut.item_cap(A.nnz, uniform, 4)
+    assert A.indptr[256] > nut.DENSE_TILE_CAPS * cap > A.indptr[600] - A.indptr[512]
     panel_ptr = ex["panel_ptr"].astype(np.int64)
-    panel_nnz = np.diff(A.indptr[panel_ptr])
-    assert A.indptr[600] > 20 * cap and panel_nnz.max() <= cap + 600
-    assert ex["tile_nnz"].max() <= cap + 600
-    np.testing.assert_array_equal(panel_ptr[panel_ptr >= 768], np.arange(768, A.shape[0], 256).tolist() + [A.shape[0]])
-    assert len(panel_ptr) - 1 > uniform
+    cut = panel_ptr[panel_ptr < 512]
+    assert len(cut) >= 20 and np.diff(A.indptr[np.append(cut, 512)]).max() <= cap + 600
+    np.testing.assert_array_equal(panel_ptr[panel_ptr >= 512], np.arange(512, A.shape[0], 256).tolist() + [A.shape[0]])
+    assert ex["tile_nnz"].max() < nut.DENSE_TILE_CAPS * cap
     f = Nut(num_sms=4)
     x = rng.uniform(-1, 1, A.shape[1])
     np.testing.assert_allclose(f.run_reference(f.prepare_reference(A, HUB), x), A @ x, rtol=1e-12)
