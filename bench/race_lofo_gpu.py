@@ -24,13 +24,14 @@ opinion.
 
 Fitting a selector each family out takes minutes of CPU a family (its second opinion fits one a family again);
 ``--fit-only --fits DIR`` fits them (the families whose matrices it finds) on any machine and writes them to DIR,
-and ``--fits DIR`` then reads them there, so that a GPU's time goes to racing.
+and ``--fits DIR`` then reads them there, so that a GPU's time goes to racing. ``--grown`` adds the matrices
+``bench/grow_corpus.py`` grew the corpus by (its generators rebuild them).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
+import lzma
 import os
 import pickle
 import sys
@@ -169,7 +170,10 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--fits", type=Path, help="a folder of selectors fitted each family out: read from it (those "
                                               "it lacks are fitted here), or written by --fit-only")
-    ap.add_argument("--fit-only", action="store_true", help="fit the selectors into --fits and stop (no GPU needed)")
+    ap.add_argument("--fit-only", action="store_true", help="fit the selectors into --fits and stop (no GPU needed); "
+                                                             "those --fits holds already are kept")
+    ap.add_argument("--grown", action="store_true", help="also the matrices bench/grow_corpus.py grew the corpus by "
+                                                         "(rebuilt by their generators)")
     args = ap.parse_args()
     if args.fit_only and args.fits is None:
         ap.error("--fit-only needs --fits, the folder to write the selectors to")
@@ -178,6 +182,10 @@ def main() -> None:
     known = {s.name: s for s in sources([args.mtx_dir] if args.mtx_dir else [], None)}
     for suite in ("corpus", "corpus-more"):
         known.update({s.name: s for s in sources([], suite)})
+    if args.grown:
+        from grow_corpus import grown_sources
+
+        known.update({s.name: s for s in grown_sources()})
     families = sorted(set(first.families)) if not args.family else args.family
     nnz = FEATURE_NAMES.index("nnz")
     chosen = [i for i, f in enumerate(first.families)
@@ -187,10 +195,12 @@ def main() -> None:
     raced = sorted({first.families[i] for i in chosen if first.names[i] in known})
     if args.fit_only:
         args.fits.mkdir(parents=True, exist_ok=True)
-        for (dtype, f), selector in left_out_selectors(tables, raced, None).items():
-            with gzip.open(fitted_path(args.fits, dtype, f), "wb") as fh:
+        todo = [f for f in raced if not all(fitted_path(args.fits, d, f).exists() for d in tables)]
+        for (dtype, f), selector in left_out_selectors(tables, todo, None).items():
+            with lzma.open(fitted_path(args.fits, dtype, f), "wb", preset=9 | lzma.PRESET_EXTREME) as fh:
                 pickle.dump(selector, fh)
-        print(f"{len(raced)} families' selectors in {args.dtype} written to {args.fits}")
+        print(f"{len(todo)} families' selectors in {args.dtype} written to {args.fits} "
+              f"({len(raced) - len(todo)} were there)")
         return
     backend = GpuBackend()
     env = environment(backend)
@@ -223,7 +233,7 @@ def main() -> None:
 
 def fitted_path(folder: Path, dtype: str, family: str) -> Path:
     """Where ``--fit-only`` writes the selector fitted without ``family``'s matrices, in ``dtype``."""
-    return folder / f"{dtype}_{family}.pkl.gz"
+    return folder / f"{dtype}_{family}.pkl.xz"  # xz: a fifth smaller than gzip, for a GPU call's 64 MiB
 
 
 def left_out_selectors(tables: dict[str, RankingTable], families: Sequence[str], folder: Path | None
@@ -235,7 +245,7 @@ def left_out_selectors(tables: dict[str, RankingTable], families: Sequence[str],
         for f in families:
             path = fitted_path(folder, dtype, f) if folder is not None else None
             if path is not None and path.exists():
-                with gzip.open(path, "rb") as fh:
+                with lzma.open(path, "rb") as fh:
                     out[dtype, f] = pickle.load(fh)
             else:
                 out[dtype, f] = fitted_on(t, np.flatnonzero(np.asarray(t.families) != f))

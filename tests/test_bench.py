@@ -496,12 +496,12 @@ def test_the_gpu_race_replay_scores_each_pick_against_every_config_it_checked_an
 def test_the_gpu_race_replay_reads_the_selectors_fitted_elsewhere(tmp_path: Path) -> None:
     """bench/race_lofo_gpu.py ``--fits``: a family's selector written by ``--fit-only`` is read back, not fitted
     again (its table is not touched); a family the folder lacks is fitted from the table."""
-    import gzip
+    import lzma
     import pickle
 
     module = _bench_module("race_lofo_gpu")
     written = {"fitted": "elsewhere"}
-    with gzip.open(module.fitted_path(tmp_path, "float64", "lp"), "wb") as fh:
+    with lzma.open(module.fitted_path(tmp_path, "float64", "lp"), "wb") as fh:
         pickle.dump(written, fh)
     assert module.left_out_selectors({"float64": None}, ["lp"], tmp_path) == {("float64", "lp"): written}
     with pytest.raises(AttributeError):  # not in the folder: fitted from the table (None here)
