@@ -239,16 +239,20 @@ def fitted_path(folder: Path, dtype: str, family: str) -> Path:
 def left_out_selectors(tables: dict[str, RankingTable], families: Sequence[str], folder: Path | None
                        ) -> dict[tuple[str, str], KernelSelector]:
     """For each dtype's table and each of ``families``: a selector fitted on the other families' rows, read from
-    ``folder`` where it holds one (:func:`fitted_path`), else fitted here."""
+    ``folder`` where it holds one (:func:`fitted_path`), else fitted here. One read that was not fitted on as many
+    rows as the table has outside the family (another corpus's) stops the run."""
     out = {}
     for dtype, t in tables.items():
         for f in families:
             path = fitted_path(folder, dtype, f) if folder is not None else None
-            if path is not None and path.exists():
-                with lzma.open(path, "rb") as fh:
-                    out[dtype, f] = pickle.load(fh)
-            else:
-                out[dtype, f] = fitted_on(t, np.flatnonzero(np.asarray(t.families) != f))
+            rows = np.flatnonzero(np.asarray(t.families) != f)
+            if path is None or not path.exists():
+                out[dtype, f] = fitted_on(t, rows)
+                continue
+            with lzma.open(path, "rb") as fh:
+                out[dtype, f] = pickle.load(fh)
+            if getattr(out[dtype, f], "n_train_", None) != rows.size:
+                raise SystemExit(f"{path} was not fitted on this corpus's {rows.size} {dtype} rows outside {f}")
     return out
 
 

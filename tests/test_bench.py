@@ -495,17 +495,24 @@ def test_the_gpu_race_replay_scores_each_pick_against_every_config_it_checked_an
 
 def test_the_gpu_race_replay_reads_the_selectors_fitted_elsewhere(tmp_path: Path) -> None:
     """bench/race_lofo_gpu.py ``--fits``: a family's selector written by ``--fit-only`` is read back, not fitted
-    again (its table is not touched); a family the folder lacks is fitted from the table."""
+    again, where it was fitted on as many rows as the table has outside the family; one of another corpus stops the
+    run; a family the folder lacks is fitted from the table."""
     import lzma
     import pickle
+    import types
 
     module = _bench_module("race_lofo_gpu")
-    written = {"fitted": "elsewhere"}
+    table = types.SimpleNamespace(families=["lp", "lp", "kronecker", "banded", "banded"])
+    written = types.SimpleNamespace(n_train_=3)
     with lzma.open(module.fitted_path(tmp_path, "float64", "lp"), "wb") as fh:
         pickle.dump(written, fh)
-    assert module.left_out_selectors({"float64": None}, ["lp"], tmp_path) == {("float64", "lp"): written}
-    with pytest.raises(AttributeError):  # not in the folder: fitted from the table (None here)
-        module.left_out_selectors({"float64": None}, ["kronecker"], tmp_path)
+    read = module.left_out_selectors({"float64": table}, ["lp"], tmp_path)
+    assert list(read) == [("float64", "lp")] and read["float64", "lp"].n_train_ == 3
+    with pytest.raises(SystemExit, match="not fitted on this corpus's 4 float64 rows outside lp"):
+        module.left_out_selectors({"float64": types.SimpleNamespace(families=["kronecker", *table.families])}, ["lp"],
+                                  tmp_path)
+    with pytest.raises(AttributeError):  # not in the folder: fitted from the table (this one has no times)
+        module.left_out_selectors({"float64": table}, ["kronecker"], tmp_path)
 
 
 def test_the_race_replay_prepares_costly_entrants_only_while_the_leader_is_under_the_roof() -> None:
