@@ -64,6 +64,7 @@ from unseen_matrices import MATRICES, from_suite  # noqa: E402
 from kernels import get_family  # noqa: E402
 from kernels._cuda import c_type, grid  # noqa: E402
 from tuner.measure.backend import GpuBackend  # noqa: E402
+from tuner.measure.evaluate import round_robin  # noqa: E402
 
 TPR = (2, 4, 8, 16, 32)
 BASE = [("cusparse", {"algorithm": "csr_alg1"}), ("cusparse", {"algorithm": "csr_alg2"})]
@@ -163,11 +164,8 @@ def csr_vector_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
         y = out.copy()
         fns[f"prev {t}"]()
         assert bool(cp.array_equal(out, y)), f"csr_vector tpr {t}: y differs from the previous kernel's"
-    samples: dict[str, list[float]] = {}
-    for _ in range(3):
-        for key, fn in fns.items():
-            samples.setdefault(key, []).append(backend.time(fn, repeats=8, max_duration=0.3, flush_l2=True).median_s)
-    t = {k: float(np.median(v)) for k, v in samples.items()}
+    t = dict(zip(fns, (r.median_s for r in round_robin(backend, list(fns.values()), repeats=8, flush_l2=True)),
+                 strict=True))
     base = min(t["csr_alg1"], t["csr_alg2"])
     return [f"   threads_per_row {tpr:2d}: before {base / t[f'prev {tpr}']:.3f}x  now {base / t[f'new {tpr}']:.3f}x"
             for tpr in TPR] + [f"   (cuSPARSE best {base * 1e6:.1f} us)"]
@@ -205,13 +203,9 @@ def dense_panels_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
         family.run(whole_p, x, out)
         scale = float(cp.abs(y).max()) or 1.0
         assert float(cp.abs(out - y).max()) <= 1e-3 * scale, f"nut {params}: cut panels give another y"
-        runs = {"cut": lambda p=cut_p: family.run(p, x, out), "whole": lambda p=whole_p: family.run(p, x, out)}
-        samples: dict[str, list[float]] = {}
-        for _ in range(3):
-            for key, fn in {**fns, **runs}.items():
-                samples.setdefault(key, []).append(backend.time(fn, repeats=6, max_duration=0.3,
-                                                                flush_l2=True).median_s)
-        t = {k: float(np.median(v)) for k, v in samples.items()}
+        runs = {**fns, "cut": lambda p=cut_p: family.run(p, x, out), "whole": lambda p=whole_p: family.run(p, x, out)}
+        t = dict(zip(runs, (r.median_s for r in round_robin(backend, list(runs.values()), repeats=6, flush_l2=True)),
+                     strict=True))
         base = min(t["csr_alg1"], t["csr_alg2"])
         lines.append(f"   {params}: panels {panels[0]} -> {panels[1]}: whole {base / t['whole']:.3f}x  "
                      f"cut {base / t['cut']:.3f}x cuSPARSE (best {base * 1e6:.1f} us)")
