@@ -39,8 +39,18 @@ J: NuT with its dense panels cut by rows (kernels/nut.py ``_cut_dense_panels``, 
    cut, -caps-79.txt with more than 8 (kernels/nut.py DENSE_TILE_CAPS); ..._probe_nut_heavy_panels-79.txt: an
    earlier rule, which cut every panel of more than the cap's nonzeros, hub rows' too.
 
+K: NuT's work items (kernels/nut.py ``item_starts``, stop 80) against item_cap's cuts alone, as before it (an eighth
+   of an SM's share of the nonzeros, at least 4 times a group's mean) and against the rule with a gathered column
+   costing nothing (``GATHER_COST`` 0), the same
+   configs (panels of 256 to 8192 rows, one slab and the slabs Nut.adapt fits), same y (checked), cold,
+   round-robin; only configs whose items a rule changes are timed. Why: on a band with 64 dense rows the panels
+   holding a dense row (an x gather an entry) kept the launch waiting (ncu: SMs active 56 % of the time), and with
+   512 threads a block the 2 x SMs panels of a matrix of few rows left half of the GPU's blocks without work.
+   Results: ..._probe_nut_items-80.txt (a first run, no floor against a floor of twice the mean:
+   ..._probe_nut_item_floor-80.txt).
+
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
-    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to J; MATRICES: a,b,...
+    python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to K; MATRICES: a,b,...
 """
 
 from __future__ import annotations
@@ -216,7 +226,7 @@ def dense_panels_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=list("ABCDEFGHIJ"), help="which probe (see the module's doc)")
+    ap.add_argument("part", choices=list("ABCDEFGHIJK"), help="which probe (see the module's doc)")
     ap.add_argument("matrices", help="comma-separated names of bench/unseen_matrices.py's (or issue18:KIND)")
     ap.add_argument("out", type=Path, help="where the result goes (text for B and J, JSON otherwise)")
     ap.add_argument("scale", type=float, nargs="?", default=1.0, help="the matrices' size (default 1)")
@@ -235,8 +245,8 @@ def main() -> None:
             A = cusp.csr_matrix(H.astype(dtype))
             x = cp.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
             head = f"== {name} {dtype} {A.shape} nnz={A.nnz}"
-            if part in "BJ":
-                lines += [head, *{"B": csr_vector_ab, "J": dense_panels_ab}[part](backend, cp, A, x)]
+            if part in "BJK":
+                lines += [head, *{"B": csr_vector_ab, "J": dense_panels_ab, "K": item_cap_ab}[part](backend, cp, A, x)]
             else:
                 configs = ({"D": rows_per_panel_configs, "G": slab_configs}[part](A, backend.info.l2_bytes)
                            if part in "DG" else CONFIGS[part])
@@ -248,10 +258,56 @@ def main() -> None:
             print("\n".join(lines[-7:]), flush=True)
             del A, x
             cp.get_default_memory_pool().free_all_blocks()
-        if part in "BJ":  # after each matrix: a run cut short keeps what it measured
+        if part in "BJK":  # after each matrix: a run cut short keeps what it measured
             out_path.write_text(f"{backend.info.id}\n" + "\n".join(lines) + "\n")
         else:
             out_path.write_text(json.dumps({"device": backend.info.id, "rows": rows}, indent=1) + "\n")
+
+
+def item_cap_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
+    """K: each NuT config with its items cut as kernels/nut.py cuts them now, as before stop 80 (item_cap's cuts
+    alone: MIN_SHARE out of reach), and now but with a gathered column costing nothing (GATHER_COST 0), cold,
+    round-robin; same y. Configs whose items no rule changes are listed, not timed."""
+    from kernels import nut
+
+    family = get_family("nut")
+    out = cp.empty(A.shape[0], A.dtype)
+    fns = {a: _runner("cusparse", A, {"algorithm": a}, x, out) for a in ("csr_alg1", "csr_alg2")}
+    lines = []
+    configs = [{"rows_per_panel": 4096, "cols_per_tile": 8192, "threads": 1024, "slabs": 2, "bands": 1}]
+    for r, c, t in ((8192, 16384, 1024), (2048, 4096, 1024), (1024, 4096, 512), (4096, 8192, 1024), (256, 4096, 128)):
+        one = {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1}
+        fitted = family.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
+        configs += [p for p in (one, fitted) if p is not None and p not in configs]
+    least, gather = nut.MIN_SHARE, nut.GATHER_COST
+    for params in configs:
+        prepared = {"now": family.prepare(A, dict(params))}
+        try:
+            nut.GATHER_COST = 0
+            prepared["gather 0"] = family.prepare(A, dict(params))
+            nut.MIN_SHARE = float("inf")
+            prepared["before"] = family.prepare(A, dict(params))
+        finally:
+            nut.MIN_SHARE, nut.GATHER_COST = least, gather
+        items = {k: int(p.extra["item_order"].size) for k, p in prepared.items()}
+        changed = {k: p for k, p in prepared.items() if k == "before" or items[k] != items["before"]}
+        if len(changed) == 1:
+            lines.append(f"   {params}: items {items['before']} under every rule")
+            continue
+        y = family.run(prepared["before"], x, out).copy()
+        scale = float(cp.abs(y).max()) or 1.0
+        for k, p in changed.items():
+            family.run(p, x, out)
+            assert float(cp.abs(out - y).max()) <= 1e-3 * scale, f"nut {params} {k}: another y"
+        runs = {**fns, **{k: lambda p=p: family.run(p, x, out) for k, p in changed.items()}}
+        t = dict(zip(runs, (r.median_s for r in round_robin(backend, list(runs.values()), repeats=6, flush_l2=True)),
+                     strict=True))
+        base = min(t["csr_alg1"], t["csr_alg2"])
+        lines.append(f"   {params}: " + "  ".join(f"{k} ({items[k]} items) {base / t[k]:.3f}x" for k in changed)
+                     + f" cuSPARSE (best {base * 1e6:.1f} us)")
+        del prepared, changed
+        cp.get_default_memory_pool().free_all_blocks()
+    return lines
 
 
 if __name__ == "__main__":

@@ -26,9 +26,13 @@ columns of one slab, cut into tiles as above; with one slab a group is a panel).
 Work items (beyond the paper). A block takes one work item: a run of one
 group's tiles, ``item_tile_ptr[i] .. item_tile_ptr[i+1]``, of panel
 ``item_panel[i]``. A group is one item unless it holds more than
-:func:`item_cap` nonzeros: then its tiles are cut into items of about that many,
-so a panel holding a hub row of millions of entries is the work of many blocks,
-not of one that the whole launch waits for. A panel without entries has one
+:func:`item_cap` nonzeros, or costs more than a block's share of a large launch
+(:func:`item_starts`: entries and gathered columns over the blocks the GPU runs at
+once): then its tiles are cut into items of about that many, or of half a share,
+so a panel holding a hub row of millions of entries, or dense rows whose entries
+are each a gather of their own, is the work of many blocks, not of one that the
+whole launch waits for, and where the groups are fewer than the blocks that run at
+once every block has work. A panel without entries has one
 item of no tiles (it stores zeros). An item that is its panel's only one stores
 the panel's y (``item_panel[i] >= 0``); the items of a panel of several add
 theirs to y atomically (``item_panel[i] == ~panel``), after the rows of such
@@ -105,6 +109,28 @@ Held on the H200 (stop 66, probe G, ``..._probe_unseen_slabs.json``) where rows 
 R-MAT at 131 M entries 1.07x / 0.98x and 1.19x / 1.15x, its LP (x of 128 MB) 2.41x / 2.37x and 1.97x / 1.96x;
 8 slabs ahead by 1-4 % on its 40 %-empty rows (x of 96 MB: 1.66x against 1.61x in float64), tallwide and
 scatterwide in float32: within what a second run moves."""
+GATHER_COST = 3
+"""What a tile's active column costs a block, in entries (a word of ``tile_cols``, an x gather of a 32-byte sector and
+a store to shared memory, against an entry's 8 or 12 streamed bytes): the weight :func:`item_starts` gives columns.
+An estimate, not a fit: with it the share rule sees the panels of a band with dense rows that hold a dense row (an
+active column an entry) as the heavy ones they are (the H200's ncu: SMs busy 56 % of that launch). Probe K
+(``bench/results/..._probe_nut_items-80.txt``), over the configs a rule changed, the kept rule against item_cap's cuts
+alone: 1.34x and 1.33x in geomean; with columns costing nothing, 1.21x and 1.15x."""
+MIN_SHARE = 1 << 14
+"""The least cost (:data:`GATHER_COST`) a block's share of the launch must come to for :func:`item_starts` to cut by it:
+below it a launch lasts a few microseconds, its blocks wait on memory latency more than on each other, and clearing
+the cut panels' rows costs more than the balance gains. Probe K at a twenty-fifth of the size (about a million
+entries, shares of 2 K to 11 K; an earlier rule, ``..._probe_nut_items-median-80.txt``): kronecker's one hub panel
+cut, 1.44x -> 1.19x cuSPARSE; degreesorted, sellslices and tomography with 512 threads, a few panels cut, -7 % to
+-15 %. Item_cap's cuts (a hub row's panel) are made whatever the share."""
+CUT_GAIN = 1 / 3
+"""The least share of a launch's length (the longer of a block's share and its costliest item) a cut must save for
+:func:`item_starts` to make it. Probe K on the H200 with a tenth (``..._probe_nut_items-gain10-80.txt``; 8192-row
+panels, tiles of 16384 columns, float32): where the costliest group came to 1.2 and 1.37 shares (kronecker,
+communities) cutting cost 7 % and 4 %, at 1.35 (staircase) it gained 9 %, at 1.54 (coupled) 6-18 %, at 2.9 (the band
+with dense rows) 40 %. A cut that leaves an item as costly (a heavy tile, which is never cut) is not made either."""
+SHARED_PER_SM = 228 * 1024
+"""Shared memory an SM of sm_90 (H100, H200) gives its blocks: what :func:`resident_blocks` counts with."""
 DENSE_TILE_CAPS = 8
 """A tile of more than this many work-item caps (:func:`item_cap`) has its panel cut by rows
 (:func:`_cut_dense_panels`): at most one SM's share of the nonzeros stays one block's work. On the H200 (probe J,
@@ -346,7 +372,7 @@ def build(
     arrays plus ``max_panel_rows`` and ``max_tile_cols`` (ints: the shared memory
     a block needs) and ``zero_all`` (clear all of y before the launch rather than
     ``zero_rows``). ``max_item_nnz`` caps a work item's nonzeros where its tiles
-    allow (default: :func:`item_cap`).
+    allow (default: :func:`item_starts`).
     """
     if not (0 < rows_per_panel <= _MAX_ROWS and 0 < cols_per_tile <= _MAX_SLOTS and threads > 0
             and slabs > 0 and bands > 0 and (max_item_nnz is None or max_item_nnz > 0)):
@@ -384,11 +410,19 @@ def build(
     if cut is not None:
         panel_ptr_host = cut
         panel_ptr, tiles, tile_entry_ptr, tiles_per_group = tiled(cut)
+    group_tile_ptr = to_numpy(tiles.group_tile_ptr)
+    tile_cols = np.diff(to_numpy(tiles.tile_col_ptr))
+    max_panel_rows = int(np.diff(panel_ptr_host).max())
+    max_tile_cols = int(tile_cols.max()) if tile_cols.size else 0
+    tile_nnz = np.diff(tile_entry_ptr)
+    groups = group_tile_ptr.shape[0] - 1
     if max_item_nnz is None:
-        max_item_nnz = item_cap(nnz, (panel_ptr_host.shape[0] - 1) * slabs, num_sms)
-    items = _work_items(tile_entry_ptr, tiles_per_group, to_numpy(tiles.group_tile_ptr),
-                        panel_ptr_host, m=m, nnz=nnz, slabs=slabs, bands=bands, threads=threads,
-                        max_item_nnz=max_item_nnz)
+        slots = resident_blocks(threads, (max_panel_rows + max_tile_cols) * data.dtype.itemsize, num_sms)
+        starts = item_starts(tile_nnz, tile_cols, group_tile_ptr, cap=item_cap(nnz, groups, num_sms), slots=slots)
+    else:
+        starts = _item_starts(tile_nnz, group_tile_ptr, np.full(groups, max_item_nnz, dtype=np.int64))
+    items = _work_items(tile_entry_ptr, starts, group_tile_ptr, panel_ptr_host, m=m, nnz=nnz, slabs=slabs,
+                        bands=bands, threads=threads)
 
     # The tiles' encoding: stretches of s entries a thread, w threads; entry (k, j) at tile_ptr + j*w + k.
     s, w, tile_ptr = (xp.asarray(a) for a in items.stretches)
@@ -419,8 +453,8 @@ def build(
         "tile_ptr": tile_ptr,
         "enc_idx": enc_idx,
         "enc_val": enc_val,
-        "max_panel_rows": int(np.diff(panel_ptr_host).max()),
-        "max_tile_cols": int(np.diff(to_numpy(tiles.tile_col_ptr)).max()),
+        "max_panel_rows": max_panel_rows,
+        "max_tile_cols": max_tile_cols,
         "zero_all": items.zero_all,
     }
 
@@ -434,20 +468,16 @@ class _Items:
     zero_all: bool
 
 
-def _work_items(tile_entry_ptr: np.ndarray, tiles_per_group: np.ndarray, group_tile_ptr: np.ndarray,
-                panel_ptr: np.ndarray, *, m: int, nnz: int, slabs: int, bands: int, threads: int,
-                max_item_nnz: int) -> _Items:
+def _work_items(tile_entry_ptr: np.ndarray, starts: np.ndarray, group_tile_ptr: np.ndarray,
+                panel_ptr: np.ndarray, *, m: int, nnz: int, slabs: int, bands: int, threads: int) -> _Items:
     """The work items, their order, the rows to clear and the tiles' stretches, in NumPy: arrays of panels,
     tiles and items (thousands, not nonzeros), which on the GPU cost a launch or a read-back each for next to
     no work."""
     n_tiles, n_panels = tile_entry_ptr.shape[0] - 1, panel_ptr.shape[0] - 1
     tile_nnz = np.diff(tile_entry_ptr)
 
-    # Work items: a group's tiles, cut where their running count of nonzeros passes a multiple of the cap.
-    tile_group = _owner(np, tiles_per_group)
-    chunk = (tile_entry_ptr[:-1] - tile_entry_ptr[group_tile_ptr[tile_group]]) // max_item_nnz
-    starts = np.ones(n_tiles, dtype=bool)
-    starts[1:] = (tile_group[1:] != tile_group[:-1]) | (chunk[1:] != chunk[:-1])
+    # Work items: runs of a group's tiles, from each tile of ``starts`` (_item_starts).
+    tile_group = _owner(np, np.diff(group_tile_ptr))
     first_tile = np.nonzero(starts)[0]
     item_group = tile_group[first_tile]
     # A panel without a tile (without entries) gets an item of none, which stores its zeros; it goes before
@@ -730,6 +760,46 @@ def item_cap(nnz: int, groups: int, num_sms: int) -> int:
     of the nonzeros (so no item outlasts the others by much: a hub row's panel is cut into many), but at
     least 4 times a group's mean (an even spread stays whole: a cut costs cleared rows and atomic adds)."""
     return max(nnz // (8 * num_sms), 4 * nnz // groups, 1)
+
+
+def resident_blocks(threads: int, shared_bytes: int, num_sms: int) -> int:
+    """The blocks of ``threads`` threads and ``shared_bytes`` of shared memory the GPU runs at once: an SM runs 32
+    blocks at most, its registers (32 a thread, ``__launch_bounds__(1024, 2)``) hold 2048 threads, its shared
+    memory :data:`SHARED_PER_SM` (each block 1 KB more, the driver's)."""
+    return num_sms * max(1, min(32, 2048 // threads, SHARED_PER_SM // (shared_bytes + 1024)))
+
+
+def item_starts(tile_nnz: np.ndarray, tile_cols: np.ndarray, group_tile_ptr: np.ndarray, *, cap: int,
+                slots: int) -> np.ndarray:
+    """Which tiles start a work item: each group's first; each where the group's running count of nonzeros passes a
+    multiple of ``cap`` (:func:`item_cap`: a hub row's panel is many items); and, where a block's share of the
+    launch's cost (entries plus :data:`GATHER_COST` a tile's active column, over the ``slots`` blocks that run at
+    once) is at least :data:`MIN_SHARE`, in each group costing more than a share each where its running cost
+    passes a multiple of about half a share, if that shortens the launch (the longer of a share and its costliest
+    item: the heaviest are taken first) by :data:`CUT_GAIN`. Other groups stay whole: a cut costs cleared rows and
+    atomic adds, and the blocks of one panel's pieces no longer sweep x together."""
+    starts = _item_starts(tile_nnz, group_tile_ptr, np.full(group_tile_ptr.shape[0] - 1, cap, dtype=np.int64))
+    tile_cost = tile_nnz + GATHER_COST * tile_cols
+    group_cost = np.diff(np.append(0, np.cumsum(tile_cost))[group_tile_ptr])
+    share = float(group_cost.sum()) / slots
+    heavy = group_cost > share
+    if share < MIN_SHARE or not heavy.any():
+        return starts
+    pieces = np.where(heavy, np.ceil(group_cost / (share / 2)), 1.0)
+    cut = starts | _item_starts(tile_cost, group_tile_ptr, np.ceil(group_cost / pieces).astype(np.int64))
+    before, after = (max(share, float(np.add.reduceat(tile_cost, np.nonzero(s)[0]).max())) for s in (starts, cut))
+    return cut if after <= (1 - CUT_GAIN) * before else starts
+
+
+def _item_starts(tile_weight: np.ndarray, group_tile_ptr: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Which tiles start a work item: a group's first, and each where the group's running weight passes a multiple
+    of its cap."""
+    tile_group = _owner(np, np.diff(group_tile_ptr))
+    offset = np.append(0, np.cumsum(tile_weight))
+    chunk = (offset[:-1] - offset[group_tile_ptr[tile_group]]) // caps[tile_group]
+    starts = np.ones(tile_weight.shape[0], dtype=bool)
+    starts[1:] = (tile_group[1:] != tile_group[:-1]) | (chunk[1:] != chunk[:-1])
+    return starts
 
 
 def _band_starts(panel_ptr: np.ndarray, m: int, bands: int) -> list[int]:

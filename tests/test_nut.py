@@ -214,6 +214,23 @@ def test_a_hub_row_is_cut_into_many_items():
     np.testing.assert_allclose(f.run_reference(p, x), A @ x, rtol=1e-12)
 
 
+def test_item_starts_cut_a_costly_group_where_it_shortens_a_large_launch():
+    """A group of four 1 M-cost tiles among small ones (4 blocks at once) is cut into pieces of about half a share (a
+    tile each: a tile is never cut), beside ``item_cap``'s cuts; not where a share is under ``MIN_SHARE`` (the same
+    at a ten-thousandth of the cost), nor where an uncut tile as costly as the group would still end the launch
+    (``CUT_GAIN``)."""
+    for tile, cut in ((1_000_000, True), (100, False)):
+        tile_nnz = np.array([tile] * 4 + [10] * 8)
+        group_tile_ptr = np.array([0, 4, *range(5, 13)])
+        starts = nut.item_starts(tile_nnz, np.zeros(12, dtype=np.int64), group_tile_ptr, cap=10**12, slots=4)
+        assert starts.tolist() == ([True] * 4 if cut else [True] + [False] * 3) + [True] * 8
+    tile_nnz = np.array([4_000_000] + [1_000_000] * 4)  # group 0 a single tile as costly as group 1's four
+    starts = nut.item_starts(tile_nnz, np.zeros(5, dtype=np.int64), np.array([0, 1, 5]), cap=10**12, slots=4)
+    assert starts.tolist() == [True, True, False, False, False]
+    hub_cap = nut.item_starts(tile_nnz, np.zeros(5, dtype=np.int64), np.array([0, 1, 5]), cap=2_000_000, slots=4)
+    assert hub_cap.tolist() == [True, True, False, True, False]  # item_cap's cuts stay
+
+
 def dense_block_matrix() -> sp.csr_matrix:
     """A tridiagonal 40 000 x 40 000 matrix with a dense 600 x 600 block in its corner (360 000 of its ~480 000
     nonzeros): rows narrower than a tile, so a panel of them is one tile."""
