@@ -231,6 +231,38 @@ def test_item_starts_cut_a_costly_group_where_it_shortens_a_large_launch():
     assert hub_cap.tolist() == [True, True, False, True, False]  # item_cap's cuts stay
 
 
+def long_rows_matrix() -> sp.csr_matrix:
+    """8 rows of 200 000 columns: one of 40 000 random entries, seven of 5 000 (each entry a column of its own)."""
+    rng = np.random.default_rng(5)
+    lengths = [40_000] + [5_000] * 7
+    cols = np.concatenate([np.sort(rng.choice(200_000, n, replace=False)) for n in lengths])
+    indptr = np.cumsum([0, *lengths])
+    return as_csr(sp.csr_matrix((rng.uniform(-1, 1, cols.size), cols, indptr), shape=(8, 200_000)))
+
+
+LONG = {"rows_per_panel": 8192, "cols_per_tile": 4096, "threads": 1024}
+
+
+def test_panels_costlier_than_a_share_are_cut_where_item_cap_leaves_them_whole(monkeypatch):
+    """With 2 SMs (4 blocks of 1024 threads at once) the long row's panel costs twice a share: the share rule cuts it,
+    and the next one, into items of half a share or a tile more, where ``item_cap`` alone (4 times the mean panel)
+    left all three whole; the product is exact either way."""
+    A, f = long_rows_matrix(), Nut(num_sms=2)
+    cut = f.prepare_reference(A, LONG)
+    monkeypatch.setattr(nut, "MIN_SHARE", float("inf"))
+    whole = f.prepare_reference(A, LONG)
+    assert np.all(whole.extra["item_panel"] >= 0) and whole.extra["item_order"].size == 3
+    ex = cut.extra
+    cost = ex["tile_nnz"] + nut.GATHER_COST * np.diff(ex["tile_col_ptr"])
+    share = cost.sum() / nut.resident_blocks(LONG["threads"], (ex["max_panel_rows"] + ex["max_tile_cols"]) * 8, 2)
+    item_cost = np.diff(np.r_[0, np.cumsum(cost)][ex["item_tile_ptr"]])
+    pieces = ex["item_panel"] < 0
+    assert np.sum(ex["item_panel"] == ~0) >= 4 and item_cost[pieces].max() <= share / 2 + cost.max()
+    x = np.random.default_rng(6).uniform(-1, 1, A.shape[1])
+    for p in (cut, whole):
+        np.testing.assert_allclose(f.run_reference(p, x), A @ x, rtol=1e-12, atol=1e-12)
+
+
 def dense_block_matrix() -> sp.csr_matrix:
     """A tridiagonal 40 000 x 40 000 matrix with a dense 600 x 600 block in its corner (360 000 of its ~480 000
     nonzeros): rows narrower than a tile, so a panel of them is one tile."""
@@ -682,6 +714,15 @@ def test_gpu_panels_of_dense_rows_cut(dtype):
     """The dense block's panels cut by rows (as the CPU reference cuts them), with and without slabs."""
     for params in (HUB, {**HUB, "slabs": 2, "bands": 2}):
         _gpu_check(Nut(num_sms=4), dense_block_matrix(), dtype, params)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_panels_costlier_than_a_share_cut(dtype):
+    """The long rows' panels cut by the share rule (as the CPU reference cuts them): 1024 threads, and 512 with and
+    without slabs (3 and 6 items without the rule, 9, 18 and 18 with it)."""
+    for params in (LONG, {**LONG, "threads": 512}, {**LONG, "threads": 512, "slabs": 2, "bands": 2}):
+        _gpu_check(Nut(num_sms=2), long_rows_matrix(), dtype, params)
 
 
 @pytest.mark.gpu
