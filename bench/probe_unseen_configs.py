@@ -40,14 +40,15 @@ J: NuT with its dense panels cut by rows (kernels/nut.py ``_cut_dense_panels``, 
    earlier rule, which cut every panel of more than the cap's nonzeros, hub rows' too.
 
 K: NuT's work items (kernels/nut.py ``item_starts``, stop 80) against item_cap's cuts alone, as before it (an eighth
-   of an SM's share of the nonzeros, at least 4 times a group's mean) and against the rule with a gathered column
-   costing nothing (``GATHER_COST`` 0), the same
-   configs (panels of 256 to 8192 rows, one slab and the slabs Nut.adapt fits), same y (checked), cold,
+   of an SM's share of the nonzeros, at least 4 times a group's mean), and against the rule with a gathered column
+   costing nothing (``GATHER_COST`` 0): the configs of J's kind (panels of 256 to 8192 rows), same y (checked), cold,
    round-robin; only configs whose items a rule changes are timed. Why: on a band with 64 dense rows the panels
    holding a dense row (an x gather an entry) kept the launch waiting (ncu: SMs active 56 % of the time), and with
    512 threads a block the 2 x SMs panels of a matrix of few rows left half of the GPU's blocks without work.
-   Results: ..._probe_nut_items-80.txt (a first run, no floor against a floor of twice the mean:
-   ..._probe_nut_item_floor-80.txt).
+   Results: ..._probe_nut_items-80.txt (the kept rule); the rules tried before it, each its own run:
+   ..._probe_nut_item_floor-80.txt (no floor, a floor of twice the mean), ..._items-median-80.txt,
+   ..._items-share-80.txt, ..._items-gain10-80.txt. J and K share _nut_variants_ab since stop 80 (J's lines then
+   name its panel counts as K's name their items).
 
     git show 0079c85:kernels/csr_vector.cu > .gpu/csr_vector_prev.cu       # B only
     python bench/probe_unseen_configs.py PART MATRICES OUT [SCALE]         # PART: A to K; MATRICES: a,b,...
@@ -56,12 +57,14 @@ K: NuT's work items (kernels/nut.py ``item_starts``, stop 80) against item_cap's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -182,44 +185,75 @@ def csr_vector_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
 
 
 def dense_panels_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
-    """J: each NuT config with its dense panels cut and whole, cold, round-robin three times; same y."""
+    """J: each NuT config with its dense panels cut and whole (``_cut_dense_panels`` patched out)."""
     from kernels import nut
 
+    shapes = itertools.product((2048, 4096, 8192), (4096, 16384), (512, 1024))
+    variants = {"cut": contextlib.nullcontext, "whole": lambda: mock.patch.object(nut, "_cut_dense_panels",
+                                                                                  lambda *args, **kwargs: None)}
+    return _nut_variants_ab(backend, cp, A, x, _nut_configs(A, backend.info.l2_bytes, shapes), variants, "panel_ptr")
+
+
+def work_items_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
+    """K: each NuT config with its items cut as kernels/nut.py cuts them now, as before stop 80 (item_cap's cuts
+    alone: MIN_SHARE out of reach), and now but with a gathered column costing nothing (GATHER_COST 0)."""
+    from kernels import nut
+
+    shapes = ((8192, 16384, 1024), (2048, 4096, 1024), (1024, 4096, 512), (4096, 8192, 1024), (256, 4096, 128))
+    variants = {"before": lambda: mock.patch.object(nut, "MIN_SHARE", float("inf")), "now": contextlib.nullcontext,
+                "gather 0": lambda: mock.patch.object(nut, "GATHER_COST", 0)}
+    return _nut_variants_ab(backend, cp, A, x, _nut_configs(A, backend.info.l2_bytes, shapes), variants, "item_order")
+
+
+def _nut_configs(A: Any, l2_bytes: int, shapes: Any) -> list[dict[str, Any]]:
+    """The config the H200's ranking put first on denseblock in float32, then each (rows a panel, columns a tile,
+    threads) of ``shapes`` with one slab and with the slabs Nut.adapt fits to A and this GPU."""
+    family = get_family("nut")
+    configs = [{"rows_per_panel": 4096, "cols_per_tile": 8192, "threads": 1024, "slabs": 2, "bands": 1}]
+    for r, c, t in shapes:
+        one = {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1}
+        fitted = family.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=l2_bytes)
+        configs += [p for p in (one, fitted) if p is not None and p not in configs]
+    return configs
+
+
+def _nut_variants_ab(backend: GpuBackend, cp: Any, A: Any, x: Any, configs: list[dict[str, Any]],
+                     variants: dict[str, Any], counted: str) -> list[str]:
+    """Each NuT config prepared under each variant (a context that patches kernels.nut while it prepares); where
+    the size of ``counted`` (an array of the build) differs from the first variant's under another, those that
+    differ and the first, their y checked against the first's, timed cold round-robin three times beside cuSPARSE's
+    two algorithms; the others listed, not timed."""
     family = get_family("nut")
     out = cp.empty(A.shape[0], A.dtype)
-    cut = nut._cut_dense_panels
     fns = {a: _runner("cusparse", A, {"algorithm": a}, x, out) for a in ("csr_alg1", "csr_alg2")}
     lines = []
-    configs = [{"rows_per_panel": 4096, "cols_per_tile": 8192, "threads": 1024, "slabs": 2, "bands": 1}]
-    for r, c, t in itertools.product((2048, 4096, 8192), (4096, 16384), (512, 1024)):
-        one = {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1}
-        fitted = family.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
-        configs += [p for p in (one, fitted) if p is not None and p not in configs]
     for params in configs:
+        prepared = {}
         try:
-            cut_p = family.prepare(A, dict(params))
-            nut._cut_dense_panels = lambda *args, **kwargs: None
-            whole_p = family.prepare(A, dict(params))
+            for name, patched in variants.items():
+                with patched():
+                    prepared[name] = family.prepare(A, dict(params))
         except Exception as exc:  # a config that fails here is reported and left out
             lines.append(f"   {params} failed: {type(exc).__name__}: {str(exc)[:100]}")
             continue
-        finally:
-            nut._cut_dense_panels = cut
-        panels = (whole_p.extra["panel_ptr"].size - 1, cut_p.extra["panel_ptr"].size - 1)
-        if panels[0] == panels[1]:
-            lines.append(f"   {params}: panels {panels[0]} not cut")
+        sizes = {k: int(p.extra[counted].size) for k, p in prepared.items()}
+        first = next(iter(prepared))
+        changed = {k: p for k, p in prepared.items() if k == first or sizes[k] != sizes[first]}
+        if len(changed) == 1:
+            lines.append(f"   {params}: {counted} of {sizes[first]} under every variant")
             continue
-        y = family.run(cut_p, x, out).copy()
-        family.run(whole_p, x, out)
+        y = family.run(prepared[first], x, out).copy()
         scale = float(cp.abs(y).max()) or 1.0
-        assert float(cp.abs(out - y).max()) <= 1e-3 * scale, f"nut {params}: cut panels give another y"
-        runs = {**fns, "cut": lambda p=cut_p: family.run(p, x, out), "whole": lambda p=whole_p: family.run(p, x, out)}
+        for k, p in changed.items():
+            family.run(p, x, out)
+            assert float(cp.abs(out - y).max()) <= 1e-3 * scale, f"nut {params} {k}: another y"
+        runs = {**fns, **{k: lambda p=p: family.run(p, x, out) for k, p in changed.items()}}
         t = dict(zip(runs, (r.median_s for r in round_robin(backend, list(runs.values()), repeats=6, flush_l2=True)),
                      strict=True))
         base = min(t["csr_alg1"], t["csr_alg2"])
-        lines.append(f"   {params}: panels {panels[0]} -> {panels[1]}: whole {base / t['whole']:.3f}x  "
-                     f"cut {base / t['cut']:.3f}x cuSPARSE (best {base * 1e6:.1f} us)")
-        del cut_p, whole_p
+        lines.append(f"   {params}: " + "  ".join(f"{k} ({counted} of {sizes[k]}) {base / t[k]:.3f}x" for k in changed)
+                     + f" cuSPARSE (best {base * 1e6:.1f} us)")
+        del prepared, changed
         cp.get_default_memory_pool().free_all_blocks()
     return lines
 
@@ -246,7 +280,8 @@ def main() -> None:
             x = cp.random.RandomState(0).random_sample(A.shape[1]).astype(dtype)
             head = f"== {name} {dtype} {A.shape} nnz={A.nnz}"
             if part in "BJK":
-                lines += [head, *{"B": csr_vector_ab, "J": dense_panels_ab, "K": item_cap_ab}[part](backend, cp, A, x)]
+                ab = {"B": csr_vector_ab, "J": dense_panels_ab, "K": work_items_ab}[part]
+                lines += [head, *ab(backend, cp, A, x)]
             else:
                 configs = ({"D": rows_per_panel_configs, "G": slab_configs}[part](A, backend.info.l2_bytes)
                            if part in "DG" else CONFIGS[part])
@@ -262,52 +297,6 @@ def main() -> None:
             out_path.write_text(f"{backend.info.id}\n" + "\n".join(lines) + "\n")
         else:
             out_path.write_text(json.dumps({"device": backend.info.id, "rows": rows}, indent=1) + "\n")
-
-
-def item_cap_ab(backend: GpuBackend, cp: Any, A: Any, x: Any) -> list[str]:
-    """K: each NuT config with its items cut as kernels/nut.py cuts them now, as before stop 80 (item_cap's cuts
-    alone: MIN_SHARE out of reach), and now but with a gathered column costing nothing (GATHER_COST 0), cold,
-    round-robin; same y. Configs whose items no rule changes are listed, not timed."""
-    from kernels import nut
-
-    family = get_family("nut")
-    out = cp.empty(A.shape[0], A.dtype)
-    fns = {a: _runner("cusparse", A, {"algorithm": a}, x, out) for a in ("csr_alg1", "csr_alg2")}
-    lines = []
-    configs = [{"rows_per_panel": 4096, "cols_per_tile": 8192, "threads": 1024, "slabs": 2, "bands": 1}]
-    for r, c, t in ((8192, 16384, 1024), (2048, 4096, 1024), (1024, 4096, 512), (4096, 8192, 1024), (256, 4096, 128)):
-        one = {"rows_per_panel": r, "cols_per_tile": c, "threads": t, "slabs": 1}
-        fitted = family.adapt(one, cols=A.shape[1], itemsize=A.dtype.itemsize, l2_bytes=backend.info.l2_bytes)
-        configs += [p for p in (one, fitted) if p is not None and p not in configs]
-    least, gather = nut.MIN_SHARE, nut.GATHER_COST
-    for params in configs:
-        prepared = {"now": family.prepare(A, dict(params))}
-        try:
-            nut.GATHER_COST = 0
-            prepared["gather 0"] = family.prepare(A, dict(params))
-            nut.MIN_SHARE = float("inf")
-            prepared["before"] = family.prepare(A, dict(params))
-        finally:
-            nut.MIN_SHARE, nut.GATHER_COST = least, gather
-        items = {k: int(p.extra["item_order"].size) for k, p in prepared.items()}
-        changed = {k: p for k, p in prepared.items() if k == "before" or items[k] != items["before"]}
-        if len(changed) == 1:
-            lines.append(f"   {params}: items {items['before']} under every rule")
-            continue
-        y = family.run(prepared["before"], x, out).copy()
-        scale = float(cp.abs(y).max()) or 1.0
-        for k, p in changed.items():
-            family.run(p, x, out)
-            assert float(cp.abs(out - y).max()) <= 1e-3 * scale, f"nut {params} {k}: another y"
-        runs = {**fns, **{k: lambda p=p: family.run(p, x, out) for k, p in changed.items()}}
-        t = dict(zip(runs, (r.median_s for r in round_robin(backend, list(runs.values()), repeats=6, flush_l2=True)),
-                     strict=True))
-        base = min(t["csr_alg1"], t["csr_alg2"])
-        lines.append(f"   {params}: " + "  ".join(f"{k} ({items[k]} items) {base / t[k]:.3f}x" for k in changed)
-                     + f" cuSPARSE (best {base * 1e6:.1f} us)")
-        del prepared, changed
-        cp.get_default_memory_pool().free_all_blocks()
-    return lines
 
 
 if __name__ == "__main__":
