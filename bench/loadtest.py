@@ -347,13 +347,20 @@ def connections_per_process(pids: list[int], port: int) -> list[int]:
 
 
 def accepted_connections(pids: list[int], port: int, expected: int, wait_s: float = 5.0) -> list[int]:
-    """:func:`connections_per_process` once the server's processes hold ``expected`` connections, or after
-    ``wait_s`` seconds: a client's connection is established before a worker has accepted it, and until then no
-    process of the server holds it (read at once, 16 of 20 were held in one run of the tests)."""
+    """:func:`connections_per_process` once the server's processes hold ``expected`` connections, else the fullest
+    reading within ``wait_s`` seconds: a client's connection is established before a worker has accepted it, and
+    until then no process of the server holds it (read at once, 16 of 20 were held in one run of the tests); a short
+    load may end, its connections closed, before the last of them is accepted (the tests on a busy host: none held
+    at the last reading)."""
     deadline = time.monotonic() + wait_s
-    while sum(spread := connections_per_process(pids, port)) < expected and pids and time.monotonic() < deadline:
+    fullest: list[int] = []
+    while pids:
+        spread = connections_per_process(pids, port)
+        fullest = max(fullest, spread, key=sum)
+        if sum(fullest) >= expected or time.monotonic() >= deadline:
+            break
         time.sleep(0.01)
-    return spread
+    return fullest
 
 
 def check_loopback(url: str) -> tuple[str, int]:
