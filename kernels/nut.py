@@ -114,8 +114,8 @@ GATHER_COST = 3
 a store to shared memory, against an entry's 8 or 12 streamed bytes): the weight :func:`item_starts` gives columns.
 An estimate, not a fit: with it the share rule sees the panels of a band with dense rows that hold a dense row (an
 active column an entry) as the heavy ones they are (the H200's ncu: SMs busy 56 % of that launch). Probe K
-(``bench/results/..._probe_nut_items-80.txt``), over the configs a rule changed, the kept rule against item_cap's cuts
-alone: 1.34x and 1.33x in geomean; with columns costing nothing, 1.21x and 1.15x."""
+(``bench/results/..._probe_nut_items-80.txt``), the kept rule against item_cap's cuts
+alone: 1.34x in geomean over the 61 cells a rule changed; with columns costing nothing, 1.18x."""
 MIN_SHARE = 1 << 14
 """The least cost (:data:`GATHER_COST`) a block's share of the launch must come to for :func:`item_starts` to cut by it:
 below it a launch lasts a few microseconds, its blocks wait on memory latency more than on each other, and clearing
