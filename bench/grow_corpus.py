@@ -36,11 +36,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import numpy as np  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from unseen_matrices import GROWN, MATRICES, Unseen  # noqa: E402
 
 from db.store import Store  # noqa: E402
 from kernels import config_key  # noqa: E402
+from tuner.cli import counting_bar  # noqa: E402
 from tuner.matrix.features import FEATURE_NAMES  # noqa: E402
 from tuner.matrix.sources import Source  # noqa: E402
 from tuner.measure.backend import get_backend  # noqa: E402
@@ -171,7 +171,7 @@ def main() -> None:
             print(export_corpus(store, args.out))
             return
         srcs, backend = grown_sources(tuple(args.scale)), get_backend("gpu")
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        with counting_bar() as bar:
             task = bar.add_task("matrices", total=len(srcs))
             report = survey(srcs, read_portfolio(PORTFOLIO), backend=backend, store=store, workers=args.workers,
                             on_matrix=lambda src, n: (bar.update(task, advance=1, description=f"{src.name}: {n}"),

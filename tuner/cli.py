@@ -51,6 +51,13 @@ def _clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 _PROGRESS_BYTES = 64 << 20  # files from this size are read with a progress bar
 
 
+def counting_bar(console: Console | None = None) -> Progress:
+    """The bar a long command counts its steps with (trials, matrices): what it is at, the bar, done of total and the
+    time so far; ``with counting_bar() as bar: task = bar.add_task("matrices", total=n)``."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console)
+
+
 def _read_matrix(path: str | Path, *, dtype: str | None = None) -> Any:
     """The matrix at ``path``; a large file (whose size nothing caps here) with a progress bar on stderr."""
     from rich.progress import DownloadColumn
@@ -133,8 +140,7 @@ def tune(
         console.print(f"the search starts with {len(seeds)} configs: the first of {basis}, then those a race "
                       "fits to the matrix or enters unranked")
     failures = 0
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
+    with counting_bar(console) as progress:
         task = progress.add_task("trials", total=trials)
 
         def on_trial(outcome: Any) -> None:
@@ -216,8 +222,7 @@ def bench(
     backend = get_backend(device)
     store = Store(db)
     study_storage = open_storage(storage or default_storage(store.path))
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with counting_bar(console) as progress:
         task = progress.add_task("matrices", total=len(srcs))
 
         def on_matrix(src: Any, status: str) -> None:
@@ -586,8 +591,7 @@ def corpus_measure(
     if not srcs:
         raise typer.BadParameter("give matrices or --suite")
     backend = get_backend(device)
-    with Store(db) as store, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), console=console) as progress:
+    with Store(db) as store, counting_bar(console) as progress:
         task = progress.add_task("matrices", total=len(srcs))
         report = survey(srcs, configs, backend=backend, store=store, dtypes=dtypes, repeats=repeats,
                         workers=workers, on_matrix=lambda src, n: progress.update(
